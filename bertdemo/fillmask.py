@@ -1,0 +1,317 @@
+"""Fill-mask and the scores built on it: top-k per mask, joint filling, candidate words, PLL.
+
+Every function takes a `LoadedModel` and user text with `[MASK]`s (any case). The LM head
+runs only at the positions asked for: a bert-base head is a 768x30522 matmul per token,
+most of a forward pass at short lengths.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import torch
+
+from .models import USER_MASK, LoadedModel, _USER_MASK_RE
+
+DEFAULT_MAX_MASKS = 10
+_WORD_RE = re.compile(r"\[mask\]|\w+(?:['’]\w+)*|[^\w\s]", re.IGNORECASE)
+
+
+@dataclass
+class Encoded:
+    """One tokenized sentence. `inputs` holds (1, T) tensors; `mask_positions` lists indices in T."""
+
+    inputs: dict
+    mask_positions: list[int]
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        return self.inputs["input_ids"]
+
+
+def check_text(text: str) -> str:
+    """Refuse text that is not a non-empty string; returns it unchanged otherwise."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError("The text is empty: type a sentence, e.g. 'Paris is the [MASK] of France.'")
+    return text
+
+
+def encode(lm: LoadedModel, text: str, *, min_masks: int = 1,
+           max_masks: int = DEFAULT_MAX_MASKS) -> Encoded:
+    """Tokenize user text for `lm`, mapping `[MASK]` to the model's mask token.
+
+    Raises ValueError for empty text, too few or too many masks, or text longer than the model
+    takes (never truncates silently).
+    """
+    check_text(text)
+    n_masks = len(_USER_MASK_RE.findall(text))
+    if n_masks < min_masks:
+        raise ValueError(f"No {USER_MASK} in the text: put {USER_MASK} where a word should be "
+                         "predicted, e.g. 'Paris is the [MASK] of France.'")
+    if n_masks > max_masks:
+        raise ValueError(f"The text has {n_masks} {USER_MASK}s; at most {max_masks} are allowed. "
+                         "Remove some masks.")
+    inputs = lm.tokenizer(lm.to_model_text(text), return_tensors="pt")
+    length = inputs["input_ids"].shape[1]
+    if length > lm.max_length:
+        raise ValueError(f"The text is {length} tokens long; {lm.name} takes at most "
+                         f"{lm.max_length} tokens (special tokens included). Shorten it.")
+    positions = (inputs["input_ids"][0] == lm.mask_token_id).nonzero().flatten().tolist()
+    return Encoded(inputs.to(lm.device), positions)
+
+
+def _head(model):
+    """The MLM head as a function of hidden states (N, H) -> logits (N, V), or None if unknown.
+
+    Written by hand because transformers has no `logits_to_keep` for masked LMs.
+    """
+    if hasattr(model, "cls"):  # BERT and its copies
+        return model.cls
+    if hasattr(model, "lm_head"):  # RoBERTa, XLM-R, CamemBERT
+        return model.lm_head
+    if hasattr(model, "vocab_projector"):  # DistilBERT
+        return lambda h: model.vocab_projector(
+            model.vocab_layer_norm(model.activation(model.vocab_transform(h))))
+    return None
+
+
+@torch.inference_mode()
+def logits_at(lm: LoadedModel, inputs: dict, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """Float32 logits (N, V) at the N positions (rows[i], cols[i]) of a (B, T) batch."""
+    head = _head(lm.model)
+    if head is None:  # unknown architecture: full forward, still correct
+        return lm.model(**inputs).logits[rows, cols].float()
+    hidden = lm.model.base_model(**inputs).last_hidden_state  # (B, T, H)
+    return head(hidden[rows, cols]).float()
+
+
+def fill_mask(lm: LoadedModel, text: str, top_k: int = 5,
+              max_masks: int = DEFAULT_MAX_MASKS) -> list[list[dict]]:
+    """Top-k predictions per mask, masks in order of appearance.
+
+    Returns one list per mask of {"token": str, "token_id": int, "score": probability},
+    the same tokens and scores as `pipeline("fill-mask")`.
+    """
+    top_k = _check_top_k(top_k, lm)
+    enc = encode(lm, text, max_masks=max_masks)
+    cols = torch.tensor(enc.mask_positions, device=lm.device)
+    probs = logits_at(lm, enc.inputs, torch.zeros_like(cols), cols).softmax(-1)  # (M, V)
+    scores, ids = probs.topk(top_k, dim=-1)
+    return [[_prediction(lm, i, s) for i, s in zip(row_ids.tolist(), row_scores.tolist())]
+            for row_ids, row_scores in zip(ids, scores)]
+
+
+def _prediction(lm: LoadedModel, token_id: int, score: float) -> dict:
+    return {"token": lm.tokenizer.decode([token_id]), "token_id": token_id, "score": score}
+
+
+def _check_top_k(top_k, lm: LoadedModel) -> int:
+    if isinstance(top_k, float) and top_k.is_integer():
+        top_k = int(top_k)
+    if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
+        raise ValueError(f"top_k must be a whole number of at least 1, got {top_k!r}.")
+    return min(top_k, lm.model.config.vocab_size)
+
+
+# ---------------------------------------------------------------- joint filling
+
+def fill_jointly(lm: LoadedModel, text: str, beam_size: int = 3,
+                 max_masks: int = DEFAULT_MAX_MASKS) -> list[dict]:
+    """Fill all masks together: most confident mask first, re-run, repeat; a beam of `beam_size`.
+
+    Returns up to `beam_size` completions, best first, each
+    {"text": the sentence with masks filled, "log_prob": joint log-probability (chain rule in
+    the order filled), "fills": [{"mask": index, "token", "token_id", "log_prob", "step"}]}.
+    """
+    if not isinstance(beam_size, int) or not 1 <= beam_size <= 10:
+        raise ValueError(f"beam_size must be a whole number from 1 to 10, got {beam_size!r}.")
+    enc = encode(lm, text, max_masks=max_masks)
+    beams = [(enc.input_ids[0], 0.0, [])]  # (ids (T,), log_prob, fills)
+    for step in range(len(enc.mask_positions)):
+        beams = _extend_beams(lm, enc, beams, beam_size, step)
+    return [_completion(lm, text, enc, ids, lp, fills) for ids, lp, fills in beams]
+
+
+def _extend_beams(lm, enc: Encoded, beams, beam_size: int, step: int):
+    """One step of the beam: each beam fills its most confident open mask with its top tokens."""
+    ids = torch.stack([b[0] for b in beams])  # (B, T)
+    open_cols = [[p for p in enc.mask_positions if b[0][p] == lm.mask_token_id] for b in beams]
+    rows = torch.tensor([r for r, cols in enumerate(open_cols) for _ in cols], device=lm.device)
+    cols = torch.tensor([c for cols in open_cols for c in cols], device=lm.device)
+    inputs = {k: v.expand(len(beams), -1) for k, v in enc.inputs.items() if k != "input_ids"}
+    log_probs = logits_at(lm, {"input_ids": ids, **inputs}, rows, cols).log_softmax(-1)  # (N, V)
+    candidates, start = [], 0
+    for (beam_ids, beam_lp, fills), cols_b in zip(beams, open_cols):
+        block = log_probs[start:start + len(cols_b)]  # (open masks of this beam, V)
+        start += len(cols_b)
+        best = int(block.max(-1).values.argmax())  # the mask the model is surest about
+        top_lp, top_ids = block[best].topk(beam_size)
+        for lp, tok in zip(top_lp.tolist(), top_ids.tolist()):
+            new_ids = beam_ids.clone()
+            new_ids[cols_b[best]] = tok
+            fill = {"mask": enc.mask_positions.index(cols_b[best]), "token_id": tok,
+                    "token": lm.tokenizer.decode([tok]), "log_prob": lp, "step": step}
+            candidates.append((new_ids, beam_lp + lp, fills + [fill]))
+    return _best_unique(candidates, beam_size)
+
+
+def _best_unique(candidates, beam_size: int):
+    """Keep the `beam_size` best distinct sequences (two orders can reach the same sentence)."""
+    kept, seen = [], set()
+    for cand in sorted(candidates, key=lambda c: -c[1]):
+        key = tuple(cand[0].tolist())
+        if key not in seen:
+            seen.add(key)
+            kept.append(cand)
+        if len(kept) == beam_size:
+            break
+    return kept
+
+
+def _completion(lm, text: str, enc: Encoded, ids, log_prob: float, fills: list[dict]) -> dict:
+    by_mask = {f["mask"]: f["token"].strip() for f in fills}
+    parts = _USER_MASK_RE.split(text)
+    filled = parts[0] + "".join(by_mask[i] + part for i, part in enumerate(parts[1:]))
+    return {"text": filled, "log_prob": log_prob, "fills": sorted(fills, key=lambda f: f["mask"])}
+
+
+# ---------------------------------------------------------------- candidate words
+
+def score_candidates(lm: LoadedModel, text: str, candidates: list[str], mask_index: int = 0,
+                     max_candidates: int = 10, max_masks: int = DEFAULT_MAX_MASKS) -> list[dict]:
+    """Score words the user proposes for one mask, whole words even when they split into pieces.
+
+    A word of n pieces replaces the mask by n pieces; its log-probability is the chain rule left
+    to right: log p(w1 | all n masked) + log p(w2 | w1, rest masked) + ... All rows of all
+    candidates go through one batched forward. Returns, best first, per candidate:
+    {"word", "pieces", "piece_log_probs", "log_prob", "mean_log_prob", "first_piece_prob"};
+    `first_piece_prob` is what `pipeline("fill-mask", targets=...)` reports (first piece only).
+    """
+    words = _check_candidates(candidates, max_candidates)
+    base = encode(lm, text, max_masks=max_masks)  # validates text and masks
+    if not 0 <= mask_index < len(base.mask_positions):
+        raise ValueError(f"mask_index {mask_index} is out of range: the text has "
+                         f"{len(base.mask_positions)} mask(s), counted from 0.")
+    plans = [_candidate_rows(lm, text, mask_index, w) for w in words]
+    rows = [r for plan in plans for r in plan["rows"]]
+    length = max(len(r[0]) for r in rows)
+    ids = torch.full((len(rows), length), lm.tokenizer.pad_token_id or 0, dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    for i, (row_ids, _, _) in enumerate(rows):
+        ids[i, :len(row_ids)] = torch.tensor(row_ids)
+        attention[i, :len(row_ids)] = 1
+    cols = torch.tensor([r[1] for r in rows])
+    inputs = {"input_ids": ids.to(lm.device), "attention_mask": attention.to(lm.device)}
+    log_probs = logits_at(lm, inputs, torch.arange(len(rows), device=lm.device),
+                          cols.to(lm.device)).log_softmax(-1)
+    targets = torch.tensor([r[2] for r in rows], device=lm.device)
+    picked = log_probs.gather(1, targets[:, None])[:, 0].tolist()
+    results, start = [], 0
+    for word, plan in zip(words, plans):
+        n = len(plan["pieces"])
+        piece_lps, first_lp = picked[start:start + n], picked[start + n]
+        start += n + 1
+        results.append({"word": word, "pieces": plan["pieces"], "piece_log_probs": piece_lps,
+                        "log_prob": sum(piece_lps), "mean_log_prob": sum(piece_lps) / n,
+                        "first_piece_prob": math.exp(first_lp)})
+    return sorted(results, key=lambda r: -r["log_prob"])
+
+
+def _check_candidates(candidates, max_candidates: int) -> list[str]:
+    if isinstance(candidates, str):
+        candidates = [c for c in re.split(r"[,\n]", candidates)]
+    words = [c.strip() for c in candidates or [] if isinstance(c, str) and c.strip()]
+    if not words:
+        raise ValueError("No candidate words: type one or more words, separated by commas.")
+    if len(words) > max_candidates:
+        raise ValueError(f"{len(words)} candidates given; at most {max_candidates} at a time.")
+    for w in words:
+        if len(w) > 50 or _USER_MASK_RE.search(w):
+            raise ValueError(f"Candidate {w[:20]!r}... must be a word or short phrase "
+                             "(at most 50 characters, no [MASK]).")
+    return list(dict.fromkeys(words))
+
+
+def _candidate_rows(lm: LoadedModel, text: str, mask_index: int, word: str) -> dict:
+    """Rows (ids, position to score, target id) for one candidate, plus its pieces.
+
+    The word is put into the sentence and tokenized in context, so tokenizers that care about
+    the preceding space (RoBERTa's BPE) give the pieces they would give in running text.
+    """
+    parts = _USER_MASK_RE.split(text)
+    before = lm.to_model_text(USER_MASK.join(parts[:mask_index + 1]))
+    after = lm.to_model_text(USER_MASK.join(parts[mask_index + 1:]))
+    enc = lm.tokenizer(before + word + after, return_offsets_mapping=True)
+    ids, offsets = enc["input_ids"], enc["offset_mapping"]
+    span = (len(before), len(before) + len(word))
+    piece_idx = [i for i, (s, e) in enumerate(offsets) if e > s and s < span[1] and e > span[0]]
+    if not piece_idx or len(piece_idx) > 16:
+        raise ValueError(f"Candidate {word!r} does not tokenize to 1-16 pieces with this model.")
+    if len(ids) > lm.max_length:
+        raise ValueError(f"With {word!r} the text is {len(ids)} tokens; the model takes at most "
+                         f"{lm.max_length}. Shorten the text.")
+    rows = []
+    for j, pos in enumerate(piece_idx):  # pieces before j are visible, j and after are masked
+        row = list(ids)
+        for later in piece_idx[j:]:
+            row[later] = lm.mask_token_id
+        rows.append((row, pos, ids[pos]))
+    single = lm.tokenizer(lm.to_model_text(text))["input_ids"]  # the pipeline's one-mask view
+    single_pos = [i for i, t in enumerate(single) if t == lm.mask_token_id][mask_index]
+    rows.append((single, single_pos, ids[piece_idx[0]]))
+    pieces = lm.tokenizer.convert_ids_to_tokens([ids[i] for i in piece_idx])
+    return {"rows": rows, "pieces": pieces}
+
+
+# ---------------------------------------------------------------- sentence score
+
+def sentence_score(lm: LoadedModel, text: str, batch_size: int = 64) -> dict:
+    """Pseudo-log-likelihood (Salazar et al. 2020): mask each token in turn, sum log p(token).
+
+    The T copies of the sentence (one per scored token) run as batches of `batch_size` rows,
+    one forward for sentences up to that length. Returns {"tokens", "log_probs" (one per scored
+    token), "pll", "pseudo_perplexity"}.
+    """
+    enc = encode(lm, text, min_masks=0, max_masks=0) if not _USER_MASK_RE.search(text) else None
+    if enc is None:
+        raise ValueError("Sentence score needs a complete sentence: fill or remove the [MASK]s first.")
+    ids = enc.input_ids[0]  # (T,)
+    special = set(lm.tokenizer.all_special_ids)
+    positions = [i for i, t in enumerate(ids.tolist()) if t not in special]
+    if not positions:
+        raise ValueError("The text has no words to score.")
+    log_probs = []
+    for chunk in _chunks(positions, batch_size):
+        rows = ids.repeat(len(chunk), 1)  # (C, T): row r masks position chunk[r]
+        cols = torch.tensor(chunk, device=lm.device)
+        rows[torch.arange(len(chunk)), cols] = lm.mask_token_id
+        others = {k: v.expand(len(chunk), -1) for k, v in enc.inputs.items() if k != "input_ids"}
+        lp = logits_at(lm, {"input_ids": rows, **others},
+                       torch.arange(len(chunk), device=lm.device), cols).log_softmax(-1)
+        log_probs += lp.gather(1, ids[cols][:, None])[:, 0].tolist()
+    pll = sum(log_probs)
+    return {"tokens": lm.tokenizer.convert_ids_to_tokens(ids[positions].tolist()),
+            "log_probs": log_probs, "pll": pll,
+            "pseudo_perplexity": math.exp(min(-pll / len(positions), 700.0))}
+
+
+def _chunks(items: list, size: int):
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+# ---------------------------------------------------------------- words, for click-to-mask
+
+def split_words(text: str) -> list[tuple[str, int, int]]:
+    """Words and punctuation of `text` as (word, start, end); `[MASK]` counts as one word."""
+    return [(m.group(), m.start(), m.end()) for m in _WORD_RE.finditer(text or "")]
+
+
+def mask_word(text: str, index: int) -> str:
+    """`text` with its `index`-th word (as `split_words` counts) replaced by `[MASK]`."""
+    words = split_words(text)
+    if not 0 <= index < len(words):
+        raise ValueError(f"There is no word number {index} in the text ({len(words)} words).")
+    _, start, end = words[index]
+    return text[:start] + USER_MASK + text[end:]

@@ -1,0 +1,113 @@
+"""Load masked-LM models once per name and device, and share them read-only.
+
+A `LoadedModel` bundles what every feature needs: tokenizer, model, device, and the
+model's own mask token. Users always type `[MASK]`; `to_model_text` maps it.
+"""
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForMaskedLM, AutoTokenizer, PreTrainedModel
+
+USER_MASK = "[MASK]"
+_USER_MASK_RE = re.compile(r"\[mask\]", re.IGNORECASE)
+
+
+@dataclass(frozen=True, eq=False)
+class LoadedModel:
+    """A tokenizer plus masked-LM model on one device. Shared by every user: never train it."""
+
+    name: str
+    tokenizer: object
+    model: PreTrainedModel
+    device: torch.device
+
+    @property
+    def mask_token(self) -> str:
+        return self.tokenizer.mask_token
+
+    @property
+    def mask_token_id(self) -> int:
+        return self.tokenizer.mask_token_id
+
+    @property
+    def max_length(self) -> int:
+        """Longest input in tokens (special tokens included) the model can take."""
+        limits = [getattr(self.model.config, "max_position_embeddings", None)]
+        limits.append(getattr(self.tokenizer, "model_max_length", None))
+        # RoBERTa reserves 2 positions for its padding offset.
+        if getattr(self.model.config, "model_type", "") in {"roberta", "xlm-roberta", "camembert"}:
+            limits[0] = limits[0] - 2 if limits[0] else None
+        return min(x for x in limits if x and x < 1_000_000)
+
+    def to_model_text(self, text: str) -> str:
+        """Replace every `[MASK]` (any case) with the model's own mask token, e.g. `<mask>`."""
+        return _USER_MASK_RE.sub(self.mask_token, text)
+
+
+def pick_device(device: str | torch.device | None = None) -> torch.device:
+    """`None` means CUDA when present, else CPU; anything else must be a valid torch device."""
+    if device is None or str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        chosen = torch.device(device)
+    except RuntimeError as err:
+        raise ValueError(f"Unknown device {device!r}: use 'cpu', 'cuda' or 'cuda:N'.") from err
+    if chosen.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"Device {device!r} was asked for but no CUDA GPU is present: use 'cpu'.")
+    return chosen
+
+
+_cache: dict[tuple[str, str, bool], LoadedModel] = {}
+_cache_lock = threading.Lock()
+
+
+def load(name_or_path: str = "bert-base-uncased", device: str | None = None,
+         allow_pickle: bool = False) -> LoadedModel:
+    """Load (once) a masked-LM model and its tokenizer from a hub id or a local folder.
+
+    Repeated calls with the same name and device return the same shared object.
+    Never runs remote code. Only safetensors weights unless `allow_pickle=True`.
+    """
+    if not isinstance(name_or_path, str) or not name_or_path.strip():
+        raise ValueError("No model given: pass a hub id such as 'bert-base-uncased' or a local folder.")
+    name_or_path = name_or_path.strip()
+    chosen = pick_device(device)
+    key = (name_or_path, str(chosen), allow_pickle)
+    with _cache_lock:  # one load per key even when several users ask at once
+        if key not in _cache:
+            _cache[key] = _load_uncached(name_or_path, chosen, allow_pickle)
+        return _cache[key]
+
+
+def _load_uncached(name_or_path: str, device: torch.device, allow_pickle: bool) -> LoadedModel:
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=False)
+        model = AutoModelForMaskedLM.from_pretrained(
+            name_or_path,
+            trust_remote_code=False,
+            use_safetensors=None if allow_pickle else True,
+            attn_implementation="sdpa",  # fast path; attention views ask for eager weights separately
+        )
+    except (OSError, ValueError, KeyError, EnvironmentError) as err:
+        raise ValueError(_load_error_message(name_or_path, err, allow_pickle)) from err
+    if tokenizer.mask_token is None:
+        raise ValueError(f"Model {name_or_path!r} has no mask token, so it cannot fill masks: "
+                         "choose a masked-language model such as bert-base-uncased.")
+    model.to(device).eval()
+    model.requires_grad_(False)  # shared read-only; fine-tuning works on a copy
+    return LoadedModel(name_or_path, tokenizer, model, device)
+
+
+def _load_error_message(name_or_path: str, err: Exception, allow_pickle: bool) -> str:
+    where = "local folder" if Path(name_or_path).exists() else "Hugging Face Hub id (or local folder)"
+    hint = (" It may have only pickle weights (pytorch_model.bin): convert it to safetensors or "
+            "start the app with --allow-pickle if you trust it." if not allow_pickle else "")
+    first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return (f"Could not load a masked-LM model from {name_or_path!r}, tried as a {where}: "
+            f"{first_line}.{hint} Without internet access, pass --model /path/to/folder holding "
+            "config.json, model.safetensors and the tokenizer files (save_pretrained output).")
