@@ -9,7 +9,7 @@ import gradio as gr
 import bertdemo
 from bertdemo.config import Settings
 from bertdemo.sessions import ModelStore
-from bertdemo.ui import fillmask_tab
+from bertdemo.ui import about_tab, attention_tab, fillmask_tab, finetune_tab, masking_tab
 
 log = logging.getLogger("bertdemo")
 
@@ -50,6 +50,14 @@ def build_demo(settings: Settings, store: ModelStore | None = None) -> gr.Blocks
         gr.Markdown("# bertdemo — see how BERT fills in `[MASK]`")
         with gr.Tab("Fill mask"):
             fillmask_tab.render(store, settings)
+        with gr.Tab("Attention"):
+            attention_tab.render(store, settings)
+        with gr.Tab("Mask sampling"):
+            masking_tab.render(store, settings)
+        with gr.Tab("Fine-tune"):
+            finetune_tab.render(store, settings)
+        with gr.Tab("About"):
+            about_tab.render(store, settings)
 
         def forget_session(request: gr.Request):
             store.drop(request.session_hash)
