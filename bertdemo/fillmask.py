@@ -94,12 +94,36 @@ def fill_mask(lm: LoadedModel, text: str, top_k: int = 5,
     the same tokens and scores as `pipeline("fill-mask")`.
     """
     top_k = _check_top_k(top_k, lm)
-    enc = encode(lm, text, max_masks=max_masks)
-    cols = torch.tensor(enc.mask_positions, device=lm.device)
-    probs = logits_at(lm, enc.inputs, torch.zeros_like(cols), cols).softmax(-1)  # (M, V)
-    scores, ids = probs.topk(top_k, dim=-1)
-    return [[_prediction(lm, i, s) for i, s in zip(row_ids.tolist(), row_scores.tolist())]
-            for row_ids, row_scores in zip(ids, scores)]
+    return fill_encoded(lm, [encode(lm, text, max_masks=max_masks)], [top_k])[0]
+
+
+def fill_encoded(lm: LoadedModel, encs: list[Encoded], top_ks: list[int]) -> list[list[list[dict]]]:
+    """`fill_mask` for several already-validated sentences in one padded forward (B, T_max)."""
+    inputs = pad_inputs(lm, [e.inputs for e in encs])
+    rows = torch.tensor([b for b, e in enumerate(encs) for _ in e.mask_positions], device=lm.device)
+    cols = torch.tensor([p for e in encs for p in e.mask_positions], device=lm.device)
+    probs = logits_at(lm, inputs, rows, cols).softmax(-1)  # (sum of masks, V)
+    results, start = [], 0
+    for enc, k in zip(encs, top_ks):
+        scores, ids = probs[start:start + len(enc.mask_positions)].topk(k, dim=-1)
+        start += len(enc.mask_positions)
+        results.append([[_prediction(lm, i, s) for i, s in zip(row_ids.tolist(), row_scores.tolist())]
+                        for row_ids, row_scores in zip(ids, scores)])
+    return results
+
+
+def pad_inputs(lm: LoadedModel, items: list[dict]) -> dict:
+    """Right-pad a list of (1, T_i) tokenizer outputs into one (B, T_max) batch."""
+    if len(items) == 1:
+        return items[0]
+    length = max(item["input_ids"].shape[1] for item in items)
+    pad_values = {"input_ids": lm.tokenizer.pad_token_id or 0}
+    batch = {}
+    for key in items[0]:
+        rows = [torch.nn.functional.pad(item[key][0], (0, length - item[key].shape[1]),
+                                        value=pad_values.get(key, 0)) for item in items]
+        batch[key] = torch.stack(rows)
+    return batch
 
 
 def _prediction(lm: LoadedModel, token_id: int, score: float) -> dict:

