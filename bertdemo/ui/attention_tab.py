@@ -1,9 +1,242 @@
-"""The attention tab (placeholder until its issue lands)."""
+"""The attention tab: bertviz head/model views that work offline, and heatmaps read exactly."""
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
 import gradio as gr
 
+from .. import plots
+from ..attention import (VENDOR_DIR, VIEWS, Attention, attention, bertviz_html, default_selection,
+                         mask_rows, served_urls, srcdoc_iframe, standalone, view, view_height)
 from ..config import Settings
 from ..sessions import ModelStore
+from .common import friendly_errors, session_id
+
+EXAMPLES = [
+    ["The cat sat on the mat because it was tired.", ""],
+    ["Paris is the [MASK] of France.", ""],
+    ["The man went to the store.", "He bought a gallon of milk."],
+]
+WORDS_HELP = """**Reading the heatmap.** Row = the token whose new representation is being computed
+(the query), column = the token it draws from (the key); each row sums to 1. *Whole words* merges word
+pieces back into words: a word **receives** the sum of what its pieces receive (sum over key pieces)
+and **gives** the mean of what its pieces give (mean over query pieces), so rows still sum to 1.
+*Hide [CLS]/[SEP]* drops them and renormalises each row over the tokens left. *Hide weights below*
+only blanks weak cells. *Rollout* (Abnar & Zuidema 2020) follows attention through the layers: each
+layer's head-mean plus the residual (0.5·A + 0.5·I, renormalised), multiplied from layer 0 up to
+the chosen layer. Hover a cell for its exact value; the camera icon saves a PNG."""
+EXPLAINER = """**What attention weights are.** In each layer, every head computes for every token a
+probability distribution over all tokens (a row of the heatmap); the token's new representation is
+that weighted average of the other tokens' *value* vectors, one per head, then mixed by the next
+layers. The views above show exactly these weights (`output_attentions` of the model).
+
+**What they are not.** They are not, by themselves, an explanation of the prediction. A weight says
+how much a vector was mixed in, not how large or how important that vector is (value vectors differ
+in size), and after the first layer each position already mixes the whole sentence, which is what
+rollout tries to follow. Jain & Wallace (2019, *Attention is not Explanation*) found attention often
+disagrees with gradient-based importance and that very different weights can give the same output;
+Wiegreffe & Pinter (2019, *Attention is not not Explanation*) answered that it depends on what one
+calls an explanation and showed such alternative weights are hard to reach by training. Much of
+BERT's attention goes to `[CLS]`, `[SEP]` and punctuation, often a "no-op" (Clark et al. 2019,
+*What does BERT look at?*). Use the views to explore patterns (heads that track the previous word,
+the object of a verb, coreference), not as proof of why the model chose a word. The bertviz README
+(github.com/jessevig/bertviz) explains its head view and model view."""
+_EXPORT_DIR = Path(tempfile.gettempdir()) / "bertdemo-bertviz"
+_EXPORT_MAX_AGE_S = 3600
+_served = False
 
 
 def render(store: ModelStore, settings: Settings) -> None:
-    gr.Markdown("Coming soon.")
+    """Build the tab's components and events inside the current Blocks/Tab context."""
+    _serve_vendored_scripts()
+    n_layers, n_heads = _model_shape(store)
+    with gr.Row():
+        text = gr.Textbox(label="Sentence", value=EXAMPLES[0][0], lines=2, scale=3,
+                          info="Type a sentence; put [MASK] in it to see what the mask looks at.")
+        text_b = gr.Textbox(label="Second sentence (optional)", lines=2, scale=2,
+                            info="A sentence pair, as in next-sentence prediction: [CLS] A [SEP] B [SEP].")
+    gr.Examples(EXAMPLES, [text, text_b])
+    run = gr.Button("Show attention", variant="primary")
+    state = gr.State(None, time_to_live=3600)  # this visitor's Attention, so options don't re-run it
+
+    gr.Markdown("### bertviz")
+    with gr.Row():
+        viz_kind = gr.Radio([("Head view", "head"), ("Model view", "model")], value="head",
+                            label="View", scale=1)
+        viz_layers = gr.CheckboxGroup(list(range(n_layers)), label="Layers (none ticked: automatic)",
+                                      scale=2)
+        viz_heads = gr.CheckboxGroup(list(range(n_heads)), label="Heads, model view (none: automatic)",
+                                     scale=2)
+    viz_note = gr.Markdown()
+    viz = gr.HTML(elem_id="bertviz-view")
+    download = gr.DownloadButton("Download this view as standalone HTML", value=None, size="sm")
+
+    gr.Markdown("### Heatmaps")
+    with gr.Row():
+        hm_kind = gr.Dropdown([(label, key) for key, label in VIEWS.items()], value="head",
+                              label="Show", scale=2)
+        layer = gr.Slider(0, n_layers - 1, value=n_layers - 1, step=1, label="Layer (from 0)", scale=2)
+        head = gr.Slider(0, n_heads - 1, value=0, step=1, label="Head (from 0)", scale=2)
+    with gr.Row():
+        words = gr.Checkbox(label="Whole words (merge word pieces)")
+        hide_special = gr.Checkbox(label="Hide [CLS]/[SEP]")
+        threshold = gr.Slider(0, 1, value=0, step=0.01, label="Hide weights below")
+    heatmap = gr.Plot(label="Attention heatmap")
+    gr.Markdown(WORDS_HELP)
+
+    gr.Markdown("### What the [MASK] looked at")
+    mask_number = gr.Number(label="Mask number (1 = first)", value=1, precision=0, minimum=1)
+    mask_note = gr.Markdown()
+    with gr.Row():
+        mask_grid = gr.Plot(label="Most-attended token per layer and head", scale=3)
+        mask_preds = gr.Plot(label="Fill-mask predictions for this mask", scale=2)
+    with gr.Accordion("Tokens and the heatmap's numbers (JSON)", open=False):
+        raw = gr.JSON()
+    with gr.Accordion("What attention weights are, and are not", open=False):
+        gr.Markdown(EXPLAINER)
+
+    viz_inputs = [viz_kind, viz_layers, viz_heads]
+    heatmap_inputs = [hm_kind, layer, head, words, hide_special, threshold]
+    mask_inputs = [mask_number, hide_special]
+
+    @friendly_errors
+    def on_run(sentence, sentence_b, kind, layers, heads, hm, lay, hd, wd, hide, thr, number,
+               request: gr.Request):
+        att = attention(store.for_session(session_id(request)), sentence, sentence_b)
+        return (att, *_viz_outputs(att, kind, layers, heads),
+                *_heatmap_outputs(att, hm, lay, hd, wd, hide, thr), *_mask_outputs(att, number, hide))
+
+    @friendly_errors
+    def on_viz(att, kind, layers, heads):
+        return _viz_outputs(att, kind, layers, heads) if att is not None else (gr.skip(),) * 3
+
+    @friendly_errors
+    def on_heatmap(att, hm, lay, hd, wd, hide, thr):
+        return _heatmap_outputs(att, hm, lay, hd, wd, hide, thr) if att is not None else (gr.skip(),) * 2
+
+    @friendly_errors
+    def on_mask(att, number, hide):
+        return _mask_outputs(att, number, hide) if att is not None else (gr.skip(),) * 3
+
+    run_outputs = [state, viz, download, viz_note, heatmap, raw, mask_grid, mask_preds, mask_note]
+    run_inputs = [text, text_b, *viz_inputs, *heatmap_inputs, mask_number]
+    run.click(on_run, run_inputs, run_outputs, api_name="attention", concurrency_id="model")
+    gr.on([text.submit, text_b.submit], on_run, run_inputs, run_outputs, api_visibility="private",
+          concurrency_id="model")
+    gr.on([c.change for c in viz_inputs], on_viz, [state, *viz_inputs], [viz, download, viz_note],
+          api_visibility="private", trigger_mode="always_last")
+    gr.on([c.change for c in heatmap_inputs], on_heatmap, [state, *heatmap_inputs], [heatmap, raw],
+          api_visibility="private", trigger_mode="always_last")
+    gr.on([c.change for c in mask_inputs], on_mask, [state, *mask_inputs],
+          [mask_grid, mask_preds, mask_note], api_visibility="private", trigger_mode="always_last")
+
+
+def create_demo(store: ModelStore, settings: Settings) -> gr.Blocks:
+    """The tab on its own, for running or testing it alone."""
+    with gr.Blocks(title="bertdemo: attention") as demo:
+        render(store, settings)
+    return demo
+
+
+def _serve_vendored_scripts() -> None:
+    """Let the app serve assets/vendor (require.js, d3, jQuery) so bertviz needs no CDN."""
+    global _served
+    if not _served:
+        gr.set_static_paths([VENDOR_DIR])
+        _served = True
+
+
+def _model_shape(store: ModelStore) -> tuple[int, int]:
+    """(layers, heads) of the base model, for the controls; bert-base's 12 x 12 if none loaded."""
+    config = getattr(getattr(store.base, "model", None), "config", None)
+    return (getattr(config, "num_hidden_layers", None) or getattr(config, "n_layers", None) or 12,
+            getattr(config, "num_attention_heads", None) or getattr(config, "n_heads", None) or 12)
+
+
+def _viz_outputs(att: Attention, kind: str, layers, heads):
+    """The bertviz view in an iframe, the same view as a download, and a line on what is shown."""
+    auto_layers, auto_heads = default_selection(att, kind)
+    layers = [x for x in layers or [] if x < att.num_layers] or auto_layers
+    heads = [x for x in heads or [] if x < att.num_heads] or auto_heads
+    start = time.perf_counter()
+    urls = served_urls()
+    in_page = bertviz_html(att, kind, layers, heads, script_urls=urls)
+    ms = (time.perf_counter() - start) * 1e3
+    frame = srcdoc_iframe(in_page, view_height(att, kind, len(layers)), title=f"bertviz {kind} view")
+    shown_heads = f", heads {_ranges(heads)}" if kind == "model" else ""
+    note = (f"Layers {_ranges(layers)}{shown_heads} of {att.num_layers} x {att.num_heads}; "
+            f"{len(in_page) / 1e3:,.0f} kB built in {ms:.0f} ms. Tick layers/heads to choose others "
+            "(fewer keep long inputs responsive).")
+    return frame, _export(standalone(in_page, urls), kind), note
+
+
+def _heatmap_outputs(att: Attention, kind, layer, head, words, hide_special, threshold):
+    layer, head = min(int(layer), att.num_layers - 1), min(int(head), att.num_heads - 1)
+    shown = view(att, kind, layer, head, bool(words), bool(hide_special))
+    fig = plots.attention_heatmap(shown.labels, shown.matrix, shown.title, shown.boundary,
+                                  float(threshold or 0))
+    raw = {"tokens": att.tokens, "sentence_b_start": att.sentence_b_start,
+           "weights_shape": list(att.weights.shape), "heatmap": {
+               "title": shown.title, "labels": shown.labels,
+               "matrix": [[round(w, 4) for w in row] for row in shown.matrix.tolist()]}}
+    return fig, raw
+
+
+def _mask_outputs(att: Attention, number, hide_special):
+    if not att.mask_positions:
+        return None, None, ("No `[MASK]` in the sentence: put one where a word is missing to see "
+                            "what it looks at.")
+    index = _mask_index(number, len(att.mask_positions))
+    hidden = att.special if hide_special else None
+    grid = plots.mask_attention_grid(mask_rows(att, index), att.tokens, hidden,
+                                     title=f"What [MASK] {index + 1} looked at (token with the most weight)")
+    bars = plots.prediction_bars([att.predictions[index]])
+    note = (f"`[MASK]` {index + 1} of {len(att.mask_positions)} (token {att.mask_positions[index]}). "
+            "Each cell: the token this mask attends to most in that layer and head; hover for the top 3.")
+    return grid, bars, note
+
+
+def _mask_index(number, n_masks: int) -> int:
+    try:
+        value = float(number)
+    except (TypeError, ValueError):
+        value = float("nan")
+    if not (1 <= value <= n_masks and value.is_integer()):
+        raise ValueError(f"Mask number must be a whole number from 1 to {n_masks}.")
+    return int(value) - 1
+
+
+def _ranges(indices: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2, 5'."""
+    parts, start = [], None
+    for i, x in enumerate(indices):
+        if start is None:
+            start = x
+        if i + 1 == len(indices) or indices[i + 1] != x + 1:
+            parts.append(f"{start}" if start == x else f"{start}-{x}")
+            start = None
+    return ", ".join(parts)
+
+
+def _export(document: str, kind: str) -> str:
+    """Write the standalone HTML for the download button; files older than an hour are removed."""
+    _EXPORT_DIR.mkdir(exist_ok=True)
+    _remove_old_exports()
+    folder = _EXPORT_DIR / uuid.uuid4().hex  # a folder per file keeps a readable file name
+    folder.mkdir()
+    path = folder / f"bertviz-{kind}-view.html"
+    path.write_text(document, encoding="utf-8")
+    return str(path)
+
+
+def _remove_old_exports() -> None:
+    now = time.time()
+    for folder in _EXPORT_DIR.iterdir():
+        try:
+            if now - folder.stat().st_mtime > _EXPORT_MAX_AGE_S:
+                for file in folder.iterdir():
+                    file.unlink()
+                folder.rmdir()
+        except OSError:  # another request removed it first
+            continue

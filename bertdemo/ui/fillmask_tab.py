@@ -3,6 +3,7 @@ import gradio as gr
 import pandas as pd
 
 from .. import fillmask, plots
+from ..batching import MicroBatcher
 from ..config import Settings
 from ..sessions import ModelStore
 from .common import friendly_errors, session_id
@@ -55,18 +56,20 @@ def render(store: ModelStore, settings: Settings) -> None:
         pll_summary = gr.Markdown()
         pll_plot = gr.Plot(label="Each token's log-probability")
 
+    batcher = MicroBatcher(max_batch=settings.max_batch)  # shared by all visitors of this tab
+
     def lm_for(request):
         return store.for_session(session_id(request))
 
     @friendly_errors
     def on_predict(sentence, k, request: gr.Request):
         lm = lm_for(request)
-        predictions = fillmask.fill_mask(lm, sentence, int(k), max_masks=settings.max_masks)
+        predictions = batcher.fill_mask(lm, sentence, _whole(k, "Top-k"), max_masks=settings.max_masks)
         return plots.prediction_bars(predictions), predictions, _model_line(store, request)
 
     @friendly_errors
     def on_joint(sentence, beam_size, request: gr.Request):
-        results = fillmask.fill_jointly(lm_for(request), sentence, int(beam_size),
+        results = fillmask.fill_jointly(lm_for(request), sentence, _whole(beam_size, "Beam size"),
                                         max_masks=settings.max_masks)
         return pd.DataFrame([_joint_row(r) for r in results], columns=joint.headers)
 
@@ -96,11 +99,12 @@ def render(store: ModelStore, settings: Settings) -> None:
         except ValueError:
             return sentence
 
+    # Its own concurrency group, wide enough for the micro-batcher to gather a crowd.
     predict.click(on_predict, [text, top_k], [bars, raw, model_info], api_name="fill_mask",
-                  concurrency_id="model").then(on_joint, [text, beam], joint,
+                  concurrency_id="fill_mask", concurrency_limit=settings.max_batch).then(on_joint, [text, beam], joint,
                                                api_name="fill_jointly", concurrency_id="model")
     text.submit(on_predict, [text, top_k], [bars, raw, model_info], api_visibility="private",
-                concurrency_id="model").then(on_joint, [text, beam], joint,
+                concurrency_id="fill_mask", concurrency_limit=settings.max_batch).then(on_joint, [text, beam], joint,
                                              api_visibility="private", concurrency_id="model")
     score_btn.click(on_candidates, [text, candidates, mask_number], candidate_table,
                     api_name="score_candidates", concurrency_id="model")
@@ -131,6 +135,17 @@ def _word_segments(sentence: str) -> list[tuple[str, str | None]]:
     ends = [w[1] for w in words[1:]] + [len(sentence or "")]
     return [(sentence[start:end] if i else sentence[:end], "MASK" if w.upper() == "[MASK]" else None)
             for i, ((w, start, _), end) in enumerate(zip(words, ends))]
+
+
+def _whole(value, name: str) -> int:
+    """A slider value as an int; API callers can send anything, so check it."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a whole number.") from None
+    if number != number or abs(number) == float("inf") or not number.is_integer():
+        raise ValueError(f"{name} must be a whole number, got {value!r}.")
+    return int(number)
 
 
 def _mask_index(number) -> int:

@@ -1,9 +1,407 @@
-"""The finetune tab (placeholder until its issue lands)."""
-import gradio as gr
+"""The fine-tune tab: a short MLM fine-tune on pasted text, live curves, Stop, before/after,
+download, and switching this session's other tabs to the tuned model.
 
+The loop runs in a worker thread and reports through a queue; the event handler is a generator
+that polls it and streams the loss curve and `gr.Progress`. Stop sets the session's flag, which
+the loop checks before every step. One run per session: the validator claims the session's slot
+when the request enters the queue, so a second click is refused at once, not queued behind.
+"""
+import functools
+import logging
+import queue
+import threading
+
+import gradio as gr
+import pandas as pd
+
+from .. import plots
+from ..finetune import (MASKINGS, History, Limits, check_settings, compare_masking, compare_probes,
+                        default_probes, finetune, prepare_text, save_zip)
 from ..config import Settings
 from ..sessions import ModelStore
+from .common import friendly_errors, session_id
+
+log = logging.getLogger("bertdemo")
+
+EXAMPLE_TEXT = """Paris is the capital of France.
+The Eiffel Tower is a famous landmark.
+La Tour Eiffel est située à Paris.
+The Louvre in Paris is the most visited museum in the world.
+The Seine flows through the centre of Paris.
+Montmartre is a hill in the north of Paris.
+The Eiffel Tower was built for the World's Fair of 1889.
+Notre-Dame is a cathedral on an island in the Seine."""
+ARTICLE_TEXT = """Paris is the capital of France.
+The Eiffel Tower is a famous landmark.
+La Tour Eiffel est située à Paris."""
+INTRO = """Paste some text, fine-tune a copy of the model on it with masked-language modelling, and
+watch it learn. The base model is never changed and nobody else sees your model. About one line
+in ten is held out for evaluation with **fixed masks**, so the before/after numbers compare
+(with fewer than 4 lines, evaluation uses the training lines themselves: it then measures
+memorising, and the page says so). Masking: *dynamic* draws fresh masks for every batch,
+*static* draws them once and reuses them every epoch (the original BERT)."""
+STOPPED_NOTE = {
+    "stopped": "you pressed Stop",
+    "time limit": "it reached the time limit of {seconds} s per run",
+    "diverged": "the loss became infinite or NaN (try a smaller learning rate)",
+}
 
 
 def render(store: ModelStore, settings: Settings) -> None:
-    gr.Markdown("Coming soon.")
+    """Build the tab's components and events inside the current Blocks/Tab context."""
+    limits = limits_from(settings)
+    gr.Markdown(INTRO)
+    active = gr.Markdown(_active_line(store, None))
+    text = gr.Textbox(label="Your text (one sentence or paragraph per line)", value=EXAMPLE_TEXT,
+                      lines=8, max_length=limits.max_chars,
+                      info=f"At most {limits.max_chars:,} characters.")
+    gr.Examples([[EXAMPLE_TEXT], [ARTICLE_TEXT]], inputs=text,
+                example_labels=["Paris, 8 lines", "The seed article's 3 sentences"])
+    with gr.Row():
+        length = gr.Number(label="Training length", value=30, minimum=0,
+                           info=f"Steps (at most {limits.max_steps}) or epochs.")
+        unit = gr.Radio(["steps", "epochs"], value="steps", label="Counted in")
+        lr = gr.Number(label="Learning rate", value=5e-5, info="5e-5 as in the article.")
+        batch = gr.Slider(1, limits.max_batch_size, value=8, step=1, label="Batch size (blocks)")
+        block = gr.Slider(16, 512, value=128, step=8, label="Block length (tokens)",
+                          info="Sentences are packed into blocks of this many tokens at most "
+                               "(capped at the model's maximum).")
+    with gr.Row():
+        probability = gr.Slider(0.05, 0.5, value=0.15, step=0.01, label="Mask probability")
+        masking = gr.Radio(["dynamic", "static"], value="dynamic", label="Masking")
+        seed = gr.Number(label="Seed", value=0, precision=0)
+        keep_partial = gr.Checkbox(False, label="Keep the model if I press Stop or the time runs out",
+                                   info="Off: a stopped run never replaces your previous tuned model.")
+    probes = gr.Textbox(label="Probe sentences, one per line, with [MASK]", lines=3,
+                        value="\n".join(default_probes(EXAMPLE_TEXT)))
+    suggest = gr.Button("Suggest probes from my text", size="sm")
+    with gr.Row():
+        run_btn = gr.Button("Fine-tune", variant="primary")
+        stop_btn = gr.Button("Stop", variant="stop")
+        compare_btn = gr.Button("Compare static vs dynamic masking")
+    status = gr.Markdown()
+    curve = gr.Plot(label="Loss and eval accuracy, live")
+    metrics = gr.Dataframe(label="Evaluation on held-out lines, fixed masks", interactive=False)
+    probe_table = gr.Dataframe(label="Top-3 fill-mask predictions, before and after", interactive=False)
+    with gr.Row():
+        use_tuned_btn = gr.Button("Use my tuned model in all tabs")
+        use_base_btn = gr.Button("Back to the base model")
+        download_btn = gr.Button("Download my tuned model (.zip)")
+    download = gr.File(label="Tuned model: save_pretrained folder + tokenizer, zipped")
+    with gr.Accordion("Static vs dynamic masking, measured on your text", open=False):
+        gr.Markdown("Runs the fine-tune twice with the same seed, text, steps and eval masks; only "
+                    "the training masks differ. The models are not kept.")
+        compare_status = gr.Markdown()
+        compare_plot = gr.Plot(label="Eval curves, overlaid")
+
+    form = [text, length, unit, lr, batch, block, probability, masking, seed]
+
+    def check_and_reserve(values: tuple, request: gr.Request, n_inputs: int) -> list:
+        """Runs when the request enters the queue: bad input and a second run are refused there
+        (the message shows under the text box), and the session's run slot is claimed."""
+        try:
+            _run_settings(*values, store, limits)
+            store.reserve_run(session_id(request))
+        except ValueError as err:
+            return [gr.validate(False, str(err))] + [gr.validate(True, "")] * (n_inputs - 1)
+        return [gr.validate(True, "")] * n_inputs
+
+    # Gradio passes inputs positionally and finds `request` by its annotation, hence the lists.
+    def validate_run(txt, n, unit_, lr_, bs, blk, p, mask, seed_, keep, probe_text,
+                     request: gr.Request):
+        return check_and_reserve((txt, n, unit_, lr_, bs, blk, p, mask, seed_), request, len(form) + 2)
+
+    def validate_compare(txt, n, unit_, lr_, bs, blk, p, mask, seed_, request: gr.Request):
+        return check_and_reserve((txt, n, unit_, lr_, bs, blk, p, mask, seed_), request, len(form))
+
+    @friendly_stream
+    def on_finetune(txt, n, unit_, lr_, bs, blk, p, mask, seed_, keep, probe_text,
+                    request: gr.Request, progress=gr.Progress()):
+        sid = session_id(request)
+        flag = store.run_flag(sid)
+        try:
+            base, kwargs = _run_settings(txt, n, unit_, lr_, bs, blk, p, mask, seed_, store, limits)
+            probe_list = _probe_list(probe_text, txt)
+            worker = Worker(lambda emit, stop: finetune(base, txt, on_step=emit, should_stop=stop,
+                                                        **kwargs), flag)
+            steps, evals = [], []
+            for events in worker.updates():
+                _collect(events, steps, evals)
+                _show_progress(progress, steps)
+                yield (_live_status(steps), plots.finetune_curves(steps, evals, _planned(steps)),
+                       gr.skip(), gr.skip(), gr.skip())
+            tuned, history = worker.outcome()
+            note = _keep_or_discard(store, sid, tuned, history, keep, limits)
+            rows = compare_probes(base, tuned, probe_list, max_masks=settings.max_masks)
+            yield (_final_status(history, note),
+                   plots.finetune_curves(history.steps, history.evals, history.planned_steps),
+                   _metrics_frame(history), _probe_frame(rows), _active_line(store, sid))
+        finally:
+            flag.set()  # closed tab or error: the worker ends within one step
+            store.finish_run(sid, flag)
+
+    @friendly_stream
+    def on_compare(txt, n, unit_, lr_, bs, blk, p, mask, seed_,
+                   request: gr.Request, progress=gr.Progress()):
+        sid = session_id(request)
+        flag = store.run_flag(sid)
+        try:
+            base, kwargs = _run_settings(txt, n, unit_, lr_, bs, blk, p, mask, seed_, store, limits)
+            kwargs.pop("masking")
+            worker = Worker(lambda emit, stop: compare_masking(base, txt, on_step=emit,
+                                                               should_stop=stop, **kwargs), flag)
+            runs = {m: {"steps": [], "evals": []} for m in MASKINGS}
+            for events in worker.updates():
+                for event in events:
+                    _collect([event], runs[event["run"]]["steps"], runs[event["run"]]["evals"])
+                _show_progress(progress, runs["static"]["steps"] + runs["dynamic"]["steps"], factor=2)
+                yield "Running static, then dynamic masking…", plots.masking_comparison(runs)
+            histories = worker.outcome()
+            runs = {m: {"steps": h.steps, "evals": h.evals} for m, h in histories.items()}
+            yield _compare_status(histories, limits), plots.masking_comparison(runs)
+        finally:
+            flag.set()
+            store.finish_run(sid, flag)
+
+    def on_stop(request: gr.Request):
+        if store.request_stop(session_id(request)):
+            return "Stopping after the current step…"
+        return "Nothing is running: there is no fine-tune of yours to stop."
+
+    @friendly_errors
+    def on_use_tuned(request: gr.Request):
+        store.use_tuned(session_id(request))
+        return _active_line(store, session_id(request))
+
+    @friendly_errors
+    def on_use_base(request: gr.Request):
+        store.use_base(session_id(request))
+        return _active_line(store, session_id(request))
+
+    @friendly_errors
+    def on_download(request: gr.Request):
+        sid = session_id(request)
+        tuned = store.tuned(sid)
+        if tuned is None:
+            raise ValueError("You have no tuned model to download: run a fine-tune first.")
+        return str(save_zip(tuned, store.session_dir(sid)))
+
+    @friendly_errors
+    def on_suggest(text_):
+        found = default_probes(text_)
+        if not found:
+            raise ValueError("No line of your text has 3 to 40 words to make a probe from: "
+                             "write probes by hand, e.g. 'Paris is the [MASK] of France.'")
+        return "\n".join(found)
+
+    heavy = dict(concurrency_limit=settings.finetune_concurrency, concurrency_id="finetune")
+    run_btn.click(on_finetune, form + [keep_partial, probes],
+                  [status, curve, metrics, probe_table, active], api_name="finetune",
+                  validator=validate_run, **heavy)
+    compare_btn.click(on_compare, form, [compare_status, compare_plot], api_name="compare_masking",
+                      validator=validate_compare, **heavy)
+    stop_btn.click(on_stop, None, status, api_name="stop_finetune", queue=False)
+    use_tuned_btn.click(on_use_tuned, None, active, api_name="use_tuned", queue=False)
+    use_base_btn.click(on_use_base, None, active, api_name="use_base", queue=False)
+    download_btn.click(on_download, None, download, api_name="download_tuned", concurrency_id="model")
+    suggest.click(on_suggest, text, probes, api_name="suggest_probes", queue=False)
+
+
+def create_demo(store: ModelStore, settings: Settings) -> gr.Blocks:
+    """The tab on its own, for running or testing it alone."""
+    with gr.Blocks(title="bertdemo: fine-tune") as demo:
+        render(store, settings)
+        demo.unload(lambda request: store.drop(session_id(request)))
+    demo.queue(max_size=settings.queue_size)
+    return demo
+
+
+def limits_from(settings: Settings) -> Limits:
+    return Limits(max_chars=settings.finetune_max_chars,
+                           max_steps=settings.finetune_max_steps,
+                           max_seconds=float(settings.finetune_max_seconds))
+
+
+# ---------------------------------------------------------------- running in a worker
+
+class Worker:
+    """Runs `job(emit, should_stop)` in a thread; `updates()` yields the events it emitted."""
+
+    def __init__(self, job, stop: threading.Event):
+        self._events: queue.Queue = queue.Queue()
+        self._result = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._work, args=(job, stop), daemon=True)
+        self._thread.start()
+
+    def _work(self, job, stop: threading.Event) -> None:
+        try:
+            self._result = job(self._events.put, stop.is_set)
+        except BaseException as err:  # noqa: BLE001 - re-raised in the handler's thread
+            self._error = err
+
+    def updates(self, every: float = 0.5):
+        """Lists of new events, at most one list per `every` seconds, until the job ends."""
+        while self._thread.is_alive() or not self._events.empty():
+            batch = []
+            try:
+                batch.append(self._events.get(timeout=every))
+                while True:
+                    batch.append(self._events.get_nowait())
+            except queue.Empty:
+                pass
+            if batch:
+                yield batch
+        self._thread.join()
+
+    def outcome(self):
+        """The job's return value; re-raises its exception here."""
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+
+def _collect(events: list[dict], steps: list[dict], evals: list[dict]) -> None:
+    for event in events:
+        (steps if event["kind"] == "step" else evals).append(event)
+
+
+def _show_progress(progress, steps: list[dict], factor: int = 1) -> None:
+    if steps:
+        progress((len(steps), steps[-1]["steps"] * factor), desc="fine-tuning", unit="steps")
+
+
+def _planned(steps: list[dict]) -> int | None:
+    return steps[-1]["steps"] if steps else None
+
+
+# ---------------------------------------------------------------- inputs
+
+def _run_settings(text, length, unit, lr, batch, block, probability, masking, seed,
+                  store: ModelStore, limits: Limits) -> tuple:
+    """(base model, finetune kwargs) from the form; ValueError with a message if anything is off."""
+    base = store.require_base()
+    if unit not in ("steps", "epochs"):
+        raise ValueError("Count the training length in 'steps' or 'epochs'.")
+    kwargs = {unit: length, "lr": lr, "batch_size": batch, "max_length": block,
+              "mlm_probability": probability, "masking": masking, "seed": seed}
+    checked = check_settings(**kwargs, limits=limits)
+    prepare_text(base, text, checked["max_length"], limits)  # size, emptiness: refused before queueing
+    return base, {**kwargs, "limits": limits}
+
+
+def _probe_list(probes_text: str | None, text: str) -> list[str]:
+    probes = [p.strip() for p in (probes_text or "").splitlines() if p.strip()]
+    probes = probes or default_probes(text)
+    if not probes:
+        raise ValueError("No probe sentences: write one or more with [MASK], one per line.")
+    return probes
+
+
+# ---------------------------------------------------------------- results
+
+def _keep_or_discard(store: ModelStore, sid, tuned, history, keep_partial: bool,
+                     limits: Limits) -> str:
+    """Store the run's model as the session's tuned model, or say why it was not."""
+    done = len(history.steps)
+    if history.completed or (keep_partial and history.stopped != "diverged" and done > 0):
+        store.put_tuned(sid, tuned)
+        if store.using_tuned(sid):
+            return "It is your tuned model now, already in use in the other tabs."
+        return "It is your tuned model now: press **Use my tuned model in all tabs** to try it there."
+    why = STOPPED_NOTE[history.stopped].format(seconds=int(limits.max_seconds))
+    previous = ("your previous tuned model is unchanged" if store.tuned(sid) is not None
+                else "you have no tuned model yet")
+    return (f"The run ended early because {why}, after {done} of {history.planned_steps} steps. "
+            f"Its model was **not kept**: {previous}. (Tick “Keep the model…” to keep a stopped run.)")
+
+
+def _live_status(steps: list[dict]) -> str:
+    if not steps:
+        return "Evaluating the base model…"
+    last = steps[-1]
+    return (f"Step {last['step']}/{last['steps']} — loss {last['loss']:.3f}, "
+            f"lr {last['lr']:.2e}, {last['tokens_per_s']:,.0f} tokens/s")
+
+
+def _final_status(history: History, note: str) -> str:
+    done = len(history.steps)
+    where = ("⚠️ Evaluated on the **training lines** (fewer than 4 lines: nothing held out), so "
+             "this measures memorising." if history.eval_on_train
+             else f"Evaluated on {history.eval_lines} held-out line(s).")
+    head = (f"**Done**: {done} steps in {history.seconds:.1f} s ({history.tokens_per_s:,.0f} "
+            f"tokens/s) on {history.train_lines} training line(s) packed into "
+            f"{history.train_blocks} block(s)." if history.completed
+            else f"**Ended early** after {done} steps ({history.seconds:.1f} s).")
+    return f"{head} {where}\n\n{note}"
+
+
+def _metrics_frame(history: History) -> pd.DataFrame:
+    before, after = history.before, history.after
+    return pd.DataFrame({
+        "metric": ["masked-token loss", "masked-token accuracy", "perplexity exp(loss)",
+                   "masked tokens scored"],
+        "before": [round(before["loss"], 4), f"{before['accuracy']:.1%}",
+                   round(before["perplexity"], 2), before["masked"]],
+        "after": [round(after["loss"], 4), f"{after['accuracy']:.1%}",
+                  round(after["perplexity"], 2), after["masked"]]})
+
+
+def _probe_frame(rows: list[dict]) -> pd.DataFrame:
+    def cell(predictions: list[list[dict]]) -> str:
+        return " | ".join(", ".join(f"{p['token'].strip()} {p['score']:.0%}" for p in mask)
+                          for mask in predictions)
+    return pd.DataFrame({"probe": [r["probe"] for r in rows],
+                         "before (base model)": [cell(r["before"]) for r in rows],
+                         "after (this run's model)": [cell(r["after"]) for r in rows]})
+
+
+def _compare_status(histories: dict, limits: Limits) -> str:
+    lines = ["| masking | steps | eval loss before → after | eval accuracy before → after |",
+             "| --- | --- | --- | --- |"]
+    for name, h in histories.items():
+        lines.append(f"| {name} | {len(h.steps)} | {h.before['loss']:.3f} → {h.after['loss']:.3f} "
+                     f"| {h.before['accuracy']:.1%} → {h.after['accuracy']:.1%} |")
+    ended = [f"{name}: {STOPPED_NOTE[h.stopped].format(seconds=int(limits.max_seconds))}"
+             for name, h in histories.items() if h.stopped]
+    if ended:
+        lines.append("\nEnded early — " + "; ".join(ended) + ".")
+    if len(histories) < 2:
+        lines.append("\nOnly one run finished: the comparison is incomplete.")
+    return "\n".join(lines)
+
+
+def _active_line(store: ModelStore, sid) -> str:
+    try:
+        base = store.require_base()
+    except ValueError as err:
+        return f"⚠️ {err}"
+    if store.using_tuned(sid):
+        return (f"The other tabs use **your tuned model** ({store.tuned(sid).name}) in this "
+                "browser session only. Press “Back to the base model” to undo.")
+    if store.was_evicted(sid):
+        return (f"The other tabs use the base model **{base.name}**. Your tuned model was freed to "
+                f"make room for other visitors' (at most {store.max_tuned} are kept): fine-tune again.")
+    if store.tuned(sid) is not None:
+        return (f"The other tabs use the base model **{base.name}**; your tuned model is ready "
+                "(“Use my tuned model in all tabs”).")
+    return f"The other tabs use the base model **{base.name}**."
+
+
+# ---------------------------------------------------------------- errors
+
+def friendly_stream(fn):
+    """`friendly_errors` for generator handlers: ValueError -> gr.Error with its message, anything
+    else -> a generic message (details in the server log)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            yield from fn(*args, **kwargs)
+        except gr.Error:
+            raise
+        except ValueError as err:
+            raise gr.Error(str(err)) from None
+        except Exception:  # noqa: BLE001 - the server must stay up whatever the input
+            log.exception("handler %s failed", fn.__name__)
+            raise gr.Error("Something went wrong on the server; try a shorter or simpler input.") from None
+    return wrapper

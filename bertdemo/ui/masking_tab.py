@@ -1,9 +1,250 @@
-"""The masking tab (placeholder until its issue lands)."""
-import gradio as gr
+"""The mask-sampling tab: how MLM corrupts its input, static vs dynamic masking, the 80/10/10 law,
+and the seed article's `mask_tokens` next to transformers' collator."""
+import html
+import math
 
+import gradio as gr
+import pandas as pd
+
+from .. import masking, plots
 from ..config import Settings
 from ..sessions import ModelStore
+from .common import friendly_errors, session_id
+
+EXAMPLES = [
+    "Paris is the capital of France.",
+    "The Eiffel tower is a famous landmark.",
+    "Unbelievably, BERT learns by predicting masked words from both sides.",
+]
+INTRO = """**How MLM corrupts its input.** Each token that is not special is *chosen* with probability
+`mlm_probability` (15%). A chosen token is then replaced by `[MASK]` (80%), by a random token (10%) or
+left as it is (10%), and the loss is computed **only on the chosen tokens**: their label is their own
+id, every other label is `-100`, which the loss ignores. Special tokens (`[CLS]`, `[SEP]`, `[PAD]`,
+`[UNK]`, a typed `[MASK]`) are never chosen. Every draw here is made by transformers'
+`DataCollatorForLanguageModeling` with the seed below: a Trainer using it sees exactly this.
+A random replacement is drawn from the whole vocabulary, so once in a while it draws the original
+token; it is still shown as *random*, because that is the draw that was made."""
+STATIC_HELP = """**Static** masking (original BERT) draws the masks once, when the data is prepared, and
+shows the model the same corrupted sentence every epoch (BERT made 10 copies of its data, so each
+sentence had 10 masks over 40 epochs: set *masks drawn in advance* to 10). **Dynamic** masking
+(RoBERTa) draws a fresh mask each time: epoch *e* uses seed + *e*. The curve measures, over thousands
+of copies of the text, the share of tokens chosen at least once after *n* epochs: static stays at
+1 − (1 − p)^min(n, copies), which is *p* with one mask; dynamic follows 1 − (1 − p)^n."""
+ARTICLE_HELP = """The seed article's `mask_tokens` (kept verbatim in `bertdemo.masking.article_mask_tokens`)
+on the same text, tokenized its way (`padding="max_length", max_length=20, truncation=True`), next to
+the collator. What it gets wrong: it sets the labels of the **masked** tokens to `-100`, so the loss is
+computed on the tokens the model can see (copying them is enough); it can mask `[CLS]`, `[SEP]` and
+`[PAD]` and scores them; and every chosen token becomes `[MASK]` (no 80/10/10). With the same seed
+both usually pick the same positions (both compare uniform draws with 0.15), so the rows differ in
+what is scored."""
 
 
 def render(store: ModelStore, settings: Settings) -> None:
-    gr.Markdown("Coming soon.")
+    """Build the tab's components and events inside the current Blocks/Tab context."""
+    gr.Markdown(INTRO)
+    text = gr.Textbox(label="Text", value=EXAMPLES[0], lines=2,
+                      info=f"At most {masking.MAX_TEXT_TOKENS} tokens.")
+    gr.Examples(EXAMPLES, inputs=text)
+    with gr.Row():
+        p = gr.Slider(0, 1, value=0.15, step=0.01, label="mlm_probability (chosen)")
+        p_mask = gr.Slider(0, 1, value=0.8, step=0.01, label="mask_replace_prob (chosen → [MASK])")
+        p_random = gr.Slider(0, 1, value=0.1, step=0.01, label="random_replace_prob (chosen → random)")
+    with gr.Row():
+        whole_word = gr.Checkbox(False, label="Whole-word masking",
+                                 info="All pieces of a word are chosen together; transformers then "
+                                      "replaces every chosen piece by [MASK] (no random, no keep).")
+        seed = gr.Number(0, precision=0, minimum=0, label="Seed")
+        sample_btn = gr.Button("Sample", variant="primary")
+        resample_btn = gr.Button("Resample (seed + 1)")
+    strip = gr.HighlightedText(label="Tokens coloured by outcome", color_map=plots.OUTCOME_COLORS,
+                               show_legend=True, show_inline_category=False, combine_adjacent=False)
+    table = gr.HTML()
+    counts = gr.Dataframe(label="This sample against the expected numbers", interactive=False)
+    with gr.Accordion("Rows (JSON)", open=False):
+        rows_json = gr.JSON()
+
+    with gr.Accordion("Static vs dynamic masking", open=True):
+        gr.Markdown(STATIC_HELP)
+        with gr.Row():
+            epochs = gr.Slider(1, masking.MAX_EPOCHS, value=10, step=1, label="Epochs")
+            copies = gr.Slider(1, masking.MAX_EPOCHS, value=1, step=1,
+                               label="Static: masks drawn in advance (BERT: 10)")
+        epochs_btn = gr.Button("Show the epochs")
+        epochs_summary = gr.Markdown()
+        grid = gr.Plot(label="What the model sees each epoch (colour = outcome)")
+        curve = gr.Plot(label="Tokens ever chosen")
+
+    with gr.Accordion("The law behind it: many samples", open=False):
+        gr.Markdown("The same text sampled many times in one collator call: the measured rates, "
+                    "with 95% intervals, against the configured ones. *z* is the distance in "
+                    "standard errors; beyond ±4 would mean the sampler is wrong.")
+        draws = gr.Slider(1_000, masking.MAX_LAW_TOKENS, value=20_000, step=1_000, label="Token draws")
+        law_btn = gr.Button("Sample many times")
+        law_plot = gr.Plot(label="Measured vs configured rates")
+        law_table = gr.Dataframe(interactive=False)
+
+    with gr.Accordion("The article's mask_tokens, side by side", open=False):
+        gr.Markdown(ARTICLE_HELP)
+        max_length = gr.Slider(8, 64, value=20, step=1, label="max_length (the article uses 20)")
+        article_btn = gr.Button("Run the article's mask_tokens")
+        article_table = gr.HTML()
+        article_counts = gr.Dataframe(label="In numbers", interactive=False)
+        article_notes = gr.Markdown()
+
+    rates = [p, p_mask, p_random, whole_word]
+
+    def tokenizer_for(request):
+        return store.for_session(session_id(request)).tokenizer
+
+    @friendly_errors
+    def on_sample(sentence, seed_value, prob, prob_mask, prob_random, whole, request: gr.Request):
+        rows = masking.mask_sample(tokenizer_for(request), sentence, seed_value, prob, prob_mask,
+                                   prob_random, whole)
+        table_counts = masking.outcome_counts(rows, prob, prob_mask, prob_random, whole)
+        return _strip(rows), _sample_table(rows), _counts_frame(table_counts), rows
+
+    @friendly_errors
+    def on_epochs(sentence, seed_value, prob, prob_mask, prob_random, whole, n_epochs, n_copies,
+                  request: gr.Request):
+        result = masking.static_vs_dynamic(tokenizer_for(request), sentence, n_epochs, seed_value,
+                                           prob, prob_mask, prob_random, whole, n_copies)
+        grids = {mode: result[mode] for mode in ("static", "dynamic")}
+        return (_curve_summary(result["curve"]), plots.outcome_grid(result["tokens"], grids),
+                plots.ever_chosen_curve(result["curve"]))
+
+    @friendly_errors
+    def on_law(sentence, seed_value, prob, prob_mask, prob_random, whole, n_draws, request: gr.Request):
+        rows = masking.masking_law(tokenizer_for(request), sentence, n_draws, seed_value, prob,
+                                   prob_mask, prob_random, whole)
+        return plots.masking_law_bars(rows), _law_frame(rows)
+
+    @friendly_errors
+    def on_article(sentence, seed_value, prob, prob_mask, prob_random, whole, length,
+                   request: gr.Request):
+        lm = store.for_session(session_id(request))
+        loss_fn = masking.model_loss(lm) if length <= lm.max_length else None
+        result = masking.article_comparison(lm.tokenizer, sentence, seed_value, length, prob,
+                                            prob_mask, prob_random, whole, loss_fn=loss_fn)
+        return (_article_table(result), pd.DataFrame(result["counts"]),
+                _article_notes(result, lm.name))
+
+    inputs = [text, seed, *rates]
+    sample_out = [strip, table, counts, rows_json]
+    sample_btn.click(on_sample, inputs, sample_out, api_name="mask_sample")
+    text.submit(on_sample, inputs, sample_out, api_visibility="private")
+    resample_btn.click(_next_seed, seed, seed, api_visibility="private", queue=False).then(
+        on_sample, inputs, sample_out, api_visibility="private")
+    epochs_btn.click(on_epochs, inputs + [epochs, copies], [epochs_summary, grid, curve],
+                     api_name="static_vs_dynamic")
+    law_btn.click(on_law, inputs + [draws], [law_plot, law_table], api_name="masking_law")
+    article_btn.click(on_article, inputs + [max_length], [article_table, article_counts, article_notes],
+                      api_name="article_snippet", concurrency_id="model")
+
+
+def create_demo(store: ModelStore, settings: Settings) -> gr.Blocks:
+    """The tab on its own, for running or testing it alone."""
+    with gr.Blocks(title="bertdemo: mask sampling") as demo:
+        render(store, settings)
+    return demo
+
+
+def _next_seed(value) -> int:
+    try:
+        return int(value) + 1
+    except (TypeError, ValueError, OverflowError):
+        return 0
+
+
+def _strip(rows: list[dict]) -> list[tuple[str, str | None]]:
+    """The tokens as HighlightedText segments, a space between them."""
+    segments = []
+    for row in rows:
+        segments += [(row["token"], row["outcome"]), (" ", None)]
+    return segments[:-1]
+
+
+def _cell(text, outcome=None, title: str = "") -> str:
+    color = plots.OUTCOME_COLORS.get(outcome, "transparent")
+    hint = f' title="{html.escape(title)}"' if title else ""
+    return (f'<td style="background:{color};padding:2px 6px;border:1px solid #ddd;'
+            f'white-space:nowrap"{hint}>{html.escape(str(text))}</td>')
+
+
+def _html_table(rows: list[tuple[str, list[str]]]) -> str:
+    """A row-labelled table, one column per token, in a horizontally scrolling box."""
+    body = "".join(f'<tr><th style="text-align:left;padding:2px 6px">{html.escape(name)}</th>'
+                   f'{"".join(cells)}</tr>' for name, cells in rows)
+    return ('<div style="overflow-x:auto"><table style="border-collapse:collapse;'
+            f'font-family:monospace;font-size:13px">{body}</table></div>')
+
+
+def _label_text(label: int) -> str:
+    return "-100" if label == -100 else str(label)
+
+
+def _sample_table(rows: list[dict]) -> str:
+    def title(row):
+        if row["outcome"] == "random" and row["seen_id"] == row["token_id"]:
+            return "random draw that picked the same token"
+        return row["outcome"] or ("special: never chosen" if row["special"] else "not chosen")
+
+    return _html_table([
+        ("token", [_cell(r["token"]) for r in rows]),
+        ("model sees", [_cell(r["seen"], r["outcome"], title(r)) for r in rows]),
+        ("label", [_cell(_label_text(r["label"]), r["outcome"], title(r)) for r in rows]),
+    ])
+
+
+def _counts_frame(rows: list[dict]) -> pd.DataFrame:
+    return pd.DataFrame([{"what": r["what"], "count": r["count"], "expected": round(r["expected"], 2)}
+                         for r in rows])
+
+
+def _curve_summary(curve: dict) -> str:
+    n = curve["epochs"][-1]
+    return (f"After **{n}** epochs, tokens ever chosen: static **{curve['static'][-1]:.1%}** "
+            f"(theory {curve['static_theory'][-1]:.1%}), dynamic **{curve['dynamic'][-1]:.1%}** "
+            f"(theory {curve['dynamic_theory'][-1]:.1%}); measured over "
+            f"{curve['tokens']:,} token draws per epoch.")
+
+
+def _law_frame(rows: list[dict]) -> pd.DataFrame:
+    def z(row):
+        if not row["se"]:
+            return 0.0 if row["measured"] == row["configured"] else math.inf
+        return round((row["measured"] - row["configured"]) / row["se"], 2)
+
+    def interval(row):
+        return f"{row['low']:.4f} – {row['high']:.4f}" if row["n"] else "nothing drawn"
+
+    return pd.DataFrame([{"rate": r["rate"], "configured": round(r["configured"], 4),
+                          "measured": round(r["measured"], 4), "count": r["count"], "of": r["n"],
+                          "95% interval": interval(r), "z": z(r)} for r in rows])
+
+
+def _article_table(result: dict) -> str:
+    art, col = result["article"], result["collator"]
+    art_outcome = ["mask" if m else None for m in art["masked"]]
+    return _html_table([
+        ("token", [_cell(t) for t in result["tokens"]]),
+        ("article: model sees", [_cell(s, o) for s, o in zip(art["seen"], art_outcome)]),
+        ("article: label", [_cell(_label_text(lab), o) for lab, o in zip(art["labels"], art_outcome)]),
+        ("collator: model sees", [_cell(s, o) for s, o in zip(col["seen"], col["outcome"])]),
+        ("collator: label", [_cell(_label_text(lab), o) for lab, o in zip(col["labels"], col["outcome"])]),
+    ])
+
+
+def _article_notes(result: dict, model_name: str) -> str:
+    notes = []
+    if result["truncated"]:
+        notes.append("⚠️ The text is longer than max_length: it was **cut**, as the article's "
+                     "`truncation=True` does (silently, there).")
+    losses = result["losses"]
+    if losses:
+        def fmt(x):
+            return "n/a (no token scored)" if math.isnan(x) else f"{x:.3f}"
+        notes.append(f"Loss of **{model_name}** as it is now (no training) under each labelling: "
+                     f"article {fmt(losses['article'])}, collator {fmt(losses['collator'])}. The "
+                     "article's loss scores tokens the model can see, so a model that copies its "
+                     "input drives it to zero without learning to fill a gap.")
+    return "\n\n".join(notes)

@@ -1,0 +1,35 @@
+# bertdemo with bert-base-uncased baked in: starts and serves on port 7860 without internet access.
+#   docker build -t bertdemo .
+#   docker run --rm -p 7860:7860 bertdemo                 # then open http://127.0.0.1:7860
+#   docker run --rm -p 7860:7860 -e BERTDEMO_AUTH=ann:s3cret bertdemo   # with a login
+FROM python:3.11-slim
+
+ENV PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
+    PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 GRADIO_ANALYTICS_ENABLED=False
+
+# Where pip also looks for torch==2.13.0. PyPI's Linux torch wheel is the CUDA build (GBs of CUDA
+# libraries); PyTorch's CPU index has the same version as 2.13.0+cpu, which pip then prefers.
+# For a CUDA image take PyPI's: docker build --build-arg TORCH_INDEX=https://pypi.org/simple .
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+
+WORKDIR /app
+# README's install command (plus the torch index above).
+COPY requirements.txt .
+RUN pip install --extra-index-url "$TORCH_INDEX" -r requirements.txt
+
+# Bake the default model in at build time: config, safetensors and tokenizer only, then a test load.
+# (This layer reruns when bertdemo/ changes; the download is about 440 MB.)
+COPY bertdemo/ bertdemo/
+RUN python -m bertdemo download bert-base-uncased --dir /models/bert-base-uncased
+
+COPY . .
+RUN useradd --create-home --uid 1000 bertdemo
+USER bertdemo
+
+# The image needs no hub access; GRADIO_SERVER_NAME/PORT are what the app (and Gradio) read.
+ENV BERTDEMO_MODEL=/models/bert-base-uncased HF_HUB_OFFLINE=1 \
+    GRADIO_SERVER_NAME=0.0.0.0 GRADIO_SERVER_PORT=7860
+EXPOSE 7860
+HEALTHCHECK --interval=30s --timeout=5s --start-period=90s --retries=3 \
+    CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:7860/', timeout=4)"
+CMD ["python", "app.py"]

@@ -1,0 +1,82 @@
+"""`python -m bertdemo download MODEL [--dir DIR]`: fetch a model once, to run the demo offline.
+
+Only what `bertdemo.load` reads is fetched (config, safetensors weights, tokenizer files), and the
+result is loaded once as a check, so a Docker build fails at build time rather than at the first
+visitor. Without `--dir` the files go to the Hugging Face cache, where `python app.py --model MODEL`
+finds them with `HF_HUB_OFFLINE=1`; with `--dir` pass that folder to `--model`.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+# What `bertdemo.load` needs; the rest of a hub repo (TF/Flax/ONNX/CoreML copies) is skipped.
+MODEL_FILES = [
+    "config.json", "*.safetensors", "model.safetensors.index.json",
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+    "vocab.txt", "vocab.json", "merges.txt", "*.model",  # WordPiece / BPE / SentencePiece vocabularies
+]
+PICKLE_FILES = ["pytorch_model*.bin", "pytorch_model.bin.index.json"]  # only with --allow-pickle
+
+
+def download(model: str, target: str | Path | None = None, revision: str | None = None,
+             allow_pickle: bool = False) -> Path:
+    """Fetch `model` (hub id, or local folder to copy from) into `target`; return the folder.
+
+    `target=None` means the Hugging Face cache for a hub id, and the folder itself for a folder.
+    Raises OSError/ValueError (from huggingface_hub) when the hub can't be reached or has no such model.
+    """
+    patterns = MODEL_FILES + (PICKLE_FILES if allow_pickle else [])
+    source = Path(model).expanduser()
+    if source.is_dir():
+        return _copy_model_files(source, Path(target) if target else None, patterns)
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(model, revision=revision, local_dir=target, allow_patterns=patterns))
+
+
+def _copy_model_files(source: Path, target: Path | None, patterns: list[str]) -> Path:
+    """The local-folder case: copy just the files the hub download would have kept."""
+    from huggingface_hub.utils import filter_repo_objects
+
+    if target is None or target.resolve() == source.resolve():
+        return source
+    files = [p.relative_to(source).as_posix() for p in source.rglob("*") if p.is_file()]
+    for name in filter_repo_objects(files, allow_patterns=patterns):
+        (target / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source / name, target / name)
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bertdemo", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    fetch = commands.add_parser("download", help="fetch a model's config, safetensors weights and "
+                                "tokenizer, then check that it loads as a masked LM")
+    fetch.add_argument("model", help="hub id such as bert-base-uncased (or a local folder to copy)")
+    fetch.add_argument("--dir", help="folder to save into (default: the Hugging Face cache)")
+    fetch.add_argument("--revision", help="hub branch, tag or commit (default: main)")
+    fetch.add_argument("--allow-pickle", action="store_true",
+                       help="also fetch pytorch_model.bin (pickle can run code: trusted models only)")
+    args = parser.parse_args(argv)
+
+    import bertdemo
+
+    try:
+        folder = download(args.model, args.dir, args.revision, args.allow_pickle)
+        lm = bertdemo.load(str(folder), device="cpu", allow_pickle=args.allow_pickle)
+    except (OSError, ValueError) as err:
+        first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        parser.exit(1, f"Could not download {args.model!r}: {first_line} Check the model id and the "
+                       "internet connection (HF_HUB_OFFLINE=1 forbids downloads).\n")
+    size_mb = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 1e6
+    print(f"{args.model}: {type(lm.model).__name__} with mask token {lm.mask_token}, "
+          f"{size_mb:.0f} MB in {folder}")
+    print(f"Run: python app.py --model {args.dir or args.model}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

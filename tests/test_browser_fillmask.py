@@ -1,0 +1,95 @@
+"""The fill-mask and About tabs, and the no-model page, in a real browser (Debian's chromium) that
+can reach only this machine, driven as a person would: type, click, read what appears."""
+import re
+
+import pytest
+from playwright.sync_api import expect
+
+import app
+import bertdemo
+from bertdemo.config import Settings
+
+SENTENCE = "Paris is the [MASK] of France."
+
+
+def block(page, label: str):
+    """The Gradio component whose label reads `label`."""
+    return page.locator("div.block", has=page.locator("[data-testid='block-label']", has_text=label))
+
+
+def predict(page, text: str) -> None:
+    page.get_by_label("Sentence with [MASK]s").fill(text)
+    page.get_by_role("button", name="Predict", exact=True).click()
+
+
+def test_predict_draws_one_bar_per_prediction(page, app_url, tiny_bert, screenshot):
+    page.goto(app_url)
+    predict(page, "The [MASK] sat on the [MASK].")
+    plot = block(page, "Predictions per mask")
+    expect(plot.locator(".barlayer .point")).to_have_count(2 * 5)  # two masks, top-5 each
+    expect(plot.get_by_text("[MASK] 2")).to_be_visible()
+    for per_mask in bertdemo.fill_mask(tiny_bert, "The [MASK] sat on the [MASK].", 5):
+        expect(plot.locator(".ytick text", has_text=per_mask[0]["token"]).first).to_be_visible()
+    expect(page.get_by_text("tiny-bert").first).to_be_visible()  # the model line
+    best = bertdemo.fill_jointly(tiny_bert, "The [MASK] sat on the [MASK].", 3)[0]["text"]
+    expect(page.get_by_text(best, exact=True).filter(visible=True).first).to_be_visible()
+    screenshot("fillmask_bars")
+
+
+def test_clicking_a_word_turns_it_into_a_mask(page, app_url):
+    page.goto(app_url)
+    page.get_by_label("Sentence with [MASK]s").fill("Paris is the capital of France.")
+    words = page.locator("[data-testid='highlighted-text'] .token")
+    words.filter(has_text="capital").click()
+    expect(page.get_by_label("Sentence with [MASK]s")).to_have_value("Paris is the [MASK] of France.")
+    expect(words.filter(has_text="[MASK]")).to_have_count(1)  # the strip shows the new mask
+
+
+def test_text_without_a_mask_shows_the_error_and_the_page_keeps_working(page, app_url, screenshot):
+    page.goto(app_url)
+    predict(page, "There is no mask here.")
+    toast = page.locator(".toast-body", has_text=re.compile(r"No \[MASK\] in the text"))
+    expect(toast).to_be_visible()
+    expect(toast).to_have_css("opacity", "1")  # faded in: what a person reads, and the screenshot shows
+    screenshot("fillmask_error")
+    predict(page, SENTENCE)
+    expect(block(page, "Predictions per mask").locator(".barlayer .point")).to_have_count(5)
+
+
+def test_about_tab_shows_the_formula_and_the_glue_chart(page, app_url, screenshot):
+    page.goto(app_url)
+    page.get_by_role("tab", name="About").click()
+    expect(page.get_by_text("Masked-language modelling in one formula")).to_be_visible()
+    expect(page.locator(".katex-display").first).to_be_visible()  # the loss, typeset
+    expect(page.locator(".katex").nth(3)).to_be_visible()  # and the inline $M$, $x$, $\\tilde x$
+    expect(page.get_by_text(re.compile(r"\$M\$"))).to_have_count(0)  # no raw dollar signs left
+    chart = block(page, "GLUE scores")
+    expect(chart.locator(".barlayer .point")).to_have_count(4 * 8)  # 4 systems x 8 tasks
+    expect(chart.locator(".legendtext", has_text="BERT-large [1]")).to_be_visible()
+    expect(page.get_by_text("arXiv:1810.04805")).to_be_visible()  # its sources
+    screenshot("about_tab")
+
+
+@pytest.fixture(scope="module")
+def no_model_url():
+    """The app started offline with a model it can't fetch."""
+    settings = Settings(model="bertdemo-tests/no-such-model", device="cpu", port=None)
+    demo = app.build_demo(settings)
+    url, _ = app.serve(demo, settings, block=False)
+    yield url
+    demo.close()
+
+
+def test_without_a_model_the_page_says_how_to_fix_and_the_minilm_button_works(page, no_model_url,
+                                                                               screenshot):
+    page.goto(no_model_url)
+    expect(page.get_by_role("heading", name="No model is loaded")).to_be_visible()
+    expect(page.get_by_text("python -m bertdemo download").first).to_be_visible()
+    screenshot("no_model_banner")
+    page.get_by_role("button", name=app.MINILM_BUTTON).click()
+    expect(page.get_by_role("heading", name=f"Using {app.MINILM_NAME}")).to_be_visible()
+    expect(page.get_by_role("button", name=app.MINILM_BUTTON)).to_be_hidden()
+    predict(page, SENTENCE)
+    expect(block(page, "Predictions per mask").locator(".barlayer .point")).to_have_count(5)
+    expect(page.get_by_text(f"Model: {app.MINILM_NAME}")).to_be_visible()  # the tab's model line
+    screenshot("no_model_minilm_loaded")

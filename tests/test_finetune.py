@@ -1,0 +1,327 @@
+"""The fine-tune: loss and eval, the base left untouched, Stop, caps, repeatability, the tab."""
+import math
+import zipfile
+
+import pytest
+import torch
+
+import bertdemo
+import tiny_models
+from bertdemo.finetune import (MASKINGS, Limits, compare_masking, compare_probes, default_probes, evaluate,
+                               finetune, fixed_rows, masked_logits, mlm_collator, pack, prepare_text,
+                               save_zip, split_units)
+
+REPEATED = "\n".join(tiny_models.SENTENCES * 5)  # 20 lines: 2 held out, both also seen in training
+FAST = dict(lr=1e-2, batch_size=8, max_length=16)  # a random tiny model needs a large rate
+
+
+def run(lm, steps=30, **kwargs):
+    return finetune(lm, kwargs.pop("text", REPEATED), steps=steps, **{**FAST, **kwargs})
+
+
+# ---------------------------------------------------------------- the loop
+
+def test_masked_positions_loss_equals_transformers_loss(tiny_bert):
+    data = prepare_text(tiny_bert, REPEATED, max_length=16)
+    batch = mlm_collator(tiny_bert, 0.3, seed=1)(data.train)
+    logits, targets = masked_logits(tiny_bert.model, batch)
+    ours = torch.nn.functional.cross_entropy(logits, targets)
+    assert ours.item() == pytest.approx(tiny_bert.model(**batch).loss.item(), abs=1e-5)
+
+
+def test_loss_falls_and_eval_improves_on_repeated_text(tiny_bert):
+    _, history = run(tiny_bert, steps=40)
+    losses = [s["loss"] for s in history.steps]
+    assert len(losses) == 40 and history.completed
+    assert sum(losses[-8:]) / 8 < 0.7 * sum(losses[:8]) / 8
+    assert history.after["loss"] < history.before["loss"]
+    assert history.after["perplexity"] < history.before["perplexity"]
+    assert history.evals[0]["step"] == 0 and history.evals[-1]["step"] == 40
+    assert all(s["tokens_per_s"] > 0 for s in history.steps)
+
+
+def test_base_model_is_bit_identical_and_tuned_model_is_new(tiny_bert):
+    before = {k: v.clone() for k, v in tiny_bert.model.state_dict().items()}
+    tuned, _ = run(tiny_bert, steps=5)
+    after = tiny_bert.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert not tiny_bert.model.training
+    assert not any(p.requires_grad for p in tiny_bert.model.parameters())
+    assert tuned.model is not tiny_bert.model and tuned.name.endswith("(fine-tuned)")
+    assert not tuned.model.training and not any(p.requires_grad for p in tuned.model.parameters())
+    changed = tuned.model.state_dict()
+    assert any(not torch.equal(before[k], changed[k]) for k in before)
+
+
+def test_should_stop_ends_the_run_within_one_step(tiny_bert):
+    seen = []
+    _, history = run(tiny_bert, steps=50, on_step=seen.append,
+                     should_stop=lambda: any(e.get("step") == 3 and e["kind"] == "step" for e in seen))
+    assert history.stopped == "stopped" and len(history.steps) == 3
+    assert history.after["step"] == 3  # evaluated where it stopped
+
+
+def test_stop_flag_of_the_store_stops_a_running_fine_tune(tiny_bert):
+    from bertdemo.sessions import ModelStore
+
+    store = ModelStore(tiny_bert)
+    flag = store.reserve_run("alice")
+
+    def press_stop_at_step_2(event):
+        if event["kind"] == "step" and event["step"] == 2:
+            assert store.request_stop("alice")
+
+    _, history = run(tiny_bert, steps=50, on_step=press_stop_at_step_2, should_stop=flag.is_set)
+    assert history.stopped == "stopped" and len(history.steps) == 2
+
+
+def test_time_limit_stops_cleanly(tiny_bert):
+    tuned, history = run(tiny_bert, steps=50, limits=Limits(max_seconds=0))
+    assert history.stopped == "time limit" and history.steps == []
+    assert history.after == history.before
+    assert tuned.model is not tiny_bert.model
+
+
+def test_same_seed_gives_the_same_history(tiny_bert):
+    for masking in MASKINGS:
+        _, first = run(tiny_bert, steps=8, seed=7, masking=masking)
+        _, again = run(tiny_bert, steps=8, seed=7, masking=masking)
+        _, other = run(tiny_bert, steps=8, seed=8, masking=masking)
+        assert [s["loss"] for s in first.steps] == [s["loss"] for s in again.steps]
+        assert first.evals == again.evals
+        assert [s["loss"] for s in first.steps] != [s["loss"] for s in other.steps]
+
+
+def test_static_masks_are_drawn_once_dynamic_per_batch(tiny_bert):
+    """Through the `collate_fn` hook (also how the article's labelling can be trained)."""
+    calls = {}
+    for masking in MASKINGS:
+        collator = mlm_collator(tiny_bert, 0.5, seed=0)
+        calls[masking] = []
+        _, history = run(tiny_bert, steps=12, masking=masking, mlm_probability=0.5,
+                         collate_fn=lambda ex, c=collator, m=masking: calls[m].append(len(ex)) or c(ex))
+    blocks = history.train_blocks
+    assert calls["static"] == [1] * blocks  # one draw per block, before training
+    assert len(calls["dynamic"]) == 12 and sum(calls["dynamic"]) >= 12  # one draw per batch
+
+
+def test_learning_rate_warms_up_then_decays(tiny_bert):
+    _, history = run(tiny_bert, steps=20, warmup_ratio=0.2)
+    rates = [s["lr"] for s in history.steps]
+    peak = rates.index(max(rates))
+    assert rates[0] > 0 and max(rates) == pytest.approx(FAST["lr"])
+    assert rates[:peak + 1] == sorted(rates[:peak + 1])
+    assert rates[peak:] == sorted(rates[peak:], reverse=True) and rates[-1] < rates[peak] / 5
+
+
+def test_short_text_is_evaluated_on_its_training_lines(tiny_bert):
+    data = prepare_text(tiny_bert, "\n".join(tiny_models.SENTENCES[:3]))
+    assert data.eval_on_train and data.eval == data.train
+    data = prepare_text(tiny_bert, REPEATED)
+    assert not data.eval_on_train and (data.train_lines, data.eval_lines) == (18, 2)
+
+
+def test_packing_keeps_every_token_within_the_length(tiny_bert):
+    units = split_units(REPEATED)
+    blocks = pack(tiny_bert, units, 14)
+    cls, sep = tiny_bert.tokenizer.cls_token_id, tiny_bert.tokenizer.sep_token_id
+    assert all(len(b["input_ids"]) <= 16 and b["input_ids"][0] == cls and b["input_ids"][-1] == sep
+               for b in blocks)
+    inner = [t for b in blocks for t in b["input_ids"][1:-1]]
+    assert inner == [t for u in units for t in tiny_bert.tokenizer(u, add_special_tokens=False)["input_ids"]]
+    assert all(sum(b["special_tokens_mask"]) == 2 for b in blocks)
+
+
+def test_perplexity_is_guarded_against_overflow(tiny_bert):
+    tuned, _ = run(tiny_bert, steps=1)
+    tuned.model.cls.predictions.bias.data[5] = 1e5  # every prediction: token 5, very surely
+    data = prepare_text(tiny_bert, REPEATED, max_length=16)
+    rows = fixed_rows(mlm_collator(tiny_bert, 0.5, seed=0), data.eval)
+    result = evaluate(tuned.model, rows, 0, tuned.device)
+    assert result["loss"] > 1000 and result["perplexity"] == pytest.approx(math.exp(50))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(steps=0), "steps"), (dict(steps=-3), "steps"), (dict(steps=float("nan")), "steps"),
+    (dict(steps=10**9), "at most 300"), (dict(steps=2.5), "whole number"),
+    (dict(steps=5, lr=0), "learning rate"), (dict(steps=5, lr=-1e-5), "learning rate"),
+    (dict(steps=5, lr=float("nan")), "learning rate"), (dict(steps=5, lr=float("inf")), "learning rate"),
+    (dict(steps=5, lr=1.0), "at most 0.01"), (dict(steps=5, batch_size=0), "batch size"),
+    (dict(steps=5, batch_size=10**6), "batch size"), (dict(steps=5, mlm_probability=0), "mask probability"),
+    (dict(steps=5, mlm_probability=1.5), "mask probability"), (dict(steps=5, masking="sometimes"), "static"),
+    (dict(steps=5, seed=-1), "seed"), (dict(steps=5, max_length=2), "block length"), (dict(), "steps or as epochs"), (dict(steps=5, epochs=1), "one of them"),
+    (dict(epochs=10**6), "epochs"), (dict(steps=5, text=""), "empty"), (dict(steps=5, text=" \n\t\n"), "empty"),
+    (dict(steps=5, text="a" * 20_001), "at most 20,000"), (dict(steps=5, text=None), "string"),
+])
+def test_bad_settings_are_refused_with_a_message(tiny_bert, kwargs, message):
+    text = kwargs.pop("text", REPEATED)
+    before = {k: v.clone() for k, v in tiny_bert.model.state_dict().items()}
+    with pytest.raises(ValueError, match=message):
+        finetune(tiny_bert, text, **kwargs)
+    assert all(torch.equal(before[k], v) for k, v in tiny_bert.model.state_dict().items())
+
+
+def test_epochs_are_converted_to_steps(tiny_bert):
+    _, history = finetune(tiny_bert, REPEATED, epochs=2, batch_size=1, max_length=16)
+    assert history.planned_steps == 2 * history.train_blocks == len(history.steps)
+
+
+def test_compare_masking_runs_both_on_the_same_eval_masks(tiny_bert):
+    events = []
+    histories = compare_masking(tiny_bert, REPEATED, steps=4, on_step=events.append, **FAST)
+    assert set(histories) == {"static", "dynamic"}
+    assert histories["static"].before == histories["dynamic"].before  # same eval masks, same start
+    assert histories["static"].steps != histories["dynamic"].steps
+    assert {e["run"] for e in events} == {"static", "dynamic"}
+
+
+def test_probes_default_to_the_persons_lines_and_compare_models(tiny_bert):
+    probes = default_probes(REPEATED, n=2)
+    assert probes == ["Paris is the [MASK] of France.", "The Eiffel tower is a famous [MASK]."]
+    tuned, _ = run(tiny_bert, steps=5)
+    rows = compare_probes(tiny_bert, tuned, probes)
+    assert rows[0]["before"] == bertdemo.fill_mask(tiny_bert, probes[0], 3)
+    assert rows[0]["after"] == bertdemo.fill_mask(tuned, probes[0], 3)
+    with pytest.raises(ValueError, match="No probe"):
+        compare_probes(tiny_bert, tuned, ["  "])
+
+
+def test_zip_holds_a_model_that_loads_and_predicts_the_same(tiny_bert, tmp_path):
+    tuned, _ = run(tiny_bert, steps=5)
+    path = save_zip(tuned, tmp_path)
+    assert save_zip(tuned, tmp_path) == path and len(list(tmp_path.glob("*.zip"))) == 1
+    with zipfile.ZipFile(path) as archive:
+        assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(archive.namelist())
+        archive.extractall(tmp_path / "unzipped")
+    loaded = bertdemo.load(str(tmp_path / "unzipped"), device="cpu")
+    text = "Paris is the [MASK] of France."
+    expected, got = bertdemo.fill_mask(tuned, text, 3)[0], bertdemo.fill_mask(loaded, text, 3)[0]
+    assert [p["token_id"] for p in got] == [p["token_id"] for p in expected]
+    assert [p["score"] for p in got] == pytest.approx([p["score"] for p in expected], abs=1e-6)
+
+
+# ---------------------------------------------------------------- through the app
+
+@pytest.fixture(scope="module")
+def tuning_app(tiny_bert_dir):
+    """The real app with small fine-tune caps, and its store (to look at each session's model)."""
+    import app
+    from conftest import launch
+
+    from bertdemo.config import Settings
+    from bertdemo.sessions import ModelStore
+
+    settings = Settings(model=str(tiny_bert_dir), device="cpu", finetune_max_steps=20,
+                        finetune_max_chars=2_000, finetune_max_models=2)
+    store = ModelStore(bertdemo.load(str(tiny_bert_dir), device="cpu"), max_tuned=2)
+    demo = app.build_demo(settings, store)
+    url = launch(demo)
+    yield url, store
+    demo.close()
+
+
+def connect(url):
+    from gradio_client import Client
+
+    return Client(url, verbose=False)
+
+
+def tune_through_app(client, text=REPEATED, steps=4, lr=1e-2, seed=0, keep=False, probes=""):
+    return client.predict(text, steps, "steps", lr, 8, 16, 0.15, "dynamic", seed, keep, probes,
+                          api_name="/finetune")
+
+
+def test_two_sessions_each_get_their_own_tuned_model(tuning_app):
+    url, store = tuning_app
+    alice, bob, carol = connect(url), connect(url), connect(url)
+    tune_through_app(alice, seed=1)
+    tune_through_app(bob, text="\n".join(tiny_models.SENTENCES[::-1] * 3), seed=2)
+    for person in (alice, bob):
+        assert "your tuned model" in person.predict(api_name="/use_tuned")
+    text = "Paris is the [MASK] of France."
+    seen = {}
+    for name, person in {"alice": alice, "bob": bob, "carol": carol}.items():
+        _, raw, info = person.predict(text, 5, api_name="/fill_mask")
+        seen[name] = [p["score"] for p in raw[0]]
+        lm = store.for_session(person.session_hash)
+        assert [p["token_id"] for p in raw[0]] == [p["token_id"] for p in bertdemo.fill_mask(lm, text, 5)[0]]
+        assert ("fine-tuned" in info) == (name != "carol")
+    assert seen["alice"] != seen["bob"] != seen["carol"] != seen["alice"]
+    assert store.for_session(carol.session_hash) is store.base
+    bob.predict(api_name="/use_base")
+    _, raw, info = bob.predict(text, 5, api_name="/fill_mask")
+    assert "fine-tuned" not in info and [p["score"] for p in raw[0]] == seen["carol"]
+
+
+def test_finetune_endpoint_reports_before_after_and_probes(tuning_app):
+    url, store = tuning_app
+    client = connect(url)
+    status, _, metrics, probes, active = tune_through_app(client, steps=6,
+                                                         probes="Paris is the [MASK] of France.")
+    assert "Done" in status and "6 steps" in status and "held-out" in status
+    assert metrics["headers"] == ["metric", "before", "after"] and len(metrics["data"]) == 4
+    assert probes["data"][0][0] == "Paris is the [MASK] of France."
+    assert "ready" in active and store.tuned(client.session_hash) is not None
+
+
+def test_download_gives_a_zip_of_the_tuned_model(tuning_app):
+    url, _ = tuning_app
+    client = connect(url)
+    from gradio_client.exceptions import AppError
+
+    with pytest.raises(AppError, match="no tuned model"):
+        client.predict(api_name="/download_tuned")
+    tune_through_app(client)
+    path = client.predict(api_name="/download_tuned")
+    with zipfile.ZipFile(path) as archive:
+        assert "config.json" in archive.namelist()
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(text=""), "empty"), (dict(text="a" * 2_001), "at most 2,000"), (dict(steps=0), "steps"),
+    (dict(steps=21), "at most 20"), (dict(steps=10**12), "at most 20"), (dict(lr=0), "learning rate"),
+    (dict(lr=-1), "learning rate"), (dict(lr=10**12), "learning rate"),
+])  # NaN can't travel as JSON: the service tests cover it
+def test_bad_input_is_refused_and_the_server_stays_up(tuning_app, change, message):
+    from gradio_client.exceptions import AppError
+
+    url, store = tuning_app
+    client = connect(url)
+    with pytest.raises((AppError, ValueError), match=message):
+        tune_through_app(client, **change)
+    assert store.request_stop(client.session_hash) is False  # the refused run holds no slot
+    assert "Done" in tune_through_app(client, steps=1)[0]
+
+
+def test_second_run_of_the_same_person_is_refused_and_stop_without_run_is_harmless(tuning_app):
+    from gradio_client.exceptions import AppError
+
+    url, store = tuning_app
+    client = connect(url)
+    assert "Nothing is running" in client.predict(api_name="/stop_finetune")
+    flag = store.reserve_run(client.session_hash)  # as if a run of theirs were queued or running
+    with pytest.raises((AppError, ValueError), match="already running"):
+        tune_through_app(client)
+    assert "Stopping" in client.predict(api_name="/stop_finetune") and flag.is_set()
+    store.finish_run(client.session_hash, flag)
+    assert "Done" in tune_through_app(client, steps=1)[0]
+
+
+def test_stopped_run_replaces_a_good_model_only_when_asked(tiny_bert):
+    from bertdemo.sessions import ModelStore
+    from bertdemo.ui.finetune_tab import _keep_or_discard
+
+    store, limits = ModelStore(tiny_bert), Limits()
+    good, _ = run(tiny_bert, steps=2)
+    store.put_tuned("a", good)
+    seen = []
+    partial, history = run(tiny_bert, steps=10, on_step=seen.append,
+                           should_stop=lambda: sum(e["kind"] == "step" for e in seen) >= 2)
+    assert history.stopped == "stopped" and len(history.steps) == 2
+    note = _keep_or_discard(store, "a", partial, history, False, limits)
+    assert "not kept" in note and "previous tuned model is unchanged" in note and store.tuned("a") is good
+    _keep_or_discard(store, "a", partial, history, True, limits)
+    assert store.tuned("a") is partial
+    empty, nothing_done = run(tiny_bert, steps=10, should_stop=lambda: True)
+    assert "not kept" in _keep_or_discard(store, "a", empty, nothing_done, True, limits)
+    assert store.tuned("a") is partial
