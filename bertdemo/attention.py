@@ -306,11 +306,12 @@ def _spread(n: int, k: int) -> list[int]:
 
 def bertviz_html(att: Attention, kind: str = "head", layers: list[int] | None = None,
                  heads: list[int] | None = None, script_urls: dict[str, str] | None = None,
-                 decimals: int = 3) -> str:
+                 decimals: int | None = None) -> str:
     """A complete HTML document with bertviz's head view (`kind="head"`) or model view ("model").
 
     `layers` and `heads` (model view only) filter what is sent, None for `default_selection`;
-    weights are rounded to `decimals`. Scripts come from `script_urls` ({"require", "d3",
+    weights are rounded to `decimals` (None: 3, or 2 when over 100k weights are sent, which keeps
+    a 128-token default view under 1 MB; bertviz draws weights under 0.005 invisibly thin anyway). Scripts come from `script_urls` ({"require", "d3",
     "jquery"} -> URL), by default inlined as data: URLs so the file works offline. Tokens are
     escaped for the <script> they sit in.
     """
@@ -319,6 +320,9 @@ def bertviz_html(att: Attention, kind: str = "head", layers: list[int] | None = 
     auto_layers, auto_heads = default_selection(att, kind)
     layers = sorted({_check_index(x, att.num_layers, "layer") for x in layers}) if layers else auto_layers
     heads = sorted({_check_index(x, att.num_heads, "head") for x in heads}) if heads else auto_heads
+    if decimals is None:
+        sent = len(layers) * (len(heads) if kind == "model" else att.num_heads) * len(att.tokens) ** 2
+        decimals = 3 if sent <= 100_000 else 2
     rounded = torch.from_numpy(np.round(att.weights[layers].astype(np.float64), decimals))
     unused = torch.zeros(1, att.num_heads, 1, 1)  # bertviz indexes by layer number, reads only `layers`
     per_layer = [unused] * att.num_layers
@@ -347,9 +351,21 @@ def _script_safe_params(body: str, kind: str) -> str:
     prefix = template[:template.index("PYTHON_PARAMS")]
     start = body.index(prefix) + len(prefix)
     params, end = json.JSONDecoder().raw_decode(body, start)
-    safe = (json.dumps(params, separators=(",", ":")).replace("<", "\\u003c")
+    safe = (json.dumps(_integral_floats_as_ints(params), separators=(",", ":")).replace("<", "\\u003c")
             .replace(">", "\\u003e").replace("&", "\\u0026"))
     return body[:start] + safe + body[end:].replace(body[start:end], "PYTHON_PARAMS")  # once, not twice
+
+
+def _integral_floats_as_ints(value):
+    """0.0 -> 0 and 1.0 -> 1 throughout: most rounded weights of a long sentence are 0, and "0"
+    is half the bytes of "0.0" (JavaScript reads both as the same number)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [_integral_floats_as_ints(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _integral_floats_as_ints(v) for k, v in value.items()}
+    return value
 
 
 def _local_scripts(body: str, urls: dict[str, str]) -> str:
