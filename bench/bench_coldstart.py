@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import ROOT, bert_base_folder, free_port, serve_app  # noqa: E402

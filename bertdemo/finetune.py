@@ -44,6 +44,15 @@ class Limits:
     max_lr: float = 1e-2
 
 
+class SettingError(ValueError):
+    """A ValueError that names the setting at fault ("text", "steps", "learning rate", ...), so a
+    form can show the message beside that field."""
+
+    def __init__(self, setting: str, message: str):
+        super().__init__(message)
+        self.setting = setting
+
+
 @dataclass
 class TextData:
     """Pasted text ready to train on: packed token blocks (lists of ids) for training and eval."""
@@ -101,7 +110,7 @@ def check_settings(*, steps=None, epochs=None, lr=5e-5, batch_size=8, mlm_probab
     """Validate and normalise the run settings; raises ValueError saying how to fix them."""
     limits = limits or Limits()
     if (steps is None) == (epochs is None):
-        raise ValueError("Give the training length as steps or as epochs (one of them).")
+        raise SettingError("steps", "Give the training length as steps or as epochs (one of them).")
     out = {"lr": _number("learning rate", lr, 0.0, limits.max_lr, open_low=True),
            "batch_size": _whole("batch size", batch_size, 1, limits.max_batch_size),
            "mlm_probability": _number("mask probability", mlm_probability, 0.0, 1.0, open_low=True),
@@ -112,7 +121,7 @@ def check_settings(*, steps=None, epochs=None, lr=5e-5, batch_size=8, mlm_probab
     else:
         out["epochs"] = _number("epochs", epochs, 0.0, float(limits.max_steps), open_low=True)
     if masking not in MASKINGS:
-        raise ValueError(f"masking must be 'static' or 'dynamic', got {masking!r}.")
+        raise SettingError("masking", f"masking must be 'static' or 'dynamic', got {masking!r}.")
     out["masking"] = masking
     return out
 
@@ -121,18 +130,19 @@ def _number(name: str, value, low: float, high: float, open_low: bool = False) -
     try:
         value = float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"The {name} must be a number, got {value!r}.") from None
+        raise SettingError(name, f"The {name} must be a number, got {value!r}.") from None
     too_low = value <= low if open_low else value < low
     if not math.isfinite(value) or too_low or value > high:
         bound = f"more than {low:g}" if open_low else f"at least {low:g}"
-        raise ValueError(f"The {name} must be {bound} and at most {high:g}, got {value!r}.")
+        raise SettingError(name, f"The {name} must be {bound} and at most {high:g}, got {value!r}.")
     return value
 
 
 def _whole(name: str, value, low: int, high: int) -> int:
     number = _number(name, value, low, high)
     if not number.is_integer():
-        raise ValueError(f"The {name} must be a whole number from {low} to {high}, got {value!r}.")
+        raise SettingError(name, f"The {name} must be a whole number from {low} to {high}, "
+                                 f"got {value!r}.")
     return int(number)
 
 
@@ -143,8 +153,8 @@ def split_units(texts: str | list[str]) -> list[str]:
     if isinstance(texts, str):
         texts = texts.splitlines()
     if not isinstance(texts, (list, tuple)) or not all(isinstance(t, str) for t in texts):
-        raise ValueError("The text must be a string (or a list of strings), one sentence or "
-                         "paragraph per line.")
+        raise SettingError("text", "The text must be a string (or a list of strings), one "
+                                   "sentence or paragraph per line.")
     return [s.strip() for line in texts for s in _SENTENCE_END.split(line) if s.strip()]
 
 
@@ -158,17 +168,18 @@ def prepare_text(lm: LoadedModel, texts: str | list[str], max_length: int = 128,
     limits = limits or Limits()
     size = len(texts) if isinstance(texts, str) else sum(len(t) for t in texts or [] if isinstance(t, str))
     if size > limits.max_chars:
-        raise ValueError(f"The text has {size:,} characters; at most {limits.max_chars:,} are "
-                         "allowed. Paste less text.")
+        raise SettingError("text", f"The text has {size:,} characters; at most "
+                                   f"{limits.max_chars:,} are allowed. Paste less text.")
     units = split_units(texts)
     if not units:
-        raise ValueError("The text is empty: paste a few sentences to fine-tune on, one per line.")
+        raise SettingError("text", "The text is empty: paste a few sentences to fine-tune on, "
+                                   "one per line.")
     train_units, eval_units = _hold_out(units)
     block = min(int(max_length), lm.max_length) - lm.tokenizer.num_special_tokens_to_add(pair=False)
     train = pack(lm, train_units, block)
     evals = pack(lm, eval_units, block) if eval_units else train
     if not train:
-        raise ValueError("The text has no tokens the model knows: paste some sentences.")
+        raise SettingError("text", "The text has no tokens the model knows: paste some sentences.")
     return TextData(train, evals, len(train_units), len(eval_units) or len(train_units),
                     not eval_units, sum(len(b["input_ids"]) for b in train))
 
@@ -243,6 +254,15 @@ def fixed_rows(collate: Callable, examples: list[dict]) -> list[dict]:
         batch = _collate_with_labels(collate, [example])
         rows.append({k: batch[k][0] for k in ("input_ids", "attention_mask", "labels")})
     return rows
+
+
+def eval_copies(examples: list[dict], mlm_probability: float, target: int = 200,
+                most: int = 32) -> list[dict]:
+    """The eval blocks repeated so that about `target` tokens get masked (each copy with its own
+    fixed masks): one held-out line at 15% masks 1 or 2 tokens, an accuracy of 0% or 100%."""
+    tokens = sum(len(e["input_ids"]) - sum(e["special_tokens_mask"]) for e in examples)
+    copies = min(most, max(1, math.ceil(target / (mlm_probability * max(tokens, 1)))))
+    return examples * copies
 
 
 def stack_rows(rows: list[dict], pad_id: int) -> dict:
@@ -353,102 +373,120 @@ def finetune(lm: LoadedModel, texts: str | list[str], *, steps: int | None = Non
     (seeded) and reuses them every epoch, as the original BERT did.
     on_step(event): called with {"kind": "step", "step", "steps", "loss", "lr", "tokens_per_s",
     "tokens", "elapsed"} after each step and {"kind": "eval", "step", "loss", "accuracy",
-    "perplexity", "masked"} before training (step 0), every `eval_every` steps and at the end.
+    "perplexity", "masked"} before training (step 0), every `eval_every` steps (default: ten
+    times a run; 0: never) and at the end.
     should_stop(): asked before each step; True ends the run there (history.stopped="stopped").
     collate_fn: replaces the standard MLM collator for training (the eval masks stay standard),
     e.g. to train with the seed article's labelling; same input/output as `mlm_collator`.
     The run also ends at `limits.max_seconds` ("time limit") or on a non-finite loss ("diverged").
-    The same seed, data and settings give the same history (on the same machine and threads).
+    The same seed, data and settings give the same history (on the same machine and threads, and
+    with no other fine-tune running in the process at the same time: dropout uses torch's global
+    generator, seeded here and restored afterwards).
     """
     limits = limits or Limits()
     opts = check_settings(steps=steps, epochs=epochs, lr=lr, batch_size=batch_size,
                           mlm_probability=mlm_probability, masking=masking, seed=seed,
                           max_length=max_length, limits=limits)
     data = prepare_text(lm, texts, opts["max_length"], limits)
-    steps = opts.get("steps") or _steps_for_epochs(opts["epochs"], len(data.train), opts["batch_size"],
-                                                   limits)
+    steps = opts.get("steps") or _steps_for_epochs(opts["epochs"], len(data.train),
+                                                   opts["batch_size"], limits)
     history = History(steps, eval_on_train=data.eval_on_train, train_lines=data.train_lines,
                       eval_lines=data.eval_lines, train_blocks=len(data.train),
                       settings={**opts, "steps": steps})
-    emit = on_step or (lambda event: None)
-    pad_id = lm.tokenizer.pad_token_id or 0
-    eval_rows = fixed_rows(mlm_collator(lm, opts["mlm_probability"], opts["seed"] + _EVAL_SEED_OFFSET),
-                           data.eval)
-    collate = collate_fn or mlm_collator(lm, opts["mlm_probability"], opts["seed"])
-    static_rows = fixed_rows(collate, data.train) if opts["masking"] == "static" else None
-    eval_every = eval_every if eval_every is not None else max(1, steps // 10)
-
     model = copy.deepcopy(lm.model)  # the shared base stays untouched
     model.requires_grad_(True).train()
     with torch.random.fork_rng(devices=_cuda_indices(lm.device)):
         torch.manual_seed(opts["seed"])  # dropout; restored for everyone else afterwards
-        _loop(model, lm, data, history, opts, steps, static_rows, collate, eval_rows, pad_id,
-              weight_decay, warmup_ratio, eval_every, emit, should_stop, limits)
+        trainer = _Trainer(lm, model, data, opts, steps, collate_fn, weight_decay, warmup_ratio)
+        trainer.run(history, on_step or (lambda event: None), should_stop, limits.max_seconds,
+                    eval_every if eval_every is not None else max(1, steps // 10))
     model.eval().requires_grad_(False)
     return LoadedModel(f"{lm.name} (fine-tuned)", lm.tokenizer, model, lm.device), history
 
 
-def _loop(model, lm, data, history, opts, steps, static_rows, collate, eval_rows, pad_id,
-          weight_decay, warmup_ratio, eval_every, emit, should_stop, limits) -> None:
-    device = lm.device
-    start = time.perf_counter()
+class _Trainer:
+    """minGPT's trainer shape: owns the batches, optimizer and schedule for one model copy;
+    `run` loops and reports through callbacks, knowing nothing of who listens."""
 
-    def record_eval(step: int) -> None:
-        result = {"step": step, **evaluate(model, eval_rows, pad_id, device)}
+    def __init__(self, lm: LoadedModel, model, data: TextData, opts: dict, steps: int,
+                 collate_fn: Callable | None, weight_decay: float, warmup_ratio: float):
+        self.model, self.device, self.data, self.steps = model, lm.device, data, steps
+        self.pad_id = lm.tokenizer.pad_token_id or 0
+        p, seed = opts["mlm_probability"], opts["seed"]
+        self.eval_rows = fixed_rows(mlm_collator(lm, p, seed + _EVAL_SEED_OFFSET),
+                                    eval_copies(data.eval, p))
+        self.collate = collate_fn or mlm_collator(lm, p, seed)
+        self.static_rows = fixed_rows(self.collate, data.train) if opts["masking"] == "static" else None
+        self.order = _batch_order(len(data.train), opts["batch_size"], torch.Generator().manual_seed(seed))
+        self.optimizer = make_optimizer(model, opts["lr"], weight_decay, self.device)
+        self.scheduler = linear_schedule(self.optimizer, steps, round(warmup_ratio * steps))
+        self.params = [q for q in model.parameters() if q.requires_grad]
+
+    def next_batch(self) -> dict:
+        """(B, T) tensors on the CPU: static rows reused, or fresh masks from the collator."""
+        indices = next(self.order)
+        if self.static_rows is not None:
+            return stack_rows([self.static_rows[i] for i in indices], self.pad_id)
+        return _collate_with_labels(self.collate, [self.data.train[i] for i in indices])
+
+    def train_step(self, batch: dict) -> float:
+        with _autocast(self.device):
+            logits, targets = masked_logits(self.model, _to(batch, self.device))
+        loss = F.cross_entropy(logits, targets)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.params, 1.0)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss.item()  # also waits for the GPU, so the step time is honest
+
+    def evaluate(self, step: int, history: History, emit: Callable) -> None:
+        result = {"step": step, **evaluate(self.model, self.eval_rows, self.pad_id, self.device)}
         history.evals.append(result)
         emit({"kind": "eval", **result})
 
-    optimizer = make_optimizer(model, opts["lr"], weight_decay, device)
-    scheduler = linear_schedule(optimizer, steps, round(warmup_ratio * steps))
-    order = _batch_order(len(data.train), opts["batch_size"],
-                         torch.Generator().manual_seed(opts["seed"]))
-    params = [p for p in model.parameters() if p.requires_grad]
-    record_eval(0)
-    for step in range(1, steps + 1):
+    def run(self, history: History, emit: Callable, should_stop: Callable | None,
+            max_seconds: float, eval_every: int) -> None:
+        start = time.perf_counter()
+        self.evaluate(0, history, emit)
+        for step in range(1, self.steps + 1):
+            history.stopped = self._why_stop(should_stop, time.perf_counter() - start, max_seconds)
+            if history.stopped:
+                break
+            tick = time.perf_counter()
+            batch = self.next_batch()
+            lr_now = self.scheduler.get_last_lr()[0]
+            loss = self.train_step(batch)
+            if not math.isfinite(loss):
+                history.stopped = "diverged"
+                break
+            tokens, seconds = int(batch["attention_mask"].sum()), time.perf_counter() - tick
+            event = {"step": step, "loss": loss, "lr": lr_now, "tokens": tokens,
+                     "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
+                     "elapsed": time.perf_counter() - start}
+            history.steps.append(event)
+            emit({"kind": "step", "steps": self.steps, **event})
+            if eval_every and step % eval_every == 0 and step != self.steps:
+                self.evaluate(step, history, emit)
+        if history.evals[-1]["step"] != len(history.steps):
+            self.evaluate(len(history.steps), history, emit)
+        history.seconds = time.perf_counter() - start
+        self.optimizer = self.scheduler = None  # frees the Adam moments (2x the model) now
+
+    @staticmethod
+    def _why_stop(should_stop: Callable | None, elapsed: float, max_seconds: float) -> str | None:
         if should_stop is not None and should_stop():
-            history.stopped = "stopped"
-            break
-        if time.perf_counter() - start > limits.max_seconds:
-            history.stopped = "time limit"
-            break
-        tick = time.perf_counter()
-        indices = next(order)
-        batch = (stack_rows([static_rows[i] for i in indices], pad_id) if static_rows is not None
-                 else _collate_with_labels(collate, [data.train[i] for i in indices]))
-        tokens = int(batch["attention_mask"].sum())
-        lr_now = scheduler.get_last_lr()[0]
-        with _autocast(device):
-            logits, targets = masked_logits(model, _to(batch, device))
-        loss = F.cross_entropy(logits, targets)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        loss_value = loss.item()  # also waits for the GPU, so the step time is honest
-        if not math.isfinite(loss_value):
-            history.stopped = "diverged"
-            break
-        seconds = time.perf_counter() - tick
-        event = {"kind": "step", "step": step, "steps": steps, "loss": loss_value, "lr": lr_now,
-                 "tokens": tokens, "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
-                 "elapsed": time.perf_counter() - start}
-        history.steps.append({k: v for k, v in event.items() if k not in {"kind", "steps"}})
-        emit(event)
-        if step % eval_every == 0 and step != steps:
-            record_eval(step)
-    done = len(history.steps)
-    if history.evals[-1]["step"] != done:
-        record_eval(done)
-    history.seconds = time.perf_counter() - start
-    del optimizer  # frees the Adam moments (2x the model) before the caller keeps the model
+            return "stopped"
+        if elapsed > max_seconds:
+            return "time limit"
+        return None
 
 
 def _steps_for_epochs(epochs: float, n_blocks: int, batch_size: int, limits: Limits) -> int:
     steps = max(1, math.ceil(epochs * math.ceil(n_blocks / batch_size)))
     if steps > limits.max_steps:
-        raise ValueError(f"{epochs:g} epochs of this text is {steps} steps; at most "
-                         f"{limits.max_steps} are allowed. Ask for fewer epochs.")
+        raise SettingError("epochs", f"{epochs:g} epochs of this text is {steps} steps; at most "
+                                     f"{limits.max_steps} are allowed. Ask for fewer epochs.")
     return steps
 
 

@@ -207,8 +207,8 @@ def finetune_curves(steps: list[dict], evals: list[dict], planned_steps: int | N
     fig.update_xaxes(title_text="step", range=[0, planned_steps] if planned_steps else None)
     fig.update_yaxes(title_text="masked-token loss", secondary_y=False)
     fig.update_yaxes(title_text="accuracy", range=[0, 1], tickformat=".0%", secondary_y=True)
-    fig.update_layout(height=360, margin=dict(l=10, r=10, t=30, b=10),
-                      legend=dict(orientation="h", y=1.12))
+    fig.update_layout(height=380, margin=dict(l=10, r=10, t=40, b=10),  # legend clear of the label
+                      legend=dict(orientation="h", x=1, xanchor="right", y=1.02, yanchor="bottom"))
     return fig
 
 

