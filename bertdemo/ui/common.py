@@ -1,27 +1,73 @@
 """What every tab shares: turning service errors into messages in the page."""
+import contextlib
 import functools
+import inspect
 import logging
+import math
+import re
 
 import gradio as gr
 
 log = logging.getLogger("bertdemo")
+# Two or more /segments not glued to a word, URL or relative path: a path on the server.
+_SERVER_PATH = re.compile(r"""(?<![\w.:/~-])(?:/[^\s'"`/<>]+){2,}/?""")
 
 
 def friendly_errors(fn):
-    """Run a handler; a ValueError becomes `gr.Error` with its message, anything else a short
-    generic message (details go to the server log, never to the visitor)."""
+    """Run a handler (plain or generator); a ValueError becomes `gr.Error` with its message,
+    anything else a short generic message (details go to the server log, never to the visitor)."""
+    if inspect.isgeneratorfunction(fn):
+        @functools.wraps(fn)
+        def stream(*args, **kwargs):
+            with _errors_as_messages(fn):
+                yield from fn(*args, **kwargs)
+        return stream
+
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        try:
+        with _errors_as_messages(fn):
             return fn(*args, **kwargs)
-        except gr.Error:
-            raise
-        except ValueError as err:
-            raise gr.Error(str(err)) from None
-        except Exception:  # noqa: BLE001 - the server must stay up whatever the input
-            log.exception("handler %s failed", fn.__name__)
-            raise gr.Error("Something went wrong on the server; try a shorter or simpler input.") from None
     return wrapper
+
+
+@contextlib.contextmanager
+def _errors_as_messages(fn):
+    try:
+        yield
+    except gr.Error:
+        raise
+    except ValueError as err:
+        raise gr.Error(hide_paths(str(err))) from None
+    except Exception:  # noqa: BLE001 - the server must stay up whatever the input
+        log.exception("handler %s failed", fn.__name__)
+        raise gr.Error("Something went wrong on the server; try a shorter or simpler input.") from None
+
+
+def hide_paths(message: str) -> str:
+    """`message` with each absolute path cut to its last part ('/srv/models/bert' -> 'bert'):
+    a share link's visitors see which model failed, never where the server keeps it."""
+    return _SERVER_PATH.sub(lambda m: m.group(0).rstrip("/").rsplit("/", 1)[-1], message)
+
+
+def refuse_non_finite_numbers(demo: gr.Blocks) -> None:
+    """Make every Number and Slider of `demo` refuse anything but a finite number with a message
+    naming the control. The page never sends NaN, inf or text there, but a script can (JSON
+    allows NaN and Infinity); Gradio would then fail with no message (a whole-number box rounds
+    NaN) or hand NaN to the handler (a slider's range check lets it through)."""
+    for block in demo.blocks.values():
+        if isinstance(block, (gr.Number, gr.Slider)):
+            block.preprocess = _finite_first(block.preprocess, block.label or "This number")
+
+
+def _finite_first(preprocess, label: str):
+    @functools.wraps(preprocess)
+    def checked(payload):
+        if payload is not None and (isinstance(payload, bool) or not isinstance(payload, (int, float))):
+            raise gr.Error(f"{label}: give a number, not {str(payload)[:40]!r}.")
+        if isinstance(payload, float) and not math.isfinite(payload):
+            raise gr.Error(f"{label}: give a finite number, not {payload}.")
+        return preprocess(payload)
+    return checked
 
 
 def session_id(request: gr.Request | None) -> str | None:

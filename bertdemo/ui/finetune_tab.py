@@ -6,8 +6,6 @@ that polls it and streams the loss curve and `gr.Progress`. Stop sets the sessio
 the loop checks before every step. One run per session: the validator claims the session's slot
 when the request enters the queue, so a second click is refused at once, not queued behind.
 """
-import functools
-import logging
 import queue
 import threading
 
@@ -20,8 +18,6 @@ from ..finetune import (MASKINGS, History, Limits, SettingError, check_settings,
                         compare_probes, default_probes, finetune, prepare_text, save_zip)
 from ..sessions import ModelStore
 from .common import friendly_errors, session_id
-
-log = logging.getLogger("bertdemo")
 
 EXAMPLE_TEXT = """Paris is the capital of France.
 The Eiffel Tower is a famous landmark.
@@ -121,7 +117,7 @@ def render(store: ModelStore, settings: Settings) -> None:
         return check_and_reserve((text, length, unit, lr, batch_size, block_length,
                                   mask_probability, masking, seed), request, len(form))
 
-    @friendly_stream
+    @friendly_errors
     def on_finetune(text, length, unit, lr, batch_size, block_length, mask_probability, masking,
                     seed, keep_partial, probes, request: gr.Request, progress=gr.Progress()):
         sid = session_id(request)
@@ -148,7 +144,7 @@ def render(store: ModelStore, settings: Settings) -> None:
             flag.set()  # closed tab or error: the worker ends within one step
             store.finish_run(sid, flag)
 
-    @friendly_stream
+    @friendly_errors
     def on_compare(text, length, unit, lr, batch_size, block_length, mask_probability, masking,
                    seed, request: gr.Request, progress=gr.Progress()):
         sid = session_id(request)
@@ -402,19 +398,3 @@ def _active_line(store: ModelStore, sid) -> str:
 
 
 # ---------------------------------------------------------------- errors
-
-def friendly_stream(fn):
-    """`friendly_errors` for generator handlers: ValueError -> gr.Error with its message, anything
-    else -> a generic message (details in the server log)."""
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            yield from fn(*args, **kwargs)
-        except gr.Error:
-            raise
-        except ValueError as err:
-            raise gr.Error(str(err)) from None
-        except Exception:  # noqa: BLE001 - the server must stay up whatever the input
-            log.exception("handler %s failed", fn.__name__)
-            raise gr.Error("Something went wrong on the server; try a shorter or simpler input.") from None
-    return wrapper
