@@ -17,11 +17,12 @@ from .models import LoadedModel
 
 class MicroBatcher:
     """Leader/follower batching without a background thread: the first caller to find no batch
-    running becomes the leader and runs whatever is pending, grouped by model, until nothing is.
-    Requests that arrive while a forward runs wait and go together in the next one, so a lone
-    request pays nothing extra and a crowd shares a few forwards."""
+    running becomes the leader, waits `max_wait_s` for company, and runs whatever is pending,
+    grouped by model, until nothing is. Requests that arrive while a forward runs go together in
+    the next one. A lone request pays `max_wait_s`; a crowd arriving within it shares one forward
+    instead of one alone plus one for the rest."""
 
-    def __init__(self, max_batch: int = 16, max_wait_s: float = 0.0):
+    def __init__(self, max_batch: int = 16, max_wait_s: float = 0.005):
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
         self._pending: list[tuple[LoadedModel, fillmask.Encoded, int, Future]] = []

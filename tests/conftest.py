@@ -64,13 +64,15 @@ def client(app_url):
 
 CHROMIUM = "/usr/bin/chromium"  # Debian's package; Playwright never downloads a browser here
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
+BROWSER_TIMEOUT_MS = 20_000  # per action and per retrying assertion: room for a busy 2-core CI
 
 
 @pytest.fixture(scope="session")
 def browser():
     """Debian's headless chromium driven by Playwright. Skipped (failed under CI) if missing."""
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
 
+    expect.set_options(timeout=BROWSER_TIMEOUT_MS)  # Playwright's 5 s is short while a model runs
     if not Path(CHROMIUM).exists():
         message = f"no browser at {CHROMIUM}: apt-get install chromium"
         if os.environ.get("CI"):
@@ -95,6 +97,7 @@ def page(browser):
 
     context = browser.new_context(viewport={"width": 1280, "height": 900}, accept_downloads=True)
     page = context.new_page()
+    page.set_default_timeout(BROWSER_TIMEOUT_MS)
     page.blocked, page.dialogs = [], []
 
     def only_local(route):
@@ -140,3 +143,32 @@ def real_vocab_bert(tmp_path_factory):
     BertForMaskedLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return bertdemo.load(str(folder), device="cpu")
+
+
+def block(page, label: str):
+    """The Gradio component whose label reads `label` (the innermost block around that label,
+    not an accordion or row holding it)."""
+    return page.get_by_test_id("block-label").filter(has_text=label).locator(
+        "xpath=ancestor::div[contains(concat(' ', normalize-space(@class), ' '), ' block ')][1]")
+
+
+def expect_toast(page, message):
+    """The error toast saying `message` (text or regex), once fully faded in: toasts fade in from
+    transparent, and a half-drawn toast is not what a person reads (nor what a screenshot shows)."""
+    from playwright.sync_api import expect
+
+    toast = page.locator(".toast-body", has_text=message)
+    expect(toast).to_be_visible()
+    expect(toast).to_have_css("opacity", "1")
+    return toast
+
+
+def set_slider(page, label: str, value) -> None:
+    """Type `value` in the number box beside the slider labelled `label`, as a person does for an
+    exact value, and wait until the slider has taken it."""
+    from playwright.sync_api import expect
+
+    box = page.get_by_label(f"number input for {label}")
+    box.fill(str(value))
+    box.press("Enter")
+    expect(page.get_by_label(f"range slider for {label}")).to_have_value(str(value))

@@ -1,6 +1,7 @@
 """The fill-mask tab: top-k bars per mask, joint completion, candidate words, sentence score."""
 import gradio as gr
 import pandas as pd
+from gradio.context import get_render_context
 
 from .. import fillmask, plots
 from ..batching import MicroBatcher
@@ -25,6 +26,7 @@ single mask, which overrates long words that start with a common piece."""
 
 def render(store: ModelStore, settings: Settings) -> None:
     """Build the tab's components and events inside the current Blocks/Tab context."""
+    tab = get_render_context()
     model_info = gr.Markdown(_model_line(store, None))
     text = gr.Textbox(label="Sentence with [MASK]s", value=EXAMPLES[0], lines=2,
                       info=f"Type [MASK] (any case) where a word is missing; at most {settings.max_masks}.")
@@ -90,6 +92,9 @@ def render(store: ModelStore, settings: Settings) -> None:
                    f"{result['pseudo_perplexity']:.2f} over {len(result['tokens'])} tokens")
         return summary, plots.token_scores(result["tokens"], result["log_probs"], "PLL by token")
 
+    def on_show(request: gr.Request):
+        return _model_line(store, request)
+
     def on_word_click(sentence, evt: gr.SelectData):
         if evt.index is None:
             return sentence
@@ -112,6 +117,8 @@ def render(store: ModelStore, settings: Settings) -> None:
                   concurrency_id="model")
     text.change(_word_segments, text, words, api_visibility="private", queue=False)
     words.select(on_word_click, text, text, api_visibility="private")
+    if isinstance(tab, gr.Tab):  # back on this tab: the Fine-tune tab may have switched the model
+        tab.select(on_show, None, model_info, api_visibility="private", queue=False)
 
 
 def create_demo(store: ModelStore, settings: Settings) -> gr.Blocks:

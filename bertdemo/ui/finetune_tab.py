@@ -77,7 +77,7 @@ def render(store: ModelStore, settings: Settings) -> None:
         run_btn = gr.Button("Fine-tune", variant="primary")
         stop_btn = gr.Button("Stop", variant="stop")
         compare_btn = gr.Button("Compare static vs dynamic masking")
-    status = gr.Markdown()
+    status = gr.Markdown(elem_id="finetune-status")
     curve = gr.Plot(label="Loss and eval accuracy, live")
     metrics = gr.Dataframe(label="Evaluation on held-out lines, fixed masks", interactive=False)
     probe_table = gr.Dataframe(label="Top-3 fill-mask predictions, before and after", interactive=False)
@@ -251,10 +251,12 @@ class Worker:
 
     def updates(self, every: float = 0.5):
         """Lists of new events, at most one list per `every` seconds, until the job ends."""
+        # Waiting the whole interval (not just for the first event) matters: a step takes
+        # milliseconds on a small model, and a page redrawn at every step starves the run of CPU.
         while self._thread.is_alive() or not self._events.empty():
+            self._thread.join(timeout=every)  # returns at once when the job ends
             batch = []
             try:
-                batch.append(self._events.get(timeout=every))
                 while True:
                     batch.append(self._events.get_nowait())
             except queue.Empty:
