@@ -2,11 +2,11 @@
 from .attention import attention  # shadows the module name: use `from bertdemo.attention import ...`
 from .fillmask import fill_jointly, fill_mask, mask_word, score_candidates, sentence_score, split_words
 from .finetune import compare_masking, finetune  # shadows the module: use `from bertdemo.finetune import ...`
-from .masking import (article_comparison, article_mask_tokens, mask_sample, masking_law, outcome_counts,
-                      static_vs_dynamic)
+from .masking import (article_comparison, article_mask_tokens, labelling_consequence, mask_sample,
+                      masking_law, outcome_counts, static_vs_dynamic)
 from .models import LoadedModel, load, pick_device
 
 __all__ = ["LoadedModel", "load", "pick_device", "fill_mask", "fill_jointly", "score_candidates",
            "sentence_score", "split_words", "mask_word", "attention",
            "mask_sample", "outcome_counts", "static_vs_dynamic", "masking_law", "article_mask_tokens",
-           "article_comparison", "finetune", "compare_masking"]
+           "article_comparison", "labelling_consequence", "finetune", "compare_masking"]

@@ -232,3 +232,26 @@ def masking_comparison(runs: dict[str, dict]) -> go.Figure:
     fig.update_yaxes(range=[0, 1], tickformat=".0%", row=1, col=2)
     fig.update_layout(height=360, margin=dict(l=10, r=10, t=40, b=10))
     return fig
+
+
+def labelling_curves(runs: dict[str, dict]) -> go.Figure:
+    """Each run's training loss per step (solid) and its eval loss on fixed, properly masked
+    tokens (dashed, same colour), overlaid.
+
+    `runs` maps a label to {"steps": [...], "evals": [...]} as in `finetune`'s History. Each
+    training loss is its own labelling's, so only the eval losses compare like with like.
+    """
+    fig = go.Figure()
+    colors = ["#ef553b", "#636efa", "#00cc96", "#ab63fa"]
+    for i, (label, run) in enumerate(runs.items()):
+        color = colors[i % len(colors)]
+        fig.add_trace(go.Scatter(x=[s["step"] for s in run["steps"]], y=[s["loss"] for s in run["steps"]],
+                                 mode="lines", name=f"{label}: training loss", line=dict(color=color)))
+        fig.add_trace(go.Scatter(x=[e["step"] for e in run["evals"]], y=[e["loss"] for e in run["evals"]],
+                                 mode="lines+markers", name=f"{label}: eval loss (masked tokens)",
+                                 line=dict(color=color, dash="dash")))
+    fig.update_xaxes(title_text="step")
+    fig.update_yaxes(title_text="loss", rangemode="tozero")
+    fig.update_layout(height=420, margin=dict(l=10, r=10, t=40, b=10),  # legend below: 4 long names
+                      legend=dict(orientation="h", x=0, y=-0.2, yanchor="top"))
+    return fig

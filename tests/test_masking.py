@@ -1,5 +1,6 @@
 """MLM corruption: parity with transformers' collator, the 15% / 80-10-10 law, static vs dynamic,
 whole words, the article's buggy snippet, and the tab's endpoints."""
+import json
 import math
 
 import pytest
@@ -293,3 +294,81 @@ def test_bad_input_shows_message_and_server_stays_up(client, args, message):
         client.predict(*args, api_name=api_name)
     *_, rows = client.predict(TEXT, 0, 0.15, 0.8, 0.1, False, api_name="/mask_sample")
     assert len(rows) > 5
+
+
+# ---------------------------------------------------------------- the article's labelling, trained
+
+REPEATED = "\n".join(["Paris is the capital of France.", "The Eiffel tower is a famous landmark.",
+                      "La Tour Eiffel est située à Paris.", "Berlin is the capital of Germany."] * 3)
+
+
+def test_article_collator_scores_exactly_the_visible_tokens(tiny_bert):
+    from bertdemo.finetune import prepare_text
+
+    tok = tiny_bert.tokenizer
+    blocks = prepare_text(tiny_bert, REPEATED, max_length=12).train  # short blocks: ragged, padded
+    assert len({len(b["input_ids"]) for b in blocks}) > 1
+    padded = DataCollatorForLanguageModeling(tok, mlm=False)(blocks)  # the collator's padding, no masks
+    special = torch.tensor([tok.get_special_tokens_mask(row, already_has_special_tokens=True)
+                            for row in padded["input_ids"].tolist()]).bool()  # [CLS], [SEP], [PAD]
+    collate = masking.article_collator(tok, seed=0)
+    specials_masked = 0
+    for _ in range(10):
+        batch = collate(blocks)
+        hidden = batch["input_ids"] == tok.mask_token_id
+        assert hidden.any()
+        # The loss skips exactly the masked tokens and scores every visible one, padding included.
+        assert torch.equal(batch["labels"] == -100, hidden)
+        assert torch.equal(batch["labels"][~hidden], padded["input_ids"][~hidden])
+        assert torch.equal(batch["input_ids"][~hidden], padded["input_ids"][~hidden])
+        assert torch.equal(batch["attention_mask"], padded["attention_mask"])
+        specials_masked += int((hidden & special).sum())
+    assert specials_masked > 0
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_collator_labelling_learns_to_fill_masks_the_article_labelling_does_not(tiny_bert, seed):
+    result = bertdemo.labelling_consequence(tiny_bert, REPEATED, steps=40, seed=seed, lr=1e-2)
+    article, collator = result.runs["article"], result.runs["collator"]
+    assert len(article.steps) == len(collator.steps) == 40
+    assert article.before == collator.before  # same base model, same fixed eval masks
+    # Copying the visible tokens is easy: the article's own loss ends far below the collator's ...
+    assert article.steps[-1]["loss"] < collator.steps[-1]["loss"] - 1
+    # ... yet on properly masked tokens the collator-trained model is the better one.
+    assert collator.after["loss"] < article.after["loss"] - 0.5
+    assert result.hidden["collator"]["loss"] < result.hidden["article"]["loss"] - 0.5
+    assert result.hidden["before"]["loss"] > result.hidden["collator"]["loss"]
+
+
+def test_hidden_eval_hides_every_chosen_token(tiny_bert):
+    from bertdemo.finetune import Limits
+
+    rows = masking._hidden_eval_rows(tiny_bert, REPEATED, 128, Limits(), seed=0)
+    labels, ids = torch.cat([r["labels"] for r in rows]), torch.cat([r["input_ids"] for r in rows])
+    assert (labels != -100).sum() >= 20
+    assert torch.equal(labels != -100, ids == tiny_bert.mask_token_id)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(steps=61), "Steps"), (dict(steps=0), "Steps"), (dict(lr=1.0), "learning rate"),
+    (dict(texts=" "), "empty"),
+])
+def test_labelling_consequence_bad_input(tiny_bert, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        bertdemo.labelling_consequence(tiny_bert, **{"texts": REPEATED, **kwargs})
+
+
+def test_article_finetune_endpoint(client, tiny_bert):
+    from bertdemo.ui import masking_tab
+
+    plot, table, note = client.predict(REPEATED, 0, 8, 1e-2, api_name="/article_finetune")
+    expected = masking_tab._consequence_frame(
+        bertdemo.labelling_consequence(tiny_bert, REPEATED, steps=8, seed=0, lr=1e-2))
+    assert table["headers"] == list(expected.columns)
+    assert table["data"] == expected.values.tolist()
+    assert "training loss fell to" in note
+    traces = {t["name"]: t for t in json.loads(plot["plot"])["data"]}
+    assert len(traces["article's labelling: training loss"]["y"]) == 8
+    assert len(traces["collator's labelling: training loss"]["y"]) == 8
+    with pytest.raises(AppError, match="learning rate"):
+        client.predict(REPEATED, 0, 8, 1.0, api_name="/article_finetune")

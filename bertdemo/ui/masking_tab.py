@@ -10,6 +10,7 @@ from .. import masking, plots
 from ..config import Settings
 from ..sessions import ModelStore
 from .common import friendly_errors, session_id
+from .finetune_tab import limits_from
 
 EXAMPLES = [
     "Paris is the capital of France.",
@@ -37,6 +38,13 @@ computed on the tokens the model can see (copying them is enough); it can mask `
 `[PAD]` and scores them; and every chosen token becomes `[MASK]` (no 80/10/10). With the same seed
 both usually pick the same positions (both compare uniform draws with 0.15), so the rows differ in
 what is scored."""
+ARTICLE_TEXT = ("Paris is the capital of France. The Eiffel Tower is a famous landmark. "
+                "La Tour Eiffel est située à Paris.")
+CONSEQUENCE_HELP = """**The consequence, in numbers.** Two short fine-tunes of this session's model on
+the text above, with the same seed, data and steps: one labelled by the article's `mask_tokens`, one
+by the collator. Each training loss is its own labelling's; both models are then scored on the same
+fixed, properly masked copies of the text (with fewer than 4 sentences these are the training
+sentences themselves). The models are not kept."""
 
 
 def render(store: ModelStore, settings: Settings) -> None:
@@ -90,6 +98,20 @@ def render(store: ModelStore, settings: Settings) -> None:
         article_table = gr.HTML()
         article_counts = gr.Dataframe(label="In numbers", interactive=False)
         article_notes = gr.Markdown()
+        gr.Markdown(CONSEQUENCE_HELP)
+        gr.Examples([[ARTICLE_TEXT]], inputs=text, example_labels=["The article's three sentences"])
+        with gr.Row():
+            consequence_steps = gr.Slider(5, masking.MAX_CONSEQUENCE_STEPS,
+                                          value=masking.MAX_CONSEQUENCE_STEPS, step=1,
+                                          label="Steps per run")
+            consequence_lr = gr.Number(3e-4, label="Learning rate",
+                                       info="The article uses 5e-5; 3e-4 shows the effect within "
+                                            "60 steps.")
+        consequence_btn = gr.Button("Fine-tune with each labelling")
+        consequence_plot = gr.Plot(label="Training loss (own labelling) and eval loss (proper masks)")
+        consequence_table = gr.Dataframe(label="Before and after, on properly masked tokens",
+                                         interactive=False)
+        consequence_note = gr.Markdown()
 
     rates = [p, p_mask, p_random, whole_word]
 
@@ -128,6 +150,19 @@ def render(store: ModelStore, settings: Settings) -> None:
         return (_article_table(result), pd.DataFrame(result["counts"]),
                 _article_notes(result, lm.name))
 
+    @friendly_errors
+    def on_consequence(sentence, seed_value, steps, lr, request: gr.Request, progress=gr.Progress()):
+        lm = store.for_session(session_id(request))
+
+        def report(event):
+            if event["kind"] == "step":  # the article's run first, then the collator's
+                done = event["step"] + (event["steps"] if event["run"] == "collator" else 0)
+                progress((done, 2 * event["steps"]), desc=f"{event['run']} labelling", unit="steps")
+        result = masking.labelling_consequence(lm, sentence, steps, seed_value, lr=lr, on_step=report,
+                                               limits=limits_from(settings))
+        runs = {LABELS[run]: {"steps": h.steps, "evals": h.evals} for run, h in result.runs.items()}
+        return plots.labelling_curves(runs), _consequence_frame(result), _consequence_note(result)
+
     inputs = [text, seed, *rates]
     sample_out = [strip, table, counts, rows_json]
     sample_btn.click(on_sample, inputs, sample_out, api_name="mask_sample")
@@ -139,6 +174,11 @@ def render(store: ModelStore, settings: Settings) -> None:
     law_btn.click(on_law, inputs + [draws], [law_plot, law_table], api_name="masking_law")
     article_btn.click(on_article, inputs + [max_length], [article_table, article_counts, article_notes],
                       api_name="article_snippet", concurrency_id="model")
+    # Two fine-tunes: they share the Fine-tune tab's slot, so the server never runs more at once.
+    consequence_btn.click(on_consequence, [text, seed, consequence_steps, consequence_lr],
+                          [consequence_plot, consequence_table, consequence_note],
+                          api_name="article_finetune", concurrency_id="finetune",
+                          concurrency_limit=settings.finetune_concurrency)
 
 
 def create_demo(store: ModelStore, settings: Settings) -> gr.Blocks:
@@ -248,3 +288,56 @@ def _article_notes(result: dict, model_name: str) -> str:
                      "article's loss scores tokens the model can see, so a model that copies its "
                      "input drives it to zero without learning to fill a gap.")
     return "\n\n".join(notes)
+
+
+LABELS = {"article": "article's labelling", "collator": "collator's labelling"}
+
+
+def _consequence_frame(result: masking.Consequence) -> pd.DataFrame:
+    """Measures as rows; the base model, then each tuned one, as columns."""
+    runs, hidden = result.runs, result.hidden
+    names = [run for run in LABELS if run in runs]
+
+    def loss(x):
+        return f"{x:.2f}"
+
+    def share(x):
+        return f"{x:.0%}"
+
+    rows = [("training loss, first step (own labelling)", "",
+             [loss(runs[r].steps[0]["loss"]) if runs[r].steps else "" for r in names]),
+            ("training loss, last step (own labelling)", "",
+             [loss(runs[r].steps[-1]["loss"]) if runs[r].steps else "" for r in names]),
+            ("eval loss, 80/10/10 masks", loss(runs[names[0]].before["loss"]),
+             [loss(runs[r].after["loss"]) for r in names]),
+            ("eval accuracy, 80/10/10 masks", share(runs[names[0]].before["accuracy"]),
+             [share(runs[r].after["accuracy"]) for r in names]),
+            ("loss, every chosen token [MASK]", loss(hidden["before"]["loss"]),
+             [loss(hidden[r]["loss"]) for r in names]),
+            ("accuracy, every chosen token [MASK]", share(hidden["before"]["accuracy"]),
+             [share(hidden[r]["accuracy"]) for r in names])]
+    return pd.DataFrame([{"measure": what, "before": before,
+                          **{f"after, {LABELS[r]}": value for r, value in zip(names, after)}}
+                         for what, before, after in rows])
+
+
+def _consequence_note(result: masking.Consequence) -> str:
+    """One sentence on what the numbers say, whichever way they went."""
+    runs, hidden = result.runs, result.hidden
+    if len(runs) < 2 or not all(h.steps for h in runs.values()):
+        return "The two runs did not both train; nothing to compare."
+    article, collator = hidden["article"], hidden["collator"]
+    trained = (f"The article's training loss fell to **{runs['article'].steps[-1]['loss']:.2f}** "
+               f"(the collator's: {runs['collator'].steps[-1]['loss']:.2f})")
+    scores = (f"on hidden tokens its model scores **{article['accuracy']:.0%}** (loss "
+              f"{article['loss']:.2f}) against **{collator['accuracy']:.0%}** "
+              f"({collator['loss']:.2f}) for the collator's labelling")
+    stopped = [f"{LABELS[r]}: {h.stopped}" for r, h in runs.items() if h.stopped]
+    note = " (stopped early: " + ", ".join(stopped) + ")" if stopped else ""
+    if collator["loss"] < article["loss"]:
+        return (f"{trained} because it scores tokens the model can see, and copying them is easy; "
+                f"yet {scores}: a low training loss that taught it little about filling a "
+                f"[MASK]{note}.")
+    return (f"{trained}, and here {scores}: with text this short the evaluation uses the training "
+            "sentences, each position of which can be memorised, and the article scores about 85% "
+            f"of the positions against 15%. Try 4 sentences or more, so that some are held out{note}.")
