@@ -2,21 +2,25 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import dataclasses
 import io
 import logging
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import gradio as gr
 
 import bertdemo
 from bertdemo.config import Settings
+from bertdemo.models import load_allowed
 from bertdemo.sessions import ModelStore
-from bertdemo.ui import about_tab, attention_tab, fillmask_tab, finetune_tab, masking_tab
-from bertdemo.ui.common import friendly_errors
+from bertdemo.ui import about_tab, attention_tab, fillmask_tab, finetune_tab, masking_tab, model_picker
+from bertdemo.ui.common import friendly_errors, hide_paths, refuse_non_finite_numbers
 
 log = logging.getLogger("bertdemo")
 MINILM_NAME = "all-MiniLM-L6-v2 body + untrained MLM head"
@@ -28,7 +32,11 @@ LIMIT_FLAGS = {  # Settings field -> what it caps; each becomes --field-name and
     "finetune_max_models": "tuned models kept in memory (least recently used evicted)",
     "finetune_concurrency": "fine-tunes running at once (the rest wait in the queue)",
     "queue_size": "most requests waiting in the queue",
+    "max_sessions": "sessions whose page state is kept in memory, ~0.3 MB each (the oldest are forgotten)",
+    "download_max_mb": "megabytes of downloads kept on disk (least recent sessions' deleted first)",
+    "download_max_age": "seconds a download stays available before it is deleted",
 }
+MAX_UPLOAD = "1mb"  # no component takes files; Gradio's upload route still exists, so cap it
 
 
 def parse_args(argv: list[str] | None = None) -> Settings:
@@ -37,6 +45,9 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     parser = argparse.ArgumentParser(description="BERT masked-language-modelling demo")
     parser.add_argument("--model", default=env.model,
                         help="hub id or local folder (env BERTDEMO_MODEL; default %(default)s)")
+    parser.add_argument("--models", default=env.models, metavar="A,B,...",
+                        help="more hub ids or folders visitors may pick, comma separated; nothing "
+                             "else can be loaded from the page (env BERTDEMO_MODELS)")
     parser.add_argument("--device", default=env.device,
                         help="cpu, cuda or cuda:N (env BERTDEMO_DEVICE; default: CUDA when present)")
     parser.add_argument("--host", default=env.host, help="address to serve on (env BERTDEMO_HOST)")
@@ -56,7 +67,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(env, name),
                             help=f"{meaning} (env BERTDEMO_{name.upper()}; default %(default)s)")
     args = parser.parse_args(argv)
-    return Settings(model=args.model, device=args.device, host=args.host, port=args.port,
+    return Settings(model=args.model, models=args.models, device=args.device, host=args.host, port=args.port,
                     max_masks=args.max_masks, max_batch=args.max_batch, allow_pickle=args.allow_pickle,
                     share=args.share, auth=args.auth,
                     **{name: getattr(args, name) for name in LIMIT_FLAGS})
@@ -76,14 +87,17 @@ def parse_auth(value: str | None) -> tuple[str, str] | None:
 
 
 def load_store(settings: Settings) -> ModelStore:
-    """Load the base model; if that fails the app still starts and says why in the page."""
+    """Load the base model; if that fails the app still starts and says why in the page (where a
+    folder is named by its own name only: the log has the full path)."""
+    limits = dict(max_tuned=settings.finetune_max_models,
+                  max_download_bytes=settings.download_max_mb * 2**20)
     try:
-        base = bertdemo.load(settings.model, settings.device, allow_pickle=settings.allow_pickle)
+        base = load_allowed(settings.model, settings.allowed_models, settings.device,
+                            allow_pickle=settings.allow_pickle)
     except ValueError as err:
         log.error("%s", err)
-        return ModelStore(None, load_error=str(err) + _how_to_get_a_model(settings),
-                          max_tuned=settings.finetune_max_models)
-    return ModelStore(base, max_tuned=settings.finetune_max_models)
+        return ModelStore(None, load_error=hide_paths(str(err) + _how_to_get_a_model(settings)), **limits)
+    return ModelStore(base, **limits)
 
 
 def _how_to_get_a_model(settings: Settings) -> str:
@@ -143,10 +157,13 @@ def _banner_text(store: ModelStore) -> str:
 def build_demo(settings: Settings, store: ModelStore | None = None) -> gr.Blocks:
     """Compose the tabs into one Blocks app called `demo`."""
     store = store or load_store(settings)
-    with gr.Blocks(title="bertdemo: BERT masked-language modelling") as demo:
+    age = settings.download_max_age  # Gradio's copies of downloads: checked every minute or so
+    with gr.Blocks(title="bertdemo: BERT masked-language modelling",
+                   delete_cache=(max(1, min(60, age)), age)) as demo:
         gr.Markdown("# bertdemo — see how BERT fills in `[MASK]`")
         if store.base is None:
             render_no_model_banner(store, settings, demo)
+        model_picker.render(store, settings)
         with gr.Tab("Fill mask"):
             fillmask_tab.render(store, settings)
         with gr.Tab("Attention"):
@@ -162,6 +179,7 @@ def build_demo(settings: Settings, store: ModelStore | None = None) -> gr.Blocks
             store.drop(request.session_hash)
 
         demo.unload(forget_session)
+    refuse_non_finite_numbers(demo)
     demo.queue(max_size=settings.queue_size, default_concurrency_limit=4)
     return demo
 
@@ -170,8 +188,18 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # Gradio's own startup requests: noise
     settings = parse_args(argv)
+    use_own_gradio_temp_dir()
     demo = build_demo(settings)
     serve(demo, settings)
+
+
+def use_own_gradio_temp_dir() -> None:
+    """Gradio serves files (downloads) from its temp folder, by default one shared by every Gradio
+    app of the machine: give this app its own, removed at exit, unless GRADIO_TEMP_DIR is set."""
+    if not os.environ.get("GRADIO_TEMP_DIR"):
+        folder = tempfile.mkdtemp(prefix="bertdemo-gradio-")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        os.environ["GRADIO_TEMP_DIR"] = folder
 
 
 def serve(demo: gr.Blocks, settings: Settings, block: bool = True) -> tuple[str, str | None]:
@@ -184,6 +212,7 @@ def serve(demo: gr.Blocks, settings: Settings, block: bool = True) -> tuple[str,
             _, local_url, share_url = demo.launch(
                 server_name=settings.host, server_port=settings.port, share=share,
                 auth=parse_auth(settings.auth), auth_message="Log in to use this bertdemo.",
+                max_file_size=MAX_UPLOAD, state_session_capacity=settings.max_sessions,
                 prevent_thread_lock=True, quiet=True)
     except BaseException:
         sys.stdout.write(gradio_says.getvalue())

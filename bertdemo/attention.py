@@ -41,6 +41,7 @@ VIEWS = {  # heatmap aggregates: key -> label shown in the page
     "rollout": "Attention rollout (up to the layer)",
 }
 PAYLOAD_BUDGET = 200_000  # attention weights per bertviz view by default (~1.2 MB of JSON)
+MAX_VIEW_WEIGHTS = 2_500_000  # most weights in one bertviz view (~10 MB): all 144 heads of a bert-base at 128 tokens
 
 
 @dataclass(frozen=True, eq=False)
@@ -306,22 +307,32 @@ def _spread(n: int, k: int) -> list[int]:
 
 def bertviz_html(att: Attention, kind: str = "head", layers: list[int] | None = None,
                  heads: list[int] | None = None, script_urls: dict[str, str] | None = None,
-                 decimals: int | None = None) -> str:
+                 decimals: int | None = None, max_weights: int = MAX_VIEW_WEIGHTS) -> str:
     """A complete HTML document with bertviz's head view (`kind="head"`) or model view ("model").
 
     `layers` and `heads` (model view only) filter what is sent, None for `default_selection`;
     weights are rounded to `decimals` (None: 3, or 2 when over 100k weights are sent, which keeps
     a 128-token default view under 1 MB; bertviz draws weights under 0.005 invisibly thin anyway). Scripts come from `script_urls` ({"require", "d3",
     "jquery"} -> URL), by default inlined as data: URLs so the file works offline. Tokens are
-    escaped for the <script> they sit in.
+    escaped for the <script> they sit in. A chosen view of more weights than `max_weights` (or
+    than the default view, if that is more) raises ValueError: the page and its download would
+    be too large.
     """
     if kind not in {"head", "model"}:
         raise ValueError(f"Unknown bertviz view {kind!r}: use 'head' or 'model'.")
     auto_layers, auto_heads = default_selection(att, kind)
     layers = sorted({_check_index(x, att.num_layers, "layer") for x in layers}) if layers else auto_layers
     heads = sorted({_check_index(x, att.num_heads, "head") for x in heads}) if heads else auto_heads
+    def weights_sent(n_layers: int, n_heads: int) -> int:
+        return n_layers * (n_heads if kind == "model" else att.num_heads) * len(att.tokens) ** 2
+
+    sent = weights_sent(len(layers), len(heads))
+    pair = 2 if att.sentence_b_start is not None else 1  # bertviz repeats A/B pairs
+    limit = max(max_weights, pair * weights_sent(len(auto_layers), len(auto_heads)))  # never below the default
+    if pair * sent > limit:
+        raise ValueError(f"That view would hold {pair * sent:,} attention weights; at most {limit:,} "
+                         "fit in one page. Tick fewer layers or heads, or shorten the text.")
     if decimals is None:
-        sent = len(layers) * (len(heads) if kind == "model" else att.num_heads) * len(att.tokens) ** 2
         decimals = 3 if sent <= 100_000 else 2
     rounded = torch.from_numpy(np.round(att.weights[layers].astype(np.float64), decimals))
     unused = torch.zeros(1, att.num_heads, 1, 1)  # bertviz indexes by layer number, reads only `layers`
@@ -388,9 +399,9 @@ def standalone(document: str, script_urls: dict[str, str]) -> str:
 
 def data_urls() -> dict[str, str]:
     """The vendored scripts as data: URLs, for a standalone file (cached after the first call)."""
-    if not _data_urls:
-        for name, path in VENDORED.items():
-            _data_urls[name] = "data:text/javascript;base64," + base64.b64encode(path.read_bytes()).decode()
+    if len(_data_urls) < len(VENDORED):  # filled in one step: concurrent first callers never see a part
+        _data_urls.update({name: "data:text/javascript;base64," + base64.b64encode(path.read_bytes()).decode()
+                           for name, path in VENDORED.items()})
     return _data_urls
 
 

@@ -12,6 +12,7 @@ class Settings:
     """What the operator can set. `app.py` maps each field to `--flag` and `BERTDEMO_FIELD`."""
 
     model: str = DEFAULT_MODEL  # hub id or local folder
+    models: str | None = None  # comma-separated: more models visitors may pick (--model is always offered)
     device: str | None = None  # None: CUDA when present, else CPU
     host: str = "127.0.0.1"
     port: int = 7860
@@ -25,9 +26,18 @@ class Settings:
     finetune_max_models: int = 8  # tuned models kept in memory; the least recently used is evicted
     finetune_concurrency: int = 1  # fine-tunes running at once; the others wait in the queue
     queue_size: int = 64  # most requests waiting in the queue; past it new ones are refused
+    max_sessions: int = 1000  # sessions whose page state Gradio keeps (~0.3 MB each); the oldest go first
+    download_max_mb: int = 2048  # downloads kept on disk; past it the least recent sessions' are deleted
+    download_max_age: int = 3600  # seconds a download stays available; older files are deleted
     allow_pickle: bool = False  # accept checkpoints without safetensors (pickle can run code)
     share: bool = False  # ask Gradio's share server for a public *.gradio.live link
     auth: str | None = field(default=None, repr=False)  # "user:password": login page (kept out of logs)
+
+    @property
+    def allowed_models(self) -> list[str]:
+        """What a visitor may pick in the page: `model` first, then each of `models`, once."""
+        names = [self.model, *(self.models or "").split(",")]
+        return list(dict.fromkeys(name.strip() for name in names if name and name.strip()))
 
     @classmethod
     def from_env(cls, environ: dict | None = None) -> "Settings":

@@ -5,6 +5,7 @@ model's own mask token. Users always type `[MASK]`; `to_model_text` maps it.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 import threading
 from dataclasses import dataclass
@@ -82,6 +83,60 @@ def load(name_or_path: str = "bert-base-uncased", device: str | None = None,
         if key not in _cache:
             _cache[key] = _load_uncached(name_or_path, chosen, allow_pickle)
         return _cache[key]
+
+
+def display_name(name_or_path: str) -> str:
+    """What the page calls a model: a hub id as it is, a folder by its own name only, so
+    visitors never see the server's paths (the log keeps them)."""
+    name_or_path = name_or_path.strip()
+    path = Path(name_or_path)
+    if path.is_absolute() or path.exists():
+        return path.name or name_or_path
+    return name_or_path
+
+
+def allowed_choices(allowlist: list[str]) -> dict[str, str]:
+    """{name shown in the page: allowlist entry}; two folders of the same name are numbered."""
+    choices: dict[str, str] = {}
+    for entry in allowlist:
+        label, n = display_name(entry), 1
+        while label in choices:
+            n += 1
+            label = f"{display_name(entry)} ({n})"
+        choices[label] = entry
+    return choices
+
+
+def allowed_entry(choice, allowlist: list[str]) -> str:
+    """The allowlist entry a visitor's `choice` (a shown name or the entry itself) stands for.
+    Anything else, such as another hub id or a path on the server, raises ValueError."""
+    choices = allowed_choices(allowlist)
+    if not choices:
+        raise ValueError("No model given: start the app with --model, a hub id such as "
+                         "'bert-base-uncased' or a local folder.")
+    if isinstance(choice, str) and choice.strip() in choices:
+        return choices[choice.strip()]
+    if isinstance(choice, str) and choice.strip() in allowlist:
+        return choice.strip()
+    if not isinstance(choice, str) or not choice.strip():
+        raise ValueError(f"No model chosen: pick one this server offers: {', '.join(choices)}.")
+    raise ValueError(f"Model {choice.strip()[:80]!r} is not in the list this server offers: "
+                     f"{', '.join(choices)}.")
+
+
+_named: dict[tuple, LoadedModel] = {}
+
+
+def load_allowed(choice, allowlist: list[str], device: str | None = None,
+                 allow_pickle: bool = False) -> LoadedModel:
+    """`load` for visitors of the page: only models the operator listed, checked before anything
+    is downloaded or read, and named by `display_name`. Never runs remote code; pickle-only
+    checkpoints are refused unless `allow_pickle`."""
+    entry = allowed_entry(choice, allowlist)
+    label = {e: shown for shown, e in allowed_choices(allowlist).items()}[entry]
+    lm = load(entry, device, allow_pickle=allow_pickle)
+    with _cache_lock:  # one object per model, so micro-batching groups its requests together
+        return _named.setdefault((id(lm), label), dataclasses.replace(lm, name=label))
 
 
 def _load_uncached(name_or_path: str, device: torch.device, allow_pickle: bool) -> LoadedModel:

@@ -1,4 +1,6 @@
 """The attention tab: bertviz head/model views that work offline, and heatmaps read exactly."""
+import atexit
+import shutil
 import tempfile
 import time
 import uuid
@@ -42,7 +44,8 @@ BERT's attention goes to `[CLS]`, `[SEP]` and punctuation, often a "no-op" (Clar
 *What does BERT look at?*). Use the views to explore patterns (heads that track the previous word,
 the object of a verb, coreference), not as proof of why the model chose a word. The bertviz README
 (github.com/jessevig/bertviz) explains its head view and model view."""
-_EXPORT_DIR = Path(tempfile.gettempdir()) / "bertdemo-bertviz"
+_EXPORT_DIR = Path(tempfile.mkdtemp(prefix="bertdemo-bertviz-"))  # this process's own, not a shared name
+atexit.register(shutil.rmtree, _EXPORT_DIR, ignore_errors=True)
 _EXPORT_MAX_AGE_S = 3600
 _served = False
 
@@ -221,7 +224,6 @@ def _ranges(indices: list[int]) -> str:
 
 def _export(document: str, kind: str) -> str:
     """Write the standalone HTML for the download button; files older than an hour are removed."""
-    _EXPORT_DIR.mkdir(exist_ok=True)
     _remove_old_exports()
     folder = _EXPORT_DIR / uuid.uuid4().hex  # a folder per file keeps a readable file name
     folder.mkdir()

@@ -48,7 +48,8 @@ def render(store: ModelStore, settings: Settings) -> None:
             candidates = gr.Textbox(label="Candidate words, comma separated", value="capital, city, heart")
             mask_number = gr.Number(label="Mask number (1 = first)", value=1, precision=0, minimum=1)
         score_btn = gr.Button("Score candidates")
-        candidate_table = gr.Dataframe(interactive=False, label="Candidates, best first")
+        candidate_table = gr.Dataframe(interactive=False, label="Candidates, best first",
+                                       headers=list(CANDIDATE_COLUMNS))
         gr.Markdown(CANDIDATE_HELP)
     with gr.Accordion("Sentence score (pseudo-log-likelihood)", open=False):
         gr.Markdown("Each token is masked in turn and scored given the rest (Salazar et al. 2020), "
@@ -171,8 +172,11 @@ def _joint_row(result: dict) -> list:
     return [result["text"], round(result["log_prob"], 4), order]
 
 
+CANDIDATE_COLUMNS = ("word", "pieces", "log p(word)", "mean log p per piece",
+                     "pipeline-style p(first piece)")
+
+
 def _candidate_row(result: dict) -> dict:
-    return {"word": result["word"], "pieces": " ".join(result["pieces"]),
-            "log p(word)": round(result["log_prob"], 4),
-            "mean log p per piece": round(result["mean_log_prob"], 4),
-            "pipeline-style p(first piece)": round(result["first_piece_prob"], 6)}
+    values = (result["word"], " ".join(result["pieces"]), round(result["log_prob"], 4),
+              round(result["mean_log_prob"], 4), round(result["first_piece_prob"], 6))
+    return dict(zip(CANDIDATE_COLUMNS, values))

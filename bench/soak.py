@@ -1,0 +1,246 @@
+"""Soak: a few hundred mixed requests against the real app (`python app.py` in a subprocess), the
+server's memory after warm-up and at the end, tuned models of closed or evicted sessions freed,
+and the queue refusing a flood politely.
+
+    python bench/soak.py                      # tiny random BERT: about a minute
+    python bench/soak.py --model bert-base    # bert-base-sized random weights, real vocab: minutes
+    python bench/soak.py --model /path/to/folder --rounds 40
+
+Prints the server's resident memory (VmRSS of its process) after warm-up, after the fine-tunes
+(their sessions closed or evicted) and at the end, with the growth in MB and %.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter, defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+from gradio_client import Client
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "tests"))
+
+from common import bert_base_folder, free_port, serve_app  # noqa: E402
+
+SENTENCES = ["Paris is the [MASK] of France.", "The man went to the [MASK] to buy a [MASK] of milk.",
+             "The Eiffel tower is a famous [MASK].", "La Tour Eiffel est située à [MASK].",
+             "Berlin is the [MASK] of Germany.", "The [MASK] sat on the mat because it was tired."]
+FT_TEXT = "\n".join(["Paris is the capital of France.", "The Eiffel Tower is a famous landmark.",
+                     "La Tour Eiffel est située à Paris.", "Berlin is the capital of Germany."] * 3)
+
+
+def model_folder(choice: str) -> str:
+    if choice == "tiny":
+        import tiny_models
+
+        return str(tiny_models.save_tiny_bert(Path(tempfile.mkdtemp(prefix="soak-")) / "tiny-bert"))
+    if choice == "bert-base":
+        return str(bert_base_folder())
+    return choice
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of process `pid` in MB (VmRSS in /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
+
+
+class Tally:
+    """Per-endpoint outcomes and latencies, shared by the worker threads."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.outcomes: dict[str, Counter] = defaultdict(Counter)
+        self.seconds: dict[str, list[float]] = defaultdict(list)
+
+    def call(self, client: Client, api_name: str, *args):
+        start = time.perf_counter()
+        try:
+            result, outcome = client.predict(*args, api_name=api_name), "ok"
+        except Exception as err:  # noqa: BLE001 - counted, printed in the report
+            result, outcome = None, f"refused: {str(err)[:70]}"
+        with self.lock:
+            self.outcomes[api_name][outcome] += 1
+            self.seconds[api_name].append(time.perf_counter() - start)
+        return result
+
+    @property
+    def total(self) -> int:
+        return sum(sum(c.values()) for c in self.outcomes.values())
+
+
+def visitor_round(tally: Tally, client: Client, rng: random.Random) -> None:
+    """What a person exploring the page does: fill masks, look at attention, sample masks."""
+    sentence = rng.choice(SENTENCES)
+    tally.call(client, "/fill_mask", sentence, rng.randint(1, 10))
+    tally.call(client, "/fill_jointly", sentence, rng.randint(1, 3))
+    tally.call(client, "/attention", sentence, "", rng.choice(["head", "model"]), [], [], "head",
+               0, 0, False, False, 0, 1)
+    tally.call(client, "/mask_sample", sentence.replace("[MASK]", "word"), rng.randint(0, 99),
+               0.15, 0.8, 0.1, False)
+
+
+@contextlib.contextmanager
+def open_tab(url: str, session_hash: str):
+    """A browser tab's heartbeat for a session; leaving the block closes it (the app's unload runs)."""
+    with httpx.Client(timeout=30) as http, \
+            http.stream("GET", f"{url}gradio_api/heartbeat/{session_hash}") as beat:
+        lines = beat.iter_lines()
+        next(lines)
+        yield
+
+
+def fine_tuner(tally: Tally, url: str, close_tab: bool) -> None:
+    """A person who fine-tunes a little, uses the model, downloads it, then (maybe) closes the tab."""
+    client = Client(url, verbose=False)
+    tab = open_tab(url, client.session_hash) if close_tab else contextlib.nullcontext()
+    with tab:
+        tally.call(client, "/finetune", FT_TEXT, 3, "steps", 1e-3, 4, 16, 0.15, "dynamic", 0, False, "")
+        tally.call(client, "/use_tuned")
+        tally.call(client, "/fill_mask", SENTENCES[0], 5)
+        tally.call(client, "/download_tuned")
+
+
+def mixed_load(tally: Tally, url: str, clients: list[Client], rng: random.Random, rounds: int,
+               finetunes: int, drive_bys: int) -> None:
+    """Every visitor does `rounds` rounds while `finetunes` people fine-tune, one after another,
+    and `drive_bys` people each send one request from a session of their own and leave."""
+    with ThreadPoolExecutor(len(clients) + 2) as pool:
+        visits = [pool.submit(lambda c=c, r=random.Random(rng.random()): [
+            visitor_round(tally, c, r) for _ in range(rounds)]) for c in clients]
+        # Half close their tab (their model is freed at once), half leave it open (evicted: cap 2).
+        tunes = [pool.submit(fine_tuner, tally, url, i % 2 == 0) for i in range(finetunes)]
+        passing = pool.submit(lambda: [drive_by(tally, url, rng.choice(SENTENCES)) for _ in range(drive_bys)])
+        for future in visits + tunes + [passing]:
+            future.result()
+
+
+def drive_by(tally: Tally, url: str, sentence: str) -> None:
+    """One request from a new session, through Gradio's HTTP API, as a script would send it."""
+    start = time.perf_counter()
+    posted = httpx.post(f"{url}gradio_api/call/fill_mask", timeout=60,
+                        json={"data": [sentence, 5], "session_hash": uuid.uuid4().hex})
+    answer = httpx.get(f"{url}gradio_api/call/fill_mask/{posted.json()['event_id']}", timeout=60)
+    outcome = "ok" if "event: complete" in answer.text else "refused"
+    with tally.lock:
+        tally.outcomes["/fill_mask (drive-by)"][outcome] += 1
+        tally.seconds["/fill_mask (drive-by)"].append(time.perf_counter() - start)
+
+
+@contextlib.contextmanager
+def sampling(pid: int, samples: list[float], every_s: float = 0.5):
+    """Append the process's RSS to `samples` every `every_s` seconds while the block runs."""
+    stop = threading.Event()
+
+    def sample():
+        while not stop.wait(every_s):
+            samples.append(rss_mb(pid))
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def flood(url: str, n: int, draws: int) -> Counter:
+    """`n` slow requests sent at once through Gradio's HTTP API; how each was answered."""
+    body = ["Paris is the capital of France.", 0, 0.15, 0.8, 0.1, False, draws]
+
+    def send(i):
+        try:
+            posted = httpx.post(f"{url}gradio_api/call/masking_law", timeout=60,
+                                json={"data": body, "session_hash": f"flood-{i}"})
+            if posted.status_code != 200:
+                return f"refused ({posted.status_code}): {posted.text[:60]}"
+            answer = httpx.get(f"{url}gradio_api/call/masking_law/{posted.json()['event_id']}", timeout=300)
+            events = [line for line in answer.text.splitlines() if line.startswith("event:")]
+            if events and events[-1] == "event: complete":
+                return "served"
+            data = [line for line in answer.text.splitlines() if line.startswith("data:")]
+            return "refused: " + (json.loads(data[-1][5:]) or {}).get("error", "?")[:60]
+        except httpx.HTTPError as err:
+            return f"failed: {type(err).__name__}"
+
+    with ThreadPoolExecutor(n) as pool:
+        return Counter(pool.map(send, range(n)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="tiny", help="tiny (default), bert-base, or a model folder")
+    parser.add_argument("--clients", type=int, default=4, help="visitors exploring at once")
+    parser.add_argument("--rounds", type=int, default=20, help="rounds of 4 requests per visitor")
+    parser.add_argument("--finetunes", type=int, default=6, help="people who fine-tune (separate sessions)")
+    parser.add_argument("--drive-bys", type=int, default=24, help="one-request sessions per load")
+    parser.add_argument("--max-sessions", type=int, default=32,
+                        help="the app's --max-sessions: small, so the warm-up already fills it")
+    parser.add_argument("--loads", type=int, default=3, help="times the mixed load runs after warm-up")
+    parser.add_argument("--queue-size", type=int, default=16)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    folder, port = model_folder(args.model), free_port()
+    url = f"http://127.0.0.1:{port}/"
+    app_args = ["--model", folder, "--device", "cpu", "--port", str(port), "--queue-size",
+                str(args.queue_size), "--finetune-max-models", "2", "--finetune-max-steps", "20",
+                "--max-sessions", str(args.max_sessions)]
+    print(f"app: {' '.join(app_args)}")
+    with serve_app(app_args) as proc:
+        tally, rng = Tally(), random.Random(args.seed)
+        clients = [Client(url, verbose=False) for _ in range(args.clients)]
+        samples: list[float] = []
+        rss = {"start": rss_mb(proc.pid)}
+        phases = ["warm-up"] + [f"load {i + 1}" for i in range(args.loads)]
+        for phase in phases:  # the same mixed load each time
+            before, start = tally.total, time.perf_counter()
+            with sampling(proc.pid, samples if phase != "warm-up" else []):
+                mixed_load(tally, url, clients, rng, args.rounds, args.finetunes, args.drive_bys)
+            seconds, rss[phase] = time.perf_counter() - start, rss_mb(proc.pid)
+            print(f"{phase}: {tally.total - before} requests in {seconds:.0f} s "
+                  f"({(tally.total - before) / seconds:.1f}/s); RSS {rss[phase]:.0f} MB")
+
+        print(f"\n{tally.total} requests: {args.clients} visitors x {args.rounds} rounds of 4, "
+              f"{args.finetunes} fine-tunes (half close their tab, half are evicted: cap 2) and "
+              f"{args.drive_bys} one-request sessions, {len(phases)} times")
+        for api_name, outcomes in sorted(tally.outcomes.items()):
+            median = statistics.median(tally.seconds[api_name]) * 1e3
+            print(f"  {api_name:16s} {dict(outcomes)}  median {median:.0f} ms")
+        warm, end = rss["warm-up"], rss[phases[-1]]
+        print("\nRSS: " + ", ".join(f"{name} {mb:.0f} MB" for name, mb in rss.items()))
+        print(f"growth after warm-up: {end - warm:+.0f} MB ({(end - warm) / warm:+.1%}) over "
+              f"{args.loads} loads, {(end - warm) / args.loads:+.1f} MB per load; during the loads "
+              f"min {min(samples or [end]):.0f} / max {max(samples or [end]):.0f} MB")
+
+        n = args.queue_size * 4
+        for attempt in (1, 2):  # twice: the second shows whether the first left memory behind
+            answers = flood(url, n, draws=100_000)
+            refused = sum(v for k, v in answers.items() if "queue is full" in k.lower())
+            print(f"\nflood {attempt}: {n} requests at once, queue size {args.queue_size}: "
+                  f"{answers.get('served', 0)} served, {refused} refused as 'queue full'; "
+                  f"RSS {rss_mb(proc.pid):.0f} MB")
+            for answer, count in answers.most_common():
+                print(f"  {count:3d} x {answer}")
+        alive = Client(url, verbose=False).predict(SENTENCES[0], 3, api_name="/fill_mask")[1]
+        print(f"after the floods the server answers: {[p['token'] for p in alive[0]]}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,171 @@
+"""Bad input, everywhere: every endpoint of the running app, every input, the inputs a stranger's
+script can send. Each case must end in a clear message (or a correct answer), the server stays
+up, and the endpoint's next good request succeeds.
+
+The endpoints are read from the running app's API info: an endpoint (or an input) this table
+does not describe fails `test_the_suite_covers_every_endpoint_and_input`, so none is forgotten.
+
+gradio_client cannot send NaN or ±inf (httpx encodes JSON with allow_nan=False, so the client
+raises before sending); those cases go through Gradio's raw HTTP API (`POST /gradio_api/call/...`
+with a literal NaN/Infinity in the JSON body), as a script would send them.
+"""
+import json
+import math
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+from gradio_client import Client
+from gradio_client.exceptions import AppError, ValidationError
+
+import app
+import tiny_models
+from bertdemo.config import Settings
+
+SENTENCE = "Paris is the [MASK] of France."
+TEXT = "Paris is the capital of France."
+FT_TEXT = "Paris is the capital of France.\nThe Eiffel Tower is a famous landmark."
+RATES = [("number", 0), ("number", 0.15), ("number", 0.8), ("number", 0.1), ("flag", False)]
+FINETUNE_FORM = [("text", FT_TEXT), ("number", 1), ("choice", "steps"), ("number", 5e-5),
+                 ("number", 2), ("number", 16), ("number", 0.15), ("choice", "dynamic"), ("number", 0)]
+MODEL = "tiny-bert"  # the folder name of the suite's model, as the picker shows it
+# api_name -> its inputs as (kind, a good value), in order. Good values are small: fast to run.
+ENDPOINTS = {
+    "/choose_model": [("choice", MODEL)],
+    "/fill_mask": [("text", SENTENCE), ("number", 3)],
+    "/fill_jointly": [("text", SENTENCE), ("number", 2)],
+    "/score_candidates": [("text", SENTENCE), ("text", "capital, city"), ("number", 1)],
+    "/sentence_score": [("text", TEXT)],
+    "/attention": [("text", SENTENCE), ("text", ""), ("choice", "head"), ("choices", []),
+                   ("choices", []), ("choice", "head"), ("number", 1), ("number", 0), ("flag", False),
+                   ("flag", False), ("number", 0), ("number", 1)],
+    "/mask_sample": [("text", TEXT), *RATES],
+    "/static_vs_dynamic": [("text", TEXT), *RATES, ("number", 3), ("number", 1)],
+    "/masking_law": [("text", TEXT), *RATES, ("number", 1000)],
+    "/article_snippet": [("text", TEXT), *RATES, ("number", 20)],
+    "/article_finetune": [("text", TEXT), ("number", 0), ("number", 5), ("number", 3e-4)],
+    "/finetune": [*FINETUNE_FORM, ("flag", False), ("text", SENTENCE)],
+    "/compare_masking": FINETUNE_FORM,
+    "/suggest_probes": [("text", FT_TEXT)],
+    "/stop_finetune": [],
+    "/use_tuned": [],
+    "/use_base": [],
+    "/download_tuned": [],
+}
+# Gradio component -> kind of input in the table above.
+KINDS = {"Textbox": "text", "Number": "number", "Slider": "number", "Radio": "choice",
+         "Dropdown": "choice", "Checkboxgroup": "choices", "Checkbox": "flag"}
+BAD = {
+    "text": {
+        "empty": "",
+        "whitespace": " \t\n \u00a0\u2003\u200b ",
+        "100,000 characters": (SENTENCE + " ") * (100_000 // (len(SENTENCE) + 1)) + "x" * 40,
+        "1,000 masks": "[MASK] " * 1000,
+        "NUL and control characters": "Paris\x00 is\x01 the [MASK]\x1b[31m of\x7f France.\r\n\x0c\x08",
+        "emoji": "🙂 Paris 🗼 is the [MASK] of France 🇫🇷 👩‍👩‍👧.",
+        "right-to-left": "\u202eباريس هي [MASK] فرنسا.\u202c שלום",
+        "combining characters": "Pa\u0301ri\u0308s i\u0336s the [MASK] o\u0489f "
+                                "Z\u0351\u0352\u0353\u0354a\u035c.",
+        "HTML/JS payload": "<script>alert(1)</script><img src=x onerror=\"alert(2)\"> [MASK] "
+                           "</textarea>\"'><svg onload=alert(3)>{{7*7}}${7*7}",
+    },
+    "number": {"0": 0, "negative": -1, "NaN": math.nan, "inf": math.inf, "-inf": -math.inf,
+               "10^12": 10**12, "not a number": "ten"},
+    "choice": {"not offered": "bogus'; DROP TABLE--", "none": None},
+    "choices": {"not offered": ["99"], "not a list": "0"},
+    "flag": {"not a bool": "yes", "none": None},
+}
+NOT_FOR_VISITORS = ["Traceback", 'File "', "Something went wrong", "verbose error reporting",
+                    "site-packages", "Exception", "Error(", "object at 0x"]
+
+
+@pytest.fixture(scope="module")
+def suite_app(tmp_path_factory):
+    """The whole app with a 2-model allowlist, limits small enough to keep the suite fast."""
+    root = tmp_path_factory.mktemp("bad-input")
+    model = tiny_models.save_tiny_bert(root / MODEL)
+    other = tiny_models.save_tiny_distilbert(root / "tiny-distilbert")
+    settings = Settings(model=str(model), models=str(other), device="cpu", port=None,
+                        finetune_max_steps=20, finetune_max_chars=5_000)
+    demo = app.build_demo(settings)
+    url, _ = app.serve(demo, settings, block=False)
+    yield url, [str(root), str(Path(app.__file__).parent)]
+    demo.close()
+
+
+@pytest.fixture(scope="module")
+def suite_client(suite_app):
+    return Client(suite_app[0], verbose=False)
+
+
+def cases():
+    for api_name, inputs in ENDPOINTS.items():
+        if not inputs:
+            yield pytest.param(api_name, None, None, id=f"{api_name}-no input")
+        for index, (kind, _) in enumerate(inputs):
+            for name, value in BAD[kind].items():
+                yield pytest.param(api_name, index, value, id=f"{api_name}-{index}-{name}")
+
+
+def test_the_suite_covers_every_endpoint_and_input(suite_client):
+    info = suite_client.view_api(print_info=False, return_format="dict")
+    assert not info["unnamed_endpoints"]
+    served = {name: [KINDS.get(p["component"], p["component"]) for p in endpoint["parameters"]]
+              for name, endpoint in info["named_endpoints"].items()}
+    described = {name: [kind for kind, _ in inputs] for name, inputs in ENDPOINTS.items()}
+    assert served == described, "an endpoint or input changed: describe it in ENDPOINTS"
+
+
+@pytest.mark.parametrize("api_name, index, value", cases())
+def test_bad_input_gets_a_clear_message_and_the_next_good_request_succeeds(
+        suite_app, suite_client, api_name, index, value):
+    url, server_dirs = suite_app
+    good = [v for _, v in ENDPOINTS[api_name]]
+    args = good if index is None else [*good[:index], value, *good[index + 1:]]
+    message = call(suite_client, url, api_name, args)
+    if message is not None:  # refused: the message must be for people, not for the developer
+        assert message.strip(), "an empty error message"
+        assert len(message) < 600, message[:600]
+        assert not [s for s in NOT_FOR_VISITORS + server_dirs if s in message], message
+    assert call(suite_client, url, api_name, good) is None, "the good request after it failed"
+
+
+def call(client: Client, url: str, api_name: str, args: list) -> str | None:
+    """None if the endpoint answered, else the message the visitor got."""
+    if any(isinstance(a, float) and not math.isfinite(a) for a in args):
+        return call_raw(url, api_name, args, client.session_hash)
+    try:
+        client.predict(*args, api_name=api_name)
+    except (AppError, ValidationError) as err:
+        return str(err)
+    except httpx.HTTPStatusError as err:  # refused while checking a validated event's inputs
+        return refusal(err.response)
+    return None
+
+
+def refusal(response: httpx.Response) -> str:
+    """The message of a request refused before it was queued: 400 (an input Gradio could not
+    read, e.g. out of a Number's range) or 422 (our validator); gradio_client doesn't unwrap it."""
+    assert response.status_code in (400, 422), response.text[:300]
+    detail = response.json()["detail"]
+    if isinstance(detail, str):
+        return detail
+    return " ".join(d["message"] for d in detail if not d.get("is_valid", True))
+
+
+def call_raw(url: str, api_name: str, args: list, session_hash: str | None = None) -> str | None:
+    """The same call through Gradio's HTTP API with the JSON body written by hand (NaN allowed)."""
+    body = json.dumps({"data": args, "session_hash": session_hash or uuid.uuid4().hex})
+    posted = httpx.post(f"{url}gradio_api/call{api_name}", content=body, timeout=30,
+                        headers={"Content-Type": "application/json"})
+    if posted.status_code in (400, 422):
+        return refusal(posted)
+    posted.raise_for_status()
+    answer = httpx.get(f"{url}gradio_api/call{api_name}/{posted.json()['event_id']}", timeout=120)
+    events = [line.split(": ", 1) for line in answer.text.splitlines() if ": " in line]
+    kinds = [value for key, value in events if key == "event"]
+    if kinds and kinds[-1] == "complete":
+        return None
+    data = json.loads(events[-1][1]) if events and events[-1][0] == "data" else None
+    return (data or {}).get("error") or ""
