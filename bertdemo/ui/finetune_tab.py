@@ -99,7 +99,7 @@ def render(store: ModelStore, settings: Settings) -> None:
         the message beside the field at fault, and the session's run slot is claimed."""
         verdicts = [gr.validate(True, "")] * n_inputs
         try:
-            _run_settings(*values, store, limits)
+            _run_settings(*values, store.base_for(session_id(request)), limits)
             store.reserve_run(session_id(request))
         except ValueError as err:
             verdicts[FORM_FIELD.get(getattr(err, "setting", "text"), 0)] = gr.validate(False, str(err))
@@ -124,7 +124,7 @@ def render(store: ModelStore, settings: Settings) -> None:
         flag = store.run_flag(sid)
         try:
             base, kwargs = _run_settings(text, length, unit, lr, batch_size, block_length,
-                                         mask_probability, masking, seed, store, limits)
+                                         mask_probability, masking, seed, store.base_for(sid), limits)
             probe_list = _probe_list(probes, text)
             worker = Worker(lambda emit, stop: finetune(base, text, on_step=emit, should_stop=stop,
                                                         **kwargs), flag)
@@ -151,7 +151,7 @@ def render(store: ModelStore, settings: Settings) -> None:
         flag = store.run_flag(sid)
         try:
             base, kwargs = _run_settings(text, length, unit, lr, batch_size, block_length,
-                                         mask_probability, masking, seed, store, limits)
+                                         mask_probability, masking, seed, store.base_for(sid), limits)
             kwargs.pop("masking")
             worker = Worker(lambda emit, stop: compare_masking(base, text, on_step=emit,
                                                                should_stop=stop, **kwargs), flag)
@@ -289,9 +289,9 @@ def _planned(steps: list[dict]) -> int | None:
 # ---------------------------------------------------------------- inputs
 
 def _run_settings(text, length, unit, lr, batch, block, probability, masking, seed,
-                  store: ModelStore, limits: Limits) -> tuple:
-    """(base model, finetune kwargs) from the form; ValueError with a message if anything is off."""
-    base = store.require_base()
+                  base, limits: Limits) -> tuple:
+    """(base model, finetune kwargs) from the form; ValueError with a message if anything is off.
+    `base` is the session's chosen base model (a tuned model is never tuned further)."""
     if unit not in ("steps", "epochs"):
         raise SettingError("unit", "Count the training length in 'steps' or 'epochs'.")
     kwargs = {unit: length, "lr": lr, "batch_size": batch, "max_length": block,
@@ -384,7 +384,7 @@ def _compare_status(histories: dict, limits: Limits) -> str:
 
 def _active_line(store: ModelStore, sid) -> str:
     try:
-        base = store.require_base()
+        base = store.base_for(sid)
     except ValueError as err:
         return f"⚠️ {err}"
     if store.using_tuned(sid):
