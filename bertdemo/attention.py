@@ -9,6 +9,7 @@ import base64
 import copy
 import html
 import json
+import re
 import threading
 import weakref
 from dataclasses import dataclass
@@ -24,16 +25,16 @@ from .fillmask import _head, _prediction, check_text
 from .models import LoadedModel
 
 VENDOR_DIR = Path(__file__).resolve().parent.parent / "assets" / "vendor"
-VENDORED = {  # what bertviz 1.4.1 loads from cdnjs -> our copy (jQuery 2.0.0 is not on npm: 3.7.1)
+VENDORED = {  # what bertviz 1.4.1 loads from a CDN -> our copy (jQuery 2.0.0 is not on npm: 3.7.1)
     "require": VENDOR_DIR / "requirejs-2.3.6" / "require.js",
     "d3": VENDOR_DIR / "d3-5.7.0" / "d3.min.js",
     "jquery": VENDOR_DIR / "jquery-3.7.1" / "jquery.min.js",
 }
-_CDN = {  # the exact strings in bertviz's .py/.js; a test fails if bertviz changes them
-    "require": "https://cdnjs.cloudflare.com/ajax/libs/require.js/2.3.6/require.min.js",
-    "d3": "https://cdnjs.cloudflare.com/ajax/libs/d3/5.7.0/d3.min",
-    "jquery": "https://cdnjs.cloudflare.com/ajax/libs/jquery/2.0.0/jquery.min",
-}
+# Where bertviz's HTML names its scripts: the <script src> of require.js, and require.js's
+# `paths` entries for d3 and jQuery. Found by shape, not by address, so nothing here depends on
+# (or names) the CDN bertviz happens to use.
+_SCRIPT_SRC = re.compile(r'(<script src=")(https?://[^"]+)(")')
+_REQUIRE_PATH = re.compile(r"\b(d3|jquery): '(https?://[^']+)'")
 VIEWS = {  # heatmap aggregates: key -> label shown in the page
     "head": "One layer and head",
     "mean_heads": "Mean over heads (one layer)",
@@ -380,12 +381,17 @@ def _integral_floats_as_ints(value):
 
 
 def _local_scripts(body: str, urls: dict[str, str]) -> str:
-    """Point bertviz's require.js, d3 and jQuery at `urls` instead of the CDN."""
-    body = body.replace(_CDN["require"], urls["require"])
-    for name in ("d3", "jquery"):  # require.js appends ".js" to these paths itself
-        body = body.replace(_CDN[name], urls[name].removesuffix(".js"))
-    if "cdnjs" in body:
-        raise RuntimeError("bertviz references a CDN URL we do not vendor: update attention._CDN.")
+    """Point bertviz's require.js, d3 and jQuery at `urls` instead of the internet."""
+    def require_src(match: re.Match) -> str:
+        if "require" not in match.group(2):
+            raise RuntimeError(f"bertviz loads a script we do not vendor: {match.group(2)}")
+        return match.group(1) + urls["require"] + match.group(3)
+
+    body = _SCRIPT_SRC.sub(require_src, body)
+    # require.js appends ".js" to its paths itself
+    body = _REQUIRE_PATH.sub(lambda m: f"{m.group(1)}: '{urls[m.group(1)].removesuffix('.js')}'", body)
+    if _SCRIPT_SRC.search(body) or _REQUIRE_PATH.search(body):
+        raise RuntimeError("bertviz still names an online script: vendor it under assets/vendor.")
     return body
 
 
