@@ -8,6 +8,7 @@ when the request enters the queue, so a second click is refused at once, not que
 """
 import queue
 import threading
+import weakref
 
 import gradio as gr
 import pandas as pd
@@ -183,13 +184,21 @@ def render(store: ModelStore, settings: Settings) -> None:
         store.use_base(session_id(request))
         return _active_line(store, session_id(request))
 
+    zipped: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # tuned model -> its zip
+
     @friendly_errors
     def on_download(request: gr.Request):
         sid = session_id(request)
         tuned = store.tuned(sid)
         if tuned is None:
             raise ValueError("You have no tuned model to download: run a fine-tune first.")
-        return str(save_zip(tuned, store.session_dir(sid)))
+        archive = zipped.get(tuned)
+        if archive is None or not archive.exists():  # zip once per tuned model, not per click
+            archive = zipped[tuned] = save_zip(tuned, store.session_dir(sid))
+        if archive.stat().st_size > store.max_download_bytes:
+            raise ValueError(f"The tuned model's zip is {archive.stat().st_size / 1e6:.0f} MB; this "
+                             f"server serves at most {store.max_download_bytes / 1e6:.0f} MB.")
+        return str(archive)
 
     @friendly_errors
     def on_suggest(text):
