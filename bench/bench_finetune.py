@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
 import bertdemo  # noqa: E402
-from bertdemo.finetune import mlm_collator, prepare_text  # noqa: E402
+from bertdemo.training import mlm_collator, prepare_text  # noqa: E402
 from common import bert_base_folder  # noqa: E402
 
 WORDS = ("the river flows past the old city where people walk along the bridge every day and "

@@ -1,7 +1,7 @@
 """bertdemo: the model service behind the demo. Plain Python; the Gradio UI lives in `bertdemo.ui`."""
-from .attention import attention  # shadows the module name: use `from bertdemo.attention import ...`
+from .attention_views import attention  # shadows the module name: use `from bertdemo.attention_views import ...`
 from .fillmask import fill_jointly, fill_mask, mask_word, score_candidates, sentence_score, split_words
-from .finetune import compare_masking, finetune  # shadows the module: use `from bertdemo.finetune import ...`
+from .training import compare_masking, finetune  # shadows the module: use `from bertdemo.training import ...`
 from .masking import (article_comparison, article_mask_tokens, labelling_consequence, mask_sample,
                       masking_law, outcome_counts, static_vs_dynamic)
 from .models import LoadedModel, load, pick_device

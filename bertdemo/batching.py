@@ -32,7 +32,7 @@ class MicroBatcher:
     def fill_mask(self, lm: LoadedModel, text: str, top_k: int = 5,
                   max_masks: int = fillmask.DEFAULT_MAX_MASKS) -> list[list[dict]]:
         """Same result as `fillmask.fill_mask`, computed together with concurrent callers."""
-        top_k = fillmask._check_top_k(top_k, lm)
+        top_k = fillmask.check_top_k(top_k, lm)
         enc = fillmask.encode(lm, text, max_masks=max_masks)  # bad input fails here, alone
         future: Future = Future()
         with self._lock:

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .models import USER_MASK, LoadedModel, _USER_MASK_RE
+from . import validate
+from .models import USER_MASK, USER_MASK_RE, LoadedModel, mlm_logits
 
 DEFAULT_MAX_MASKS = 10
 _WORD_RE = re.compile(r"\[mask\]|\w+(?:['’]\w+)*|[^\w\s]", re.IGNORECASE)
@@ -32,9 +33,7 @@ class Encoded:
 
 def check_text(text: str) -> str:
     """Refuse text that is not a non-empty string; returns it unchanged otherwise."""
-    if not isinstance(text, str) or not text.strip():
-        raise ValueError("The text is empty: type a sentence, e.g. 'Paris is the [MASK] of France.'")
-    return text
+    return validate.text(text)
 
 
 def encode(lm: LoadedModel, text: str, *, min_masks: int = 1,
@@ -45,7 +44,7 @@ def encode(lm: LoadedModel, text: str, *, min_masks: int = 1,
     takes (never truncates silently).
     """
     check_text(text)
-    n_masks = len(_USER_MASK_RE.findall(text))
+    n_masks = len(USER_MASK_RE.findall(text))
     if n_masks < min_masks:
         raise ValueError(f"No {USER_MASK} in the text: put {USER_MASK} where a word should be "
                          "predicted, e.g. 'Paris is the [MASK] of France.'")
@@ -61,29 +60,10 @@ def encode(lm: LoadedModel, text: str, *, min_masks: int = 1,
     return Encoded(inputs.to(lm.device), positions)
 
 
-def _head(model):
-    """The MLM head as a function of hidden states (N, H) -> logits (N, V), or None if unknown.
-
-    Written by hand because transformers has no `logits_to_keep` for masked LMs.
-    """
-    if hasattr(model, "cls"):  # BERT and its copies
-        return model.cls
-    if hasattr(model, "lm_head"):  # RoBERTa, XLM-R, CamemBERT
-        return model.lm_head
-    if hasattr(model, "vocab_projector"):  # DistilBERT
-        return lambda h: model.vocab_projector(
-            model.vocab_layer_norm(model.activation(model.vocab_transform(h))))
-    return None
-
-
 @torch.inference_mode()
 def logits_at(lm: LoadedModel, inputs: dict, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
     """Float32 logits (N, V) at the N positions (rows[i], cols[i]) of a (B, T) batch."""
-    head = _head(lm.model)
-    if head is None:  # unknown architecture: full forward, still correct
-        return lm.model(**inputs).logits[rows, cols].float()
-    hidden = lm.model.base_model(**inputs).last_hidden_state  # (B, T, H)
-    return head(hidden[rows, cols]).float()
+    return mlm_logits(lm.model, inputs, rows, cols)[0].float()
 
 
 def fill_mask(lm: LoadedModel, text: str, top_k: int = 5,
@@ -93,7 +73,7 @@ def fill_mask(lm: LoadedModel, text: str, top_k: int = 5,
     Returns one list per mask of {"token": str, "token_id": int, "score": probability},
     the same tokens and scores as `pipeline("fill-mask")`.
     """
-    top_k = _check_top_k(top_k, lm)
+    top_k = check_top_k(top_k, lm)
     return fill_encoded(lm, [encode(lm, text, max_masks=max_masks)], [top_k])[0]
 
 
@@ -107,7 +87,7 @@ def fill_encoded(lm: LoadedModel, encs: list[Encoded], top_ks: list[int]) -> lis
     for enc, k in zip(encs, top_ks):
         scores, ids = probs[start:start + len(enc.mask_positions)].topk(k, dim=-1)
         start += len(enc.mask_positions)
-        results.append([[_prediction(lm, i, s) for i, s in zip(row_ids.tolist(), row_scores.tolist())]
+        results.append([[prediction(lm, i, s) for i, s in zip(row_ids.tolist(), row_scores.tolist())]
                         for row_ids, row_scores in zip(ids, scores)])
     return results
 
@@ -126,16 +106,14 @@ def pad_inputs(lm: LoadedModel, items: list[dict]) -> dict:
     return batch
 
 
-def _prediction(lm: LoadedModel, token_id: int, score: float) -> dict:
+def prediction(lm: LoadedModel, token_id: int, score: float) -> dict:
+    """One prediction in `fill_mask`'s format: {"token", "token_id", "score"}."""
     return {"token": lm.tokenizer.decode([token_id]), "token_id": token_id, "score": score}
 
 
-def _check_top_k(top_k, lm: LoadedModel) -> int:
-    if isinstance(top_k, float) and top_k.is_integer():
-        top_k = int(top_k)
-    if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
-        raise ValueError(f"top_k must be a whole number of at least 1, got {top_k!r}.")
-    return min(top_k, lm.model.config.vocab_size)
+def check_top_k(top_k, lm: LoadedModel) -> int:
+    """`top_k` as a whole number of at least 1, capped at the vocabulary size."""
+    return min(validate.whole_number(top_k, "top_k", 1, 10**9), lm.model.config.vocab_size)
 
 
 # ---------------------------------------------------------------- joint filling
@@ -195,7 +173,7 @@ def _best_unique(candidates, beam_size: int):
 
 def _completion(lm, text: str, enc: Encoded, ids, log_prob: float, fills: list[dict]) -> dict:
     by_mask = {f["mask"]: f["token"].strip() for f in fills}
-    parts = _USER_MASK_RE.split(text)
+    parts = USER_MASK_RE.split(text)
     filled = parts[0] + "".join(by_mask[i] + part for i, part in enumerate(parts[1:]))
     return {"text": filled, "log_prob": log_prob, "fills": sorted(fills, key=lambda f: f["mask"])}
 
@@ -251,7 +229,7 @@ def _check_candidates(candidates, max_candidates: int) -> list[str]:
     if len(words) > max_candidates:
         raise ValueError(f"{len(words)} candidates given; at most {max_candidates} at a time.")
     for w in words:
-        if len(w) > 50 or _USER_MASK_RE.search(w):
+        if len(w) > 50 or USER_MASK_RE.search(w):
             raise ValueError(f"Candidate {w[:20]!r}... must be a word or short phrase "
                              "(at most 50 characters, no [MASK]).")
     return list(dict.fromkeys(words))
@@ -263,7 +241,7 @@ def _candidate_rows(lm: LoadedModel, text: str, mask_index: int, word: str) -> d
     The word is put into the sentence and tokenized in context, so tokenizers that care about
     the preceding space (RoBERTa's BPE) give the pieces they would give in running text.
     """
-    parts = _USER_MASK_RE.split(text)
+    parts = USER_MASK_RE.split(text)
     before = lm.to_model_text(USER_MASK.join(parts[:mask_index + 1]))
     after = lm.to_model_text(USER_MASK.join(parts[mask_index + 1:]))
     enc = lm.tokenizer(before + word + after, return_offsets_mapping=True)
@@ -297,7 +275,7 @@ def sentence_score(lm: LoadedModel, text: str, batch_size: int = 64) -> dict:
     one forward for sentences up to that length. Returns {"tokens", "log_probs" (one per scored
     token), "pll", "pseudo_perplexity"}.
     """
-    enc = encode(lm, text, min_masks=0, max_masks=0) if not _USER_MASK_RE.search(text) else None
+    enc = encode(lm, text, min_masks=0, max_masks=0) if not USER_MASK_RE.search(text) else None
     if enc is None:
         raise ValueError("Sentence score needs a complete sentence: fill or remove the [MASK]s first.")
     ids = enc.input_ids[0]  # (T,)

@@ -21,9 +21,9 @@ import torch
 from transformers import DataCollatorForLanguageModeling
 from transformers.data.data_collator import pad_without_fast_tokenizer_warning
 
-from .finetune import (History, Limits, eval_copies, evaluate, finetune, fixed_rows, mlm_collator,
+from .training import (History, Limits, eval_copies, evaluate, finetune, fixed_rows, mlm_collator,
                        prepare_text)
-from .models import _USER_MASK_RE
+from .models import USER_MASK_RE
 
 MAX_TEXT_TOKENS = 256  # longest text (special tokens included) the tab shows token by token
 MAX_EPOCHS = 50  # most epochs in the static-vs-dynamic grid
@@ -113,7 +113,7 @@ def encode(tokenizer, text: str, whole_word: bool = False) -> dict:
         raise ValueError("The text is empty: type a sentence, e.g. 'Paris is the capital of France.'")
     if whole_word and not getattr(tokenizer, "is_fast", False):
         raise ValueError("Whole-word masking needs a fast tokenizer (for its offsets): untick it.")
-    enc = tokenizer(_USER_MASK_RE.sub(tokenizer.mask_token, text), return_offsets_mapping=whole_word)
+    enc = tokenizer(USER_MASK_RE.sub(tokenizer.mask_token, text), return_offsets_mapping=whole_word)
     ids = enc["input_ids"]
     if len(ids) > MAX_TEXT_TOKENS:
         raise ValueError(f"The text is {len(ids)} tokens long; this view takes at most "
@@ -418,7 +418,7 @@ def _article_batch(tokenizer, text: str, max_length: int, whole_word: bool) -> t
     """The text as the article tokenizes it, padded/truncated to `max_length`, plus whether it
     was cut (said in the page: the article cuts silently)."""
     full = encode(tokenizer, text, whole_word)
-    enc = tokenizer(_USER_MASK_RE.sub(tokenizer.mask_token, text), max_length=max_length,
+    enc = tokenizer(USER_MASK_RE.sub(tokenizer.mask_token, text), max_length=max_length,
                     padding="max_length", truncation=True, return_offsets_mapping=whole_word)
     ids = enc["input_ids"]
     special = tokenizer.get_special_tokens_mask(ids, already_has_special_tokens=True)

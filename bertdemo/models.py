@@ -6,6 +6,7 @@ model's own mask token. Users always type `[MASK]`; `to_model_text` maps it.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import threading
 from dataclasses import dataclass
@@ -14,8 +15,10 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForMaskedLM, AutoTokenizer, PreTrainedModel
 
+from . import validate
+
 USER_MASK = "[MASK]"
-_USER_MASK_RE = re.compile(r"\[mask\]", re.IGNORECASE)
+USER_MASK_RE = re.compile(r"\[mask\]", re.IGNORECASE)
 
 
 @dataclass(frozen=True, eq=False)
@@ -47,7 +50,7 @@ class LoadedModel:
 
     def to_model_text(self, text: str) -> str:
         """Replace every `[MASK]` (any case) with the model's own mask token, e.g. `<mask>`."""
-        return _USER_MASK_RE.sub(self.mask_token, text)
+        return USER_MASK_RE.sub(self.mask_token, text)
 
 
 def pick_device(device: str | torch.device | None = None) -> torch.device:
@@ -67,16 +70,14 @@ _cache: dict[tuple[str, str, bool], LoadedModel] = {}
 _cache_lock = threading.Lock()
 
 
-def load(name_or_path: str = "bert-base-uncased", device: str | None = None,
+def load(name_or_path: str | os.PathLike = "bert-base-uncased", device: str | None = None,
          allow_pickle: bool = False) -> LoadedModel:
     """Load (once) a masked-LM model and its tokenizer from a hub id or a local folder.
 
     Repeated calls with the same name and device return the same shared object.
     Never runs remote code. Only safetensors weights unless `allow_pickle=True`.
     """
-    if not isinstance(name_or_path, str) or not name_or_path.strip():
-        raise ValueError("No model given: pass a hub id such as 'bert-base-uncased' or a local folder.")
-    name_or_path = name_or_path.strip()
+    name_or_path = validate.model_name(name_or_path)
     chosen = pick_device(device)
     key = (name_or_path, str(chosen), allow_pickle)
     with _cache_lock:  # one load per key even when several users ask at once
@@ -168,3 +169,34 @@ def _load_error_message(name_or_path: str, err: Exception, allow_pickle: bool) -
     return (f"Could not load a masked-LM model from {name_or_path!r}, tried as a {where}: "
             f"{first_line}.{hint} Without internet access, pass --model /path/to/folder holding "
             "config.json, model.safetensors and the tokenizer files (save_pretrained output).")
+
+
+def mlm_head(model):
+    """The MLM head as a function of hidden states (N, H) -> logits (N, V), or None if unknown.
+
+    Written by hand because transformers has no `logits_to_keep` for masked LMs: running the
+    head only where it is needed skips most of a (T, H) x (H, V) matmul.
+    """
+    if hasattr(model, "cls"):  # BERT and its copies
+        return model.cls
+    if hasattr(model, "lm_head"):  # RoBERTa, XLM-R, CamemBERT
+        return model.lm_head
+    if hasattr(model, "vocab_projector"):  # DistilBERT
+        return lambda h: model.vocab_projector(
+            model.vocab_layer_norm(model.activation(model.vocab_transform(h))))
+    return None
+
+
+def mlm_logits(model, inputs: dict, rows: torch.Tensor, cols: torch.Tensor, **forward_kwargs):
+    """Logits (N, V) at the N positions (rows[i], cols[i]) of a (B, T) batch, and the forward's
+    output (for `output_attentions=True` or `output_hidden_states=True` in `forward_kwargs`).
+
+    The head runs only at those positions; an unknown architecture gets a full forward, still
+    correct. No grad mode is set here: training calls it too.
+    """
+    head = mlm_head(model)
+    if head is None:
+        out = model(**inputs, **forward_kwargs)
+        return out.logits[rows, cols], out
+    out = model.base_model(**inputs, **forward_kwargs)
+    return head(out.last_hidden_state[rows, cols]), out

@@ -14,7 +14,7 @@ from transformers import AutoModelForMaskedLM
 
 import bertdemo
 from bertdemo import plots
-from bertdemo.attention import (VIEWS, Attention, aggregate, bertviz_html, data_urls, default_selection,
+from bertdemo.attention_views import (VIEWS, Attention, aggregate, bertviz_html, data_urls, default_selection,
                                 eager_twin, mask_rows, rollout, served_urls, srcdoc_iframe, standalone,
                                 token_groups, view)
 

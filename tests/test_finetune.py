@@ -7,7 +7,7 @@ import torch
 
 import bertdemo
 import tiny_models
-from bertdemo.finetune import (MASKINGS, Limits, compare_masking, compare_probes, default_probes, evaluate,
+from bertdemo.training import (MASKINGS, Limits, compare_masking, compare_probes, default_probes, evaluate,
                                finetune, fixed_rows, masked_logits, mlm_collator, pack, prepare_text,
                                save_zip, split_units)
 

@@ -19,7 +19,7 @@ from gradio_client.utils import Status
 import app
 import bertdemo
 import tiny_models
-from bertdemo.attention import view
+from bertdemo.attention_views import view
 from bertdemo.config import Settings
 from bertdemo.models import LoadedModel
 from bertdemo.sessions import ModelStore
@@ -214,7 +214,7 @@ def test_past_its_size_the_queue_refuses_politely_and_the_server_stays_up(limite
 def test_the_first_viewers_at_once_each_get_the_complete_offline_scripts(monkeypatch):
     """The soak found it: the scripts' data: URLs were cached one by one, so a viewer arriving
     while the first was still filling the cache found it half full and got an error."""
-    attention = sys.modules["bertdemo.attention"]  # the package's `attention` is the function
+    attention = sys.modules["bertdemo.attention_views"]  # the package's `attention` is the function
     monkeypatch.setattr(attention, "_data_urls", {})
     start, got = threading.Barrier(8), []
 

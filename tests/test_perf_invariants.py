@@ -17,7 +17,7 @@ def test_requests_never_load_models_or_tokenizers(client, monkeypatch):
 
 
 def test_attention_reuses_one_eager_twin_per_model(tiny_bert):
-    from bertdemo.attention import eager_twin
+    from bertdemo.attention_views import eager_twin
 
     assert eager_twin(tiny_bert.model) is eager_twin(tiny_bert.model)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import gradio as gr
 
 from .. import plots
-from ..attention import (VENDOR_DIR, VIEWS, Attention, attention, bertviz_html, default_selection,
+from ..attention_views import (VENDOR_DIR, VIEWS, Attention, attention, bertviz_html, default_selection,
                          mask_rows, served_urls, srcdoc_iframe, standalone, view, view_height)
 from ..config import Settings
 from ..sessions import ModelStore

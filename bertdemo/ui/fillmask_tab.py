@@ -6,6 +6,7 @@ from gradio.context import get_render_context
 from .. import fillmask, plots
 from ..batching import MicroBatcher
 from ..config import Settings
+from ..models import USER_MASK_RE
 from ..sessions import ModelStore
 from .common import friendly_errors, session_id
 
@@ -86,7 +87,7 @@ def render(store: ModelStore, settings: Settings) -> None:
     @friendly_errors
     def on_sentence_score(sentence, request: gr.Request):
         lm = lm_for(request)
-        if fillmask._USER_MASK_RE.search(sentence or ""):
+        if USER_MASK_RE.search(sentence or ""):
             sentence = fillmask.fill_jointly(lm, sentence, 1, max_masks=settings.max_masks)[0]["text"]
         result = fillmask.sentence_score(lm, sentence)
         summary = (f"**{sentence}** — PLL = {result['pll']:.2f}, pseudo-perplexity = "

@@ -15,7 +15,7 @@ import pandas as pd
 
 from .. import plots
 from ..config import Settings
-from ..finetune import (MASKINGS, History, Limits, SettingError, check_settings, compare_masking,
+from ..training import (MASKINGS, History, Limits, SettingError, check_settings, compare_masking,
                         compare_probes, default_probes, finetune, prepare_text, save_zip)
 from ..sessions import ModelStore
 from .common import friendly_errors, session_id

@@ -24,8 +24,8 @@ import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 from transformers import DataCollatorForLanguageModeling
 
-from .fillmask import _head, fill_mask, mask_word, split_words
-from .models import LoadedModel
+from .fillmask import fill_mask, mask_word, split_words
+from .models import LoadedModel, mlm_logits
 
 MASKINGS = ("static", "dynamic")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=\S)")
@@ -283,12 +283,7 @@ def masked_logits(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     labels = batch["labels"]
     rows, cols = (labels != -100).nonzero(as_tuple=True)
     inputs = {k: v for k, v in batch.items() if k != "labels"}
-    head = _head(model)
-    if head is None:  # unknown architecture: full forward, still correct
-        logits = model(**inputs).logits[rows, cols]
-    else:
-        hidden = model.base_model(**inputs).last_hidden_state  # (B, T, H)
-        logits = head(hidden[rows, cols])
+    logits, _ = mlm_logits(model, inputs, rows, cols)
     return logits.float(), labels[rows, cols]
 
 

@@ -21,8 +21,8 @@ import numpy as np
 import torch
 from bertviz import head_view, model_view
 
-from .fillmask import _head, _prediction, check_text
-from .models import LoadedModel
+from .fillmask import check_text, prediction
+from .models import LoadedModel, mlm_logits
 
 VENDOR_DIR = Path(__file__).resolve().parent.parent / "assets" / "vendor"
 VENDORED = {  # what bertviz 1.4.1 loads from a CDN -> our copy (jQuery 2.0.0 is not on npm: 3.7.1)
@@ -117,18 +117,13 @@ def attention(lm: LoadedModel, text: str, text_b: str | None = None, top_k: int 
     inputs, meta = _encode(lm, text, text_b)
     model = eager_twin(lm.model)
     positions = meta.pop("mask_positions")
-    head = _head(model)
-    if head is None:  # unknown architecture: full forward, the LM head at every position
-        out = model(**inputs, output_attentions=True)
-        logits = out.logits[0, positions]
-    else:
-        out = model.base_model(**inputs, output_attentions=True)
-        logits = head(out.last_hidden_state[0, positions])
+    cols = torch.tensor(positions, dtype=torch.long, device=lm.device)
+    logits, out = mlm_logits(model, inputs, torch.zeros_like(cols), cols, output_attentions=True)
     if not out.attentions:
         raise ValueError(f"{lm.name} returns no attention weights, so there is nothing to show.")
     weights = torch.cat(out.attentions).float().cpu().numpy()  # (L, H, T, T)
     scores, ids = logits.float().softmax(-1).topk(min(top_k, logits.shape[-1]), dim=-1)
-    predictions = [[_prediction(lm, i, s) for i, s in zip(r_ids.tolist(), r_scores.tolist())]
+    predictions = [[prediction(lm, i, s) for i, s in zip(r_ids.tolist(), r_scores.tolist())]
                    for r_ids, r_scores in zip(ids, scores)]
     return Attention(weights=weights, mask_positions=positions, predictions=predictions, **meta)
 
