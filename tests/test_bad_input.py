@@ -108,6 +108,7 @@ def cases():
                 yield pytest.param(api_name, index, value, id=f"{api_name}-{index}-{name}")
 
 
+@pytest.mark.slow
 def test_the_suite_covers_every_endpoint_and_input(suite_client):
     info = suite_client.view_api(print_info=False, return_format="dict")
     assert not info["unnamed_endpoints"]
@@ -117,6 +118,7 @@ def test_the_suite_covers_every_endpoint_and_input(suite_client):
     assert served == described, "an endpoint or input changed: describe it in ENDPOINTS"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("api_name, index, value", cases())
 def test_bad_input_gets_a_clear_message_and_the_next_good_request_succeeds(
         suite_app, suite_client, api_name, index, value):

@@ -29,6 +29,7 @@ SENTENCE = "Paris is the [MASK] of France."
 
 # --- share link -------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_share_without_internet_keeps_serving_locally_and_says_so_in_one_line(tiny_bert_dir, tiny_bert):
     """The real `python app.py --model DIR --share`, offline: its share-server request goes to a
     dead proxy (so the test is hermetic even where there is internet)."""
@@ -53,6 +54,7 @@ def test_share_without_internet_keeps_serving_locally_and_says_so_in_one_line(ti
     assert [p["token_id"] for p in raw[0]] == [p["token_id"] for p in expected]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("auth, login_hint", [(None, True), ("ann:pw", False)])
 def test_share_link_is_printed_with_a_warning_that_it_is_public(monkeypatch, capsys, auth, login_hint):
     monkeypatch.delenv("SPACE_ID", raising=False)
@@ -68,6 +70,7 @@ def test_share_link_is_printed_with_a_warning_that_it_is_public(monkeypatch, cap
     assert "Could not create share link" not in out
 
 
+@pytest.mark.slow
 def test_on_a_space_share_is_not_attempted(monkeypatch, capsys):
     monkeypatch.setenv("SPACE_ID", "someone/bertdemo")
     monkeypatch.setattr(gradio.networking, "setup_tunnel",
@@ -90,6 +93,7 @@ def private_url(tiny_bert_dir):
     demo.close()
 
 
+@pytest.mark.slow
 def test_login_refuses_strangers_and_admits_the_user(private_url):
     assert httpx.get(private_url + "gradio_api/info").status_code == 401
     for wrong in [None, ("ann", "open"), ("bob", "open:sesame")]:
@@ -152,6 +156,7 @@ def no_model_client():
     demo.close()
 
 
+@pytest.mark.slow
 def test_without_a_model_the_page_says_how_to_fix_and_offers_the_real_minilm(no_model_client):
     with pytest.raises(AppError, match=r"python -m bertdemo download .* --model .*MiniLM"):
         no_model_client.predict(SENTENCE, 3, api_name="/fill_mask")
@@ -231,6 +236,7 @@ def test_download_fetches_only_what_the_demo_loads(fake_hub_repo, tiny_bert_dir,
     assert got == want
 
 
+@pytest.mark.slow
 def test_download_command_copies_a_local_folder(fake_hub_repo, tiny_bert_dir, tmp_path):
     """The real `python -m bertdemo download` entry point (as the Dockerfile runs it)."""
     target = tmp_path / "copy"
