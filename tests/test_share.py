@@ -21,7 +21,10 @@ import app
 import bertdemo
 from bertdemo.__main__ import download
 from bertdemo.__main__ import main as bertdemo_cli
+from bertdemo import models
 from bertdemo.config import DEFAULT_MODEL, Settings
+from bertdemo.models import MINILM_NAME, load_minilm, minilm_path
+from bertdemo.ui.no_model_banner import MINILM_BUTTON
 
 ROOT = Path(__file__).parent.parent
 SENTENCE = "Paris is the [MASK] of France."
@@ -161,9 +164,9 @@ def test_without_a_model_the_page_says_how_to_fix_and_offers_the_real_minilm(no_
     with pytest.raises(AppError, match=r"python -m bertdemo download .* --model .*MiniLM"):
         no_model_client.predict(SENTENCE, 3, api_name="/fill_mask")
     banner = no_model_client.predict(api_name="/use_minilm")
-    assert app.MINILM_NAME in banner and "untrained" in banner
+    assert MINILM_NAME in banner and "untrained" in banner
     _, raw, model_line = no_model_client.predict(SENTENCE, 3, api_name="/fill_mask")
-    assert app.MINILM_NAME in model_line  # every tab's model line says what it is
+    assert MINILM_NAME in model_line  # every tab's model line says what it is
     assert len(raw[0]) == 3
 
 
@@ -172,19 +175,19 @@ def test_minilm_fallback_has_the_real_pretrained_body():
     import torch
     from safetensors.torch import load_file
 
-    saved = load_file(app.minilm_path() / "model.safetensors")
+    saved = load_file(minilm_path() / "model.safetensors")
     key = next(k for k in saved if k.endswith("encoder.layer.0.attention.self.query.weight"))
-    lm = app.load_minilm(Settings(device="cpu"))
-    assert lm.name == app.MINILM_NAME
+    lm = load_minilm("cpu")
+    assert lm.name == MINILM_NAME
     assert torch.equal(lm.model.bert.encoder.layer[0].attention.self.query.weight, saved[key])
 
 
 def test_without_the_minilm_package_no_button_is_offered(monkeypatch):
-    monkeypatch.setattr(app, "minilm_path", lambda: None)
+    monkeypatch.setattr(models, "minilm_path", lambda: None)
     settings = Settings(model="bertdemo-tests/no-such-model", device="cpu")
     store = app.load_store(settings)
     demo = app.build_demo(settings, store)
-    buttons = [b for b in demo.blocks.values() if isinstance(b, gr.Button) and b.value == app.MINILM_BUTTON]
+    buttons = [b for b in demo.blocks.values() if isinstance(b, gr.Button) and b.value == MINILM_BUTTON]
     assert buttons and not buttons[0].visible
     assert "MiniLM" not in store.load_error and "--model" in store.load_error
 
