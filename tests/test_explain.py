@@ -269,3 +269,64 @@ def test_work_cap_stops_long_texts_with_many_steps(tiny_bert, monkeypatch):
         bertdemo.saliency(tiny_bert, TEXT, steps=20)  # 9 tokens x 20 steps
     assert err.value.field == "steps"
     assert bertdemo.saliency(tiny_bert, TEXT, steps=10)["steps"] == 10  # 90 token-steps: fine
+
+
+# ---------------------------------------------------------------- the tab's handlers, no server
+
+@pytest.fixture
+def visitor(tiny_bert):
+    from bertdemo.config import Settings
+    from bertdemo.sessions import SessionStore
+    from bertdemo.ui.context import Visitor
+
+    return Visitor(SessionStore(tiny_bert), Settings(model=tiny_bert.name, device="cpu"), "s1")
+
+
+def test_layers_handler_plots_the_chosen_mask(visitor):
+    from bertdemo.ui.explain_tab import on_layers
+
+    heatmap, ranks, entries = on_layers(visitor, TWO, 2, 4)
+    assert entries == bertdemo.layer_predictions(visitor.lm, TWO, 4)
+    cells = heatmap.data[0].text  # layers x k token names, the final answer in bold
+    assert [c.replace("<b>", "").replace("</b>", "") for c in cells[-1]] == \
+        [p["token"] for p in entries[1]["layers"][-1]]
+    assert cells[-1][0] == f"<b>{entries[1]['final']['token']}</b>"
+    assert [list(t.y) for t in ranks.data] == [e["final_rank"] for e in entries]
+    assert ranks.layout.yaxis.type == "log"
+
+
+def test_saliency_handler_shows_attribution_beside_attention(visitor):
+    from bertdemo.attention_views import attention, mask_rows
+    from bertdemo.ui.explain_tab import on_saliency
+
+    note, coloured, result = on_saliency(visitor, TWO, "", 1, "integrated_gradients", 16, 0)
+    assert "convergence delta" in note
+    assert coloured.count('class="explain-token"') == 2 * len(result["tokens"])
+    att = mask_rows(attention(visitor.lm, TWO), 0)[0].mean(0)
+    for token, weight, value in zip(result["tokens"], att.tolist(), result["attributions"]):
+        assert f'title="{token}: {value:+.4f}"' in coloured and f'title="{token}: {weight:.4f}"' in coloured
+
+
+@pytest.mark.parametrize("args, words", [
+    ((TWO, 3, 5), "from 1 to 2"), ((TWO, 1, 51), "from 1 to 50"), (("No mask.", 1, 5), "No [MASK]")])
+def test_layers_handler_refuses_bad_input(visitor, args, words):
+    from bertdemo.ui.explain_tab import on_layers
+
+    with pytest.raises(ValueError, match=words.replace("[", r"\[")):
+        on_layers(visitor, *args)
+
+
+def test_saliency_handler_refuses_a_layer_the_model_lacks(visitor):
+    from bertdemo.ui.explain_tab import on_saliency
+
+    with pytest.raises(InputError, match="from 0 to 1") as err:
+        on_saliency(visitor, TEXT, "", 1, "gradient_x_input", 1, 2)
+    assert err.value.field == "layer"
+
+
+def test_tokens_are_escaped_in_the_page(real_vocab_bert):
+    from bertdemo.ui.explain_tab import token_rows
+
+    result = bertdemo.saliency(real_vocab_bert, "<script>alert(1)</script> is the [MASK].", steps=2)
+    page = token_rows(result, [0.1] * len(result["tokens"]), 0)
+    assert "<script>" not in page and ">&lt;</span>" in page and ">&gt;</span>" in page
