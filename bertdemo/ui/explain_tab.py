@@ -29,11 +29,11 @@ def render(ctx: AppContext) -> None:
     """Layout, then one line per event."""
     n_layers = _layer_count(ctx)
     gr.Markdown(INTRO)
-    text = gr.Textbox(label="Sentence with [MASK]s", value=EXAMPLES[0], lines=2,
+    text = gr.Textbox(label="Sentence to look inside (with [MASK]s)", value=EXAMPLES[0], lines=2,
                       info="Type [MASK] (any case) where a word is missing.")
     gr.Examples(EXAMPLES, inputs=text)
     with gr.Row():
-        mask_number = gr.Number(label="Mask number (1 = first)", value=1, precision=0, minimum=1)
+        mask_number = gr.Number(label="Which mask (1 = first)", value=1, precision=0, minimum=1)
         top_k = gr.Slider(1, 20, value=5, step=1, label="Tokens per layer")
     lens_btn, heatmap, ranks, lens_raw = _section_layers()
     target, method, steps, layer, why_btn, note, coloured, why_raw = _section_saliency(n_layers)
@@ -46,9 +46,8 @@ def render(ctx: AppContext) -> None:
 def _section_layers():
     gr.Markdown("### Layer by layer")
     button = gr.Button("Show predictions after each layer", variant="primary")
-    with gr.Row():
-        heatmap = gr.Plot(label="Top tokens after each layer, for the chosen mask")
-        ranks = gr.Plot(label="Rank of the final answer after each layer")
+    heatmap = gr.Plot(label="Top tokens after each layer, for the chosen mask")
+    ranks = gr.Plot(label="Rank of the final answer after each layer")
     gr.Markdown(f"*Caveat.* {explain.LENS_CAVEAT}")
     with gr.Accordion("Raw layer predictions (JSON)", open=False):
         raw = gr.JSON()
@@ -62,7 +61,7 @@ def _section_saliency(n_layers: int):
         method = gr.Radio([(label, key) for key, label in explain.METHODS.items()],
                           value="integrated_gradients", label="Method", scale=2)
         steps = gr.Slider(1, explain.MAX_STEPS, value=32, step=1, label="Integration steps", scale=2)
-        layer = gr.Slider(0, n_layers - 1, value=n_layers - 1, step=1, label="Attention layer (from 0)",
+        layer = gr.Slider(0, n_layers - 1, value=n_layers - 1, step=1, label="Attention from layer (0 = first)",
                           scale=2)
     button = gr.Button("Explain this mask", variant="primary")
     note = gr.Markdown()
@@ -89,7 +88,7 @@ def on_layers(visitor: Visitor, sentence, mask_number, top_k):
     entries = explain.layer_predictions(lm, sentence, k, max_masks=visitor.settings.max_masks)
     index = validate.whole_number(mask_number, "mask number", 1, len(entries),
                                   " (1 = the first [MASK])", field="mask") - 1
-    title = f"[MASK] {index + 1} in {lm.name}: top {k} after each layer (bold: the final answer)"
+    title = f"[MASK] {index + 1}, {lm.name}: top {k} after each layer (bold: the final answer)"
     return plots.layer_heatmap(entries[index], title), plots.final_rank_lines(entries), entries
 
 
