@@ -296,17 +296,23 @@ def final_rank_lines(entries: list[dict]) -> go.Figure:
     return fig
 
 
-def comparison_bars(mask: dict, names: list[str]) -> go.Figure:
-    """Both models' probabilities of each token of either top-k at one mask, side by side
-    (`explain.compare_predictions`' mask entry); hover gives the change."""
-    rows = mask["changes"]
-    labels = _unique_labels([_plotly_text(r["token"]) for r in rows])
-    fig = go.Figure()
-    for key, name in zip(("a", "b"), names):
-        fig.add_trace(go.Bar(x=labels, y=[r[key] for r in rows], name=_plotly_text(name),
-                             customdata=[r["change"] for r in rows],
-                             hovertemplate="%{x}: p = %{y:.4f}, change %{customdata:+.4f}<extra></extra>"))
-    fig.update_layout(barmode="group", title=f"[MASK] {mask['mask']}: both models", height=320,
-                      yaxis=dict(title="probability", tickformat=".0%"),
-                      legend=dict(orientation="h", y=-0.25), margin=dict(l=10, r=10, t=50, b=10))
+def comparison_bars(result: dict) -> go.Figure:
+    """Both models' probabilities of each token of either top-k, side by side, one row of bars
+    per mask (`explain.compare_predictions`' result); hover gives the change."""
+    masks, names = result["masks"], [_plotly_text(n) for n in result["models"]]
+    fig = make_subplots(rows=max(len(masks), 1), cols=1, vertical_spacing=0.3 / max(len(masks), 1),
+                        subplot_titles=[f"[MASK] {m['mask']}" for m in masks])
+    for row, mask in enumerate(masks, start=1):
+        labels = _unique_labels([_plotly_text(r["token"]) for r in mask["changes"]])
+        for key, name, colour in (("a", names[0], "#6366f1"), ("b", names[1], "#f59e0b")):
+            fig.add_trace(go.Bar(
+                x=labels, y=[r[key] for r in mask["changes"]], name=name, marker_color=colour,
+                legendgroup=key, showlegend=row == 1,
+                customdata=[r["change"] if r["change"] is not None else float("nan") for r in mask["changes"]],
+                hovertemplate=f"{name}<br>%{{x}}: p = %{{y:.4f}}, change %{{customdata:+.4f}}<extra></extra>"),
+                row=row, col=1)
+    fig.update_yaxes(title_text="probability", tickformat=".0%")
+    fig.update_layout(barmode="group", height=min(120 + 260 * len(masks), 2400),
+                      legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right"),
+                      margin=dict(l=10, r=10, t=60, b=10))
     return fig
