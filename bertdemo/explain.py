@@ -60,7 +60,8 @@ def _layer_probs(lm: LoadedModel, enc: Encoded) -> torch.Tensor:
     head = _require_head(lm)
     out = lm.model.base_model(**enc.inputs, output_hidden_states=True)
     states = torch.stack([h[0, enc.mask_positions] for h in out.hidden_states])  # (L+1, M, H)
-    return head(states).float().softmax(-1)
+    logits = head(states.flatten(0, 1)).float()  # ((L+1) * M, V): 2-D, the head's fast path
+    return logits.view(*states.shape[:2], -1).softmax(-1)
 
 
 def _top_k(lm: LoadedModel, ids: torch.Tensor, scores: torch.Tensor) -> list[dict]:
