@@ -88,7 +88,8 @@ def saliency(lm: LoadedModel, text: str, target: str | None = None, mask: int = 
     - "integrated_gradients": the baseline is the same sentence with every non-special token
       replaced by the pad token. [CLS], [SEP] and the [MASK]s stay, as do positions, so f(baseline)
       is the prediction with the context words removed, and the attributions share out exactly
-      f(x) - f(baseline) (Captum's `delta` is what is left over). Pad, not a zero vector: the
+      f(x) - f(baseline) up to `delta` = sum - (f(x) - f(baseline)), Captum's convergence
+      delta, computed from the two forwards already run. Pad, not a zero vector: the
       zero vector is no token the model has seen, and pad is the model's own "nothing here".
     - "gradient_x_input": d f / d embedding . embedding per token; one backward, no baseline,
       `delta` is None.
@@ -113,7 +114,9 @@ def saliency(lm: LoadedModel, text: str, target: str | None = None, mask: int = 
         baseline = embeddings(pad_baseline(lm, enc.input_ids))  # (1, T, H)
         before, after = score(torch.cat([inputs, baseline])).cpu()  # (V,) each
     chosen = _target(lm, text, mask - 1, target, int(before.argmax()))
-    attributions, delta = _attribute(score, inputs, baseline, chosen["token_id"], method, steps)
+    attributions = _attribute(score, inputs, baseline, chosen["token_id"], method, steps)
+    gap = float(before[chosen["token_id"]] - after[chosen["token_id"]])  # f(x) - f(baseline)
+    delta = float(attributions.sum()) - gap if method == "integrated_gradients" else None  # Captum's sign
     return {"tokens": lm.tokenizer.convert_ids_to_tokens(enc.input_ids[0].tolist()),
             "attributions": attributions.tolist(), "delta": delta, "method": method,
             "steps": steps if method == "integrated_gradients" else None, "mask": mask,
@@ -122,17 +125,16 @@ def saliency(lm: LoadedModel, text: str, target: str | None = None, mask: int = 
             "baseline_log_prob": float(after[chosen["token_id"]]) if method == "integrated_gradients" else None}
 
 
-def _attribute(score, inputs, baseline, token_id: int, method: str, steps: int):
-    """Per-token attributions (T,) and the convergence delta (None for gradient x input)."""
+def _attribute(score, inputs, baseline, token_id: int, method: str, steps: int) -> torch.Tensor:
+    """Per-token attributions (T,): Captum's per-dimension ones summed over the hidden size."""
     with torch.enable_grad():  # a caller's no_grad must not silence the gradients
         if method == "gradient_x_input":
             attr = InputXGradient(score).attribute(inputs.clone().requires_grad_(), target=token_id)
-            return attr[0].sum(-1).detach().cpu(), None
-        rows = max(1, min(steps, TOKENS_PER_BATCH // inputs.shape[1]))
-        attr, delta = IntegratedGradients(score).attribute(
-            inputs, baselines=baseline, target=token_id, n_steps=steps, internal_batch_size=rows,
-            return_convergence_delta=True)
-    return attr[0].sum(-1).detach().cpu(), float(delta[0])
+        else:
+            rows = max(1, min(steps, TOKENS_PER_BATCH // inputs.shape[1]))
+            attr = IntegratedGradients(score).attribute(
+                inputs, baselines=baseline, target=token_id, n_steps=steps, internal_batch_size=rows)
+    return attr[0].sum(-1).detach().double().cpu()
 
 
 def _mask_log_probs(lm: LoadedModel, position: int):

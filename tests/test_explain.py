@@ -108,6 +108,7 @@ def test_integrated_gradients_are_complete_at_64_steps(tiny_bert):
     assert abs(f_x - f_base) > 0.05  # a sentence where the context matters, or the check is empty
     assert abs(sum(result["attributions"]) - (f_x - f_base)) < 1e-3
     assert abs(result["delta"]) < 1e-3
+    assert result["delta"] == pytest.approx(sum(result["attributions"]) - (f_x - f_base), abs=1e-5)
     # [CLS], [SEP] and both masks are in the baseline too: nothing to attribute to them
     special = [i for i, t in enumerate(result["tokens"]) if t in {"[CLS]", "[SEP]", "[MASK]"}]
     assert len(special) == 4 and all(result["attributions"][i] == 0 for i in special)
