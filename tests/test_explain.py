@@ -115,11 +115,15 @@ def test_integrated_gradients_are_complete_at_64_steps(tiny_bert):
     assert len(result["attributions"]) == len(result["tokens"]) == ids.shape[1]
 
 
-def test_default_target_is_the_top_prediction(tiny_bert):
-    result = bertdemo.saliency(tiny_bert, TEXT, steps=8)
-    top = bertdemo.fill_mask(tiny_bert, TEXT, top_k=1)[0][0]
+@pytest.mark.parametrize("model", ["tiny_bert", "tiny_distilbert", "tiny_roberta"])
+def test_default_target_is_the_top_prediction(model, request):
+    """Also: the inputs_embeds path gives fill_mask's probability for every architecture."""
+    lm = request.getfixturevalue(model)
+    result = bertdemo.saliency(lm, TEXT, steps=8)
+    top = bertdemo.fill_mask(lm, TEXT, top_k=1)[0][0]
     assert result["target"]["token_id"] == top["token_id"] and result["note"] == ""
     assert abs(math.exp(result["log_prob"]) - top["score"]) < 1e-5
+    assert abs(result["delta"]) < 1e-2
 
 
 def test_gradient_x_input_matches_finite_differences(double_bert):
