@@ -14,9 +14,9 @@ import gradio as gr
 
 from bertdemo.config import Settings, parse_auth
 from bertdemo.models import load_allowed
-from bertdemo.sessions import ModelStore
-from bertdemo.ui import (about_tab, attention_tab, fillmask_tab, finetune_tab, masking_tab, model_picker,
-                         no_model_banner)
+from bertdemo.sessions import SessionStore
+from bertdemo.ui import (about_tab, attention_tab, explain_tab, fillmask_tab, finetune_tab, masking_tab,
+                         model_picker, no_model_banner)
 from bertdemo.ui.common import hide_paths, refuse_non_finite_numbers
 from bertdemo.ui.context import AppContext, Visitor, handler
 
@@ -30,7 +30,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     return Settings.from_flags(argv)
 
 
-def load_store(settings: Settings) -> ModelStore:
+def load_store(settings: Settings) -> SessionStore:
     """Load the base model; if that fails the app still starts and says why in the page (where a
     folder is named by its own name only: the log has the full path)."""
     limits = dict(max_tuned=settings.finetune_max_models,
@@ -40,12 +40,12 @@ def load_store(settings: Settings) -> ModelStore:
                             allow_pickle=settings.allow_pickle)
     except ValueError as err:
         log.error("%s", err)
-        return ModelStore(None, load_error=hide_paths(str(err) + no_model_banner.how_to_fix(settings)),
+        return SessionStore(None, load_error=hide_paths(str(err) + no_model_banner.how_to_fix(settings)),
                           **limits)
-    return ModelStore(base, **limits)
+    return SessionStore(base, **limits)
 
 
-def build_demo(settings: Settings, store: ModelStore | None = None) -> gr.Blocks:
+def build_demo(settings: Settings, store: SessionStore | None = None) -> gr.Blocks:
     """Compose the tabs into one Blocks app called `demo`."""
     ctx = AppContext(store or load_store(settings), settings)
     age = settings.download_max_age  # Gradio's copies of downloads: checked every minute or so
@@ -59,6 +59,8 @@ def build_demo(settings: Settings, store: ModelStore | None = None) -> gr.Blocks
             fillmask_tab.render(ctx)
         with gr.Tab("Attention"):
             attention_tab.render(ctx.store, ctx.settings)
+        with gr.Tab("Inside a prediction"):
+            explain_tab.render(ctx)
         with gr.Tab("Mask sampling"):
             masking_tab.render(ctx.store, ctx.settings)
         with gr.Tab("Fine-tune"):

@@ -228,7 +228,11 @@ def test_download_fetches_only_what_the_demo_loads(fake_hub_repo, tiny_bert_dir,
             (Path(local_dir) / name).write_bytes((fake_hub_repo / name).read_bytes())
         return str(local_dir)
 
+    def fake_list_repo_files(self, repo_id, *, revision=None, **kw):  # asked first (pickle-only check)
+        return [p.relative_to(fake_hub_repo).as_posix() for p in fake_hub_repo.rglob("*") if p.is_file()]
+
     monkeypatch.setattr("huggingface_hub.snapshot_download", fake_snapshot_download)
+    monkeypatch.setattr("huggingface_hub.HfApi.list_repo_files", fake_list_repo_files)
     target = tmp_path / "bert"
     assert bertdemo_cli(["download", "some-org/tiny-bert", "--dir", str(target), "--revision", "v1"]) == 0
     assert calls == [("some-org/tiny-bert", "v1", str(target))]

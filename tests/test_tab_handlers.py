@@ -6,7 +6,7 @@ import pytest
 
 import bertdemo
 from bertdemo.config import Settings
-from bertdemo.sessions import ModelStore
+from bertdemo.sessions import SessionStore
 from bertdemo.ui import about_tab, fillmask_tab, model_picker
 from bertdemo.ui.context import Visitor
 from bertdemo.ui.model_line import model_line
@@ -16,7 +16,7 @@ SENTENCE = "Paris is the [MASK] of France."
 
 @pytest.fixture
 def store(tiny_bert):
-    return ModelStore(tiny_bert, max_tuned=1)
+    return SessionStore(tiny_bert, max_tuned=1)
 
 
 @pytest.fixture
@@ -75,7 +75,7 @@ def test_a_too_long_sentence_says_how_long_and_the_limit(visitor):
 # --- model picker and the model line ------------------------------------------------------------
 
 def test_picking_a_model_changes_that_session_only(tiny_bert_dir, tiny_bert, tiny_distilbert):
-    store = ModelStore(tiny_bert)
+    store = SessionStore(tiny_bert)
     settings = Settings(model=str(tiny_bert_dir), models=tiny_distilbert.name, device="cpu")
     ann, bob = Visitor(store, settings, "ann"), Visitor(store, settings, "bob")
     distil = pathlib.Path(tiny_distilbert.name).name
@@ -104,7 +104,7 @@ def test_the_model_line_tells_each_state_of_the_tuned_model(store, tiny_bert, ti
 
 
 def test_without_a_model_every_line_says_why_and_how_to_fix():
-    store = ModelStore(None, load_error="Could not load 'x': pass --model /path/to/folder.")
+    store = SessionStore(None, load_error="Could not load 'x': pass --model /path/to/folder.")
     assert model_line(store, "s1") == "⚠️ Could not load 'x': pass --model /path/to/folder."
     assert model_line(store, None, "picker").startswith("⚠️ Could not load")
     assert model_line(store, None, "banner").startswith("### ⚠️ No model is loaded\nCould not load")
