@@ -18,7 +18,7 @@ import gradio as gr
 import bertdemo
 from bertdemo.config import Settings
 from bertdemo.models import load_allowed
-from bertdemo.sessions import ModelStore
+from bertdemo.sessions import SessionStore
 from bertdemo.ui import about_tab, attention_tab, fillmask_tab, finetune_tab, masking_tab, model_picker
 from bertdemo.ui.common import friendly_errors, hide_paths, refuse_non_finite_numbers
 
@@ -86,7 +86,7 @@ def parse_auth(value: str | None) -> tuple[str, str] | None:
     return (user, password) if sep and user and password else None
 
 
-def load_store(settings: Settings) -> ModelStore:
+def load_store(settings: Settings) -> SessionStore:
     """Load the base model; if that fails the app still starts and says why in the page (where a
     folder is named by its own name only: the log has the full path)."""
     limits = dict(max_tuned=settings.finetune_max_models,
@@ -96,8 +96,8 @@ def load_store(settings: Settings) -> ModelStore:
                             allow_pickle=settings.allow_pickle)
     except ValueError as err:
         log.error("%s", err)
-        return ModelStore(None, load_error=hide_paths(str(err) + _how_to_get_a_model(settings)), **limits)
-    return ModelStore(base, **limits)
+        return SessionStore(None, load_error=hide_paths(str(err) + _how_to_get_a_model(settings)), **limits)
+    return SessionStore(base, **limits)
 
 
 def _how_to_get_a_model(settings: Settings) -> str:
@@ -124,7 +124,7 @@ def load_minilm(settings: Settings) -> bertdemo.LoadedModel:
     return dataclasses.replace(lm, name=MINILM_NAME)
 
 
-def render_no_model_banner(store: ModelStore, settings: Settings, demo: gr.Blocks) -> None:
+def render_no_model_banner(store: SessionStore, settings: Settings, demo: gr.Blocks) -> None:
     """Shown only when the base model failed to load: why, how to fix, and (when the package is
     installed) one button that loads the packaged MiniLM for everyone. Visitors never choose a path."""
     banner = gr.Markdown(_banner_text(store))
@@ -143,7 +143,7 @@ def render_no_model_banner(store: ModelStore, settings: Settings, demo: gr.Block
     demo.load(refresh, None, [banner, button], api_visibility="private", queue=False)
 
 
-def _banner_text(store: ModelStore) -> str:
+def _banner_text(store: SessionStore) -> str:
     if store.base is None:
         return f"### ⚠️ No model is loaded\n{store.load_error}"
     if store.base.name == MINILM_NAME:
@@ -154,7 +154,7 @@ def _banner_text(store: ModelStore) -> str:
     return f"Model: **{store.base.name}**"
 
 
-def build_demo(settings: Settings, store: ModelStore | None = None) -> gr.Blocks:
+def build_demo(settings: Settings, store: SessionStore | None = None) -> gr.Blocks:
     """Compose the tabs into one Blocks app called `demo`."""
     store = store or load_store(settings)
     age = settings.download_max_age  # Gradio's copies of downloads: checked every minute or so

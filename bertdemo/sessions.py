@@ -33,7 +33,7 @@ class _Session:
     base: LoadedModel | None = None  # the base model it picked; None: the app's
 
 
-class ModelStore:
+class SessionStore:
     """The base model (shared, read-only) plus per-session tuned models, keyed by session id."""
 
     def __init__(self, base: LoadedModel | None, load_error: str | None = None,

@@ -18,7 +18,7 @@ import tiny_models
 from bertdemo import models
 from bertdemo.config import DEFAULT_MODEL, Settings
 from bertdemo.models import LoadedModel
-from bertdemo.sessions import ModelStore
+from bertdemo.sessions import SessionStore
 
 SENTENCE = "Paris is the [MASK] of France."
 
@@ -113,7 +113,7 @@ def fake(name: str) -> LoadedModel:
 
 
 def test_a_session_picks_its_base_and_its_tuned_model_in_use_still_wins():
-    store = ModelStore(fake("base"))
+    store = SessionStore(fake("base"))
     other, tuned, third = fake("other"), fake("tuned"), fake("third")
     store.choose_base("a", other)
     assert store.for_session("a") is other and store.base_for("a") is other

@@ -7,7 +7,7 @@ from playwright.sync_api import expect
 
 import bertdemo
 from bertdemo.config import Settings
-from bertdemo.sessions import ModelStore
+from bertdemo.sessions import SessionStore
 from bertdemo.ui import attention_tab
 from conftest import launch
 
@@ -57,7 +57,7 @@ def test_downloaded_view_works_without_any_server(page, app_url, tmp_path):
 @pytest.fixture(scope="module")
 def real_vocab_url(real_vocab_bert):
     """The attention tab alone, over a model whose vocab keeps `<`, `>`, `/`, `=` and quotes."""
-    demo = attention_tab.create_demo(ModelStore(real_vocab_bert), Settings(device="cpu"))
+    demo = attention_tab.create_demo(SessionStore(real_vocab_bert), Settings(device="cpu"))
     yield launch(demo)
     demo.close()
 

@@ -15,7 +15,7 @@ from gradio_client import Client
 import app
 from bertdemo.attention_views import VENDORED, Attention, bertviz_html
 from bertdemo.config import Settings
-from bertdemo.sessions import ModelStore
+from bertdemo.sessions import SessionStore
 
 FT_TEXT = "Paris is the capital of France.\nThe Eiffel Tower is a famous landmark."
 
@@ -86,7 +86,7 @@ def wait_for(condition, timeout_s: float) -> bool:
 
 
 def test_downloads_past_the_cap_delete_the_least_recent_sessions_files():
-    store = ModelStore(None, max_download_bytes=1_000)
+    store = SessionStore(None, max_download_bytes=1_000)
     first = store.session_dir("a")
     (first / "model.zip").write_bytes(b"x" * 800)
     second = store.session_dir("b")

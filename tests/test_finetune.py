@@ -66,9 +66,9 @@ def test_should_stop_ends_the_run_within_one_step(tiny_bert):
 
 
 def test_stop_flag_of_the_store_stops_a_running_fine_tune(tiny_bert):
-    from bertdemo.sessions import ModelStore
+    from bertdemo.sessions import SessionStore
 
-    store = ModelStore(tiny_bert)
+    store = SessionStore(tiny_bert)
     flag = store.reserve_run("alice")
 
     def press_stop_at_step_2(event):
@@ -245,11 +245,11 @@ def tuning_app(tiny_bert_dir):
     from conftest import launch
 
     from bertdemo.config import Settings
-    from bertdemo.sessions import ModelStore
+    from bertdemo.sessions import SessionStore
 
     settings = Settings(model=str(tiny_bert_dir), device="cpu", finetune_max_steps=20,
                         finetune_max_chars=2_000, finetune_max_models=2)
-    store = ModelStore(bertdemo.load(str(tiny_bert_dir), device="cpu"), max_tuned=2)
+    store = SessionStore(bertdemo.load(str(tiny_bert_dir), device="cpu"), max_tuned=2)
     demo = app.build_demo(settings, store)
     url = launch(demo)
     yield url, store
@@ -355,10 +355,10 @@ def test_second_run_of_the_same_person_is_refused_and_stop_without_run_is_harmle
 
 
 def test_stopped_run_replaces_a_good_model_only_when_asked(tiny_bert):
-    from bertdemo.sessions import ModelStore
+    from bertdemo.sessions import SessionStore
     from bertdemo.ui.finetune_tab import _keep_or_discard
 
-    store, limits = ModelStore(tiny_bert), Limits()
+    store, limits = SessionStore(tiny_bert), Limits()
     good, _ = run(tiny_bert, steps=2)
     store.put_tuned("a", good)
     seen = []
@@ -376,10 +376,10 @@ def test_stopped_run_replaces_a_good_model_only_when_asked(tiny_bert):
 
 def test_the_tab_runs_on_its_own_with_its_endpoints(tiny_bert):
     from bertdemo.config import Settings
-    from bertdemo.sessions import ModelStore
+    from bertdemo.sessions import SessionStore
     from bertdemo.ui import finetune_tab
 
-    demo = finetune_tab.create_demo(ModelStore(tiny_bert), Settings())
+    demo = finetune_tab.create_demo(SessionStore(tiny_bert), Settings())
     names = {fn.api_name for fn in demo.fns.values()}
     assert {"finetune", "stop_finetune", "compare_masking", "use_tuned", "use_base",
             "download_tuned", "suggest_probes"} <= names

@@ -22,7 +22,7 @@ import tiny_models
 from bertdemo.attention_views import view
 from bertdemo.config import Settings
 from bertdemo.models import LoadedModel
-from bertdemo.sessions import ModelStore
+from bertdemo.sessions import SessionStore
 
 SENTENCE = "Paris is the [MASK] of France."
 TEXT = "\n".join(tiny_models.SENTENCES * 3)
@@ -165,7 +165,7 @@ def test_closing_the_tab_mid_finetune_stops_it_and_frees_the_model_and_files(sha
 
 
 def test_a_run_that_ends_after_its_tab_closed_keeps_nothing(tiny_bert):
-    store = ModelStore(tiny_bert)
+    store = SessionStore(tiny_bert)
     flag = store.reserve_run("gone")
     store.drop("gone")  # the tab closes while the run is on its last step
     assert flag.is_set()

@@ -1,4 +1,4 @@
-"""ModelStore: each session's own tuned model, LRU eviction under a cap, one run per session."""
+"""SessionStore: each session's own tuned model, LRU eviction under a cap, one run per session."""
 import gc
 import weakref
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from bertdemo.models import LoadedModel
-from bertdemo.sessions import ModelStore
+from bertdemo.sessions import SessionStore
 
 
 class Weights(torch.nn.Linear):  # stands in for a model: only its identity and lifetime matter
@@ -20,7 +20,7 @@ def fake_model(name: str) -> LoadedModel:
 
 @pytest.fixture
 def store():
-    return ModelStore(fake_model("base"), max_tuned=2)
+    return SessionStore(fake_model("base"), max_tuned=2)
 
 
 def test_tuned_model_is_used_only_by_its_session_after_switching(store):
@@ -104,8 +104,8 @@ def test_session_dirs_are_separate(store):
 
 
 def test_no_base_model_gives_the_load_error():
-    store = ModelStore(None, load_error="could not load: pass --model")
+    store = SessionStore(None, load_error="could not load: pass --model")
     with pytest.raises(ValueError, match="could not load"):
         store.for_session("a")
     with pytest.raises(ValueError, match="at least 1"):
-        ModelStore(None, max_tuned=0)
+        SessionStore(None, max_tuned=0)

@@ -12,7 +12,7 @@ from .. import plots
 from ..attention_views import (VENDOR_DIR, VIEWS, Attention, attention, bertviz_html, default_selection,
                          mask_rows, served_urls, srcdoc_iframe, standalone, view, view_height)
 from ..config import Settings
-from ..sessions import ModelStore
+from ..sessions import SessionStore
 from .common import friendly_errors, session_id
 
 EXAMPLES = [
@@ -50,7 +50,7 @@ _EXPORT_MAX_AGE_S = 3600
 _served = False
 
 
-def render(store: ModelStore, settings: Settings) -> None:
+def render(store: SessionStore, settings: Settings) -> None:
     """Build the tab's components and events inside the current Blocks/Tab context."""
     _serve_vendored_scripts()
     n_layers, n_heads = _model_shape(store)
@@ -135,7 +135,7 @@ def render(store: ModelStore, settings: Settings) -> None:
           [mask_grid, mask_preds, mask_note], api_visibility="private", trigger_mode="always_last")
 
 
-def create_demo(store: ModelStore, settings: Settings) -> gr.Blocks:
+def create_demo(store: SessionStore, settings: Settings) -> gr.Blocks:
     """The tab on its own, for running or testing it alone."""
     with gr.Blocks(title="bertdemo: attention") as demo:
         render(store, settings)
@@ -150,7 +150,7 @@ def _serve_vendored_scripts() -> None:
         _served = True
 
 
-def _model_shape(store: ModelStore) -> tuple[int, int]:
+def _model_shape(store: SessionStore) -> tuple[int, int]:
     """(layers, heads) of the base model, for the controls; bert-base's 12 x 12 if none loaded."""
     config = getattr(getattr(store.base, "model", None), "config", None)
     return (getattr(config, "num_hidden_layers", None) or getattr(config, "n_layers", None) or 12,

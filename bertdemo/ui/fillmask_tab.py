@@ -7,7 +7,7 @@ from .. import fillmask, plots
 from ..batching import MicroBatcher
 from ..config import Settings
 from ..models import USER_MASK_RE
-from ..sessions import ModelStore
+from ..sessions import SessionStore
 from .common import friendly_errors, session_id
 
 EXAMPLES = [  # the seed article's three sentences first
@@ -25,7 +25,7 @@ whole word, not just its first piece. The *pipeline-style* column is what
 single mask, which overrates long words that start with a common piece."""
 
 
-def render(store: ModelStore, settings: Settings) -> None:
+def render(store: SessionStore, settings: Settings) -> None:
     """Build the tab's components and events inside the current Blocks/Tab context."""
     tab = get_render_context()
     model_info = gr.Markdown(_model_line(store, None))
@@ -123,14 +123,14 @@ def render(store: ModelStore, settings: Settings) -> None:
         tab.select(on_show, None, model_info, api_visibility="private", queue=False)
 
 
-def create_demo(store: ModelStore, settings: Settings) -> gr.Blocks:
+def create_demo(store: SessionStore, settings: Settings) -> gr.Blocks:
     """The tab on its own, for running or testing it alone."""
     with gr.Blocks(title="bertdemo: fill mask") as demo:
         render(store, settings)
     return demo
 
 
-def _model_line(store: ModelStore, request) -> str:
+def _model_line(store: SessionStore, request) -> str:
     try:
         lm = store.for_session(session_id(request))
     except ValueError as err:

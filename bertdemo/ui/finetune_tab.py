@@ -17,7 +17,7 @@ from .. import plots
 from ..config import Settings
 from ..training import (MASKINGS, History, Limits, SettingError, check_settings, compare_masking,
                         compare_probes, default_probes, finetune, prepare_text, save_zip)
-from ..sessions import ModelStore
+from ..sessions import SessionStore
 from .common import friendly_errors, session_id
 
 EXAMPLE_TEXT = """Paris is the capital of France.
@@ -46,7 +46,7 @@ STOPPED_NOTE = {
 }
 
 
-def render(store: ModelStore, settings: Settings) -> None:
+def render(store: SessionStore, settings: Settings) -> None:
     """Build the tab's components and events inside the current Blocks/Tab context."""
     limits = limits_from(settings)
     gr.Markdown(INTRO)
@@ -221,7 +221,7 @@ def render(store: ModelStore, settings: Settings) -> None:
     suggest.click(on_suggest, text, probes, api_name="suggest_probes", queue=False)
 
 
-def create_demo(store: ModelStore, settings: Settings) -> gr.Blocks:
+def create_demo(store: SessionStore, settings: Settings) -> gr.Blocks:
     """The tab on its own, for running or testing it alone."""
     with gr.Blocks(title="bertdemo: fine-tune") as demo:
         render(store, settings)
@@ -320,7 +320,7 @@ def _probe_list(probes_text: str | None, text: str) -> list[str]:
 
 # ---------------------------------------------------------------- results
 
-def _keep_or_discard(store: ModelStore, sid, tuned, history, keep_partial: bool,
+def _keep_or_discard(store: SessionStore, sid, tuned, history, keep_partial: bool,
                      limits: Limits) -> str:
     """Store the run's model as the session's tuned model, or say why it was not."""
     done = len(history.steps)
@@ -391,7 +391,7 @@ def _compare_status(histories: dict, limits: Limits) -> str:
     return "\n".join(lines)
 
 
-def _active_line(store: ModelStore, sid) -> str:
+def _active_line(store: SessionStore, sid) -> str:
     try:
         base = store.base_for(sid)
     except ValueError as err:

@@ -8,7 +8,7 @@ import pandas as pd
 
 from .. import masking, plots
 from ..config import Settings
-from ..sessions import ModelStore
+from ..sessions import SessionStore
 from .common import friendly_errors, session_id
 from .finetune_tab import limits_from
 
@@ -47,7 +47,7 @@ fixed, properly masked copies of the text (with fewer than 4 sentences these are
 sentences themselves). The models are not kept."""
 
 
-def render(store: ModelStore, settings: Settings) -> None:
+def render(store: SessionStore, settings: Settings) -> None:
     """Build the tab's components and events inside the current Blocks/Tab context."""
     gr.Markdown(INTRO)
     text = gr.Textbox(label="Text", value=EXAMPLES[0], lines=2,
@@ -181,7 +181,7 @@ def render(store: ModelStore, settings: Settings) -> None:
                           concurrency_limit=settings.finetune_concurrency)
 
 
-def create_demo(store: ModelStore, settings: Settings) -> gr.Blocks:
+def create_demo(store: SessionStore, settings: Settings) -> gr.Blocks:
     """The tab on its own, for running or testing it alone."""
     with gr.Blocks(title="bertdemo: mask sampling") as demo:
         render(store, settings)

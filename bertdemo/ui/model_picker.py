@@ -6,13 +6,13 @@ import gradio as gr
 
 from ..config import Settings
 from ..models import LoadedModel, allowed_choices, allowed_entry, load_allowed
-from ..sessions import ModelStore
+from ..sessions import SessionStore
 from .common import friendly_errors, session_id
 
 log = logging.getLogger("bertdemo")
 
 
-def render(store: ModelStore, settings: Settings) -> None:
+def render(store: SessionStore, settings: Settings) -> None:
     """Build the picker inside the current Blocks context."""
     names = list(allowed_choices(settings.allowed_models))
     offers = (f"This server offers {len(names)} models; your choice applies to your browser "
@@ -33,14 +33,14 @@ def render(store: ModelStore, settings: Settings) -> None:
                  concurrency_limit=1)
 
 
-def create_demo(store: ModelStore, settings: Settings) -> gr.Blocks:
+def create_demo(store: SessionStore, settings: Settings) -> gr.Blocks:
     """The picker on its own, for running or testing it alone."""
     with gr.Blocks(title="bertdemo: model picker") as demo:
         render(store, settings)
     return demo
 
 
-def pick(store: ModelStore, settings: Settings, choice) -> LoadedModel:
+def pick(store: SessionStore, settings: Settings, choice) -> LoadedModel:
     """The model `choice` names, if the operator offers it. The app's own model is the store's
     (so its load error is reported, not retried on every visitor's pick)."""
     if allowed_entry(choice, settings.allowed_models) == settings.model:
@@ -52,7 +52,7 @@ def pick(store: ModelStore, settings: Settings, choice) -> LoadedModel:
         raise
 
 
-def active_note(store: ModelStore, sid: str | None) -> str:
+def active_note(store: SessionStore, sid: str | None) -> str:
     base = store.base_for(sid)
     if store.using_tuned(sid):
         return (f"Your tuned model stays in use in every tab until you press “Back to the base "
