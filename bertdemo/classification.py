@@ -302,7 +302,8 @@ def train_classifier(lm: LoadedModel, examples, *, epochs: int = 3, lr: float = 
     on_step(event): {"kind": "step", "step", "steps", "loss", "lr", "elapsed"} after each step and
     {"kind": "eval", "step", "loss", "accuracy", "macro_f1"} on the held-out examples before
     training (step 0, the untrained head), every `eval_every` steps (default: ten times a run) and
-    at the end. should_stop(): asked before each step; True ends the run there ("stopped").
+    at the end. should_stop(): asked before each step; True ends the run there ("stopped", or its
+    `.reason` when it has one, as `runs.StopCheck` has).
     The run also ends at `limits.max_seconds` ("time limit") or on a non-finite loss ("diverged").
     Same seed, examples and settings: same split, head, batches, dropout and history (dropout uses
     torch's global generator, seeded here and restored afterwards).
@@ -401,7 +402,7 @@ class _Loop:
 
 def _why_stop(should_stop: Callable | None, elapsed: float, max_seconds: float) -> str | None:
     if should_stop is not None and should_stop():
-        return "stopped"
+        return getattr(should_stop, "reason", None) or "stopped"  # runs.StopCheck says why
     if elapsed > max_seconds:
         return "time limit"
     return None

@@ -25,6 +25,7 @@ class Settings:
     finetune_max_seconds: int = 120  # wall-clock limit per run; the loop stops cleanly there
     finetune_max_models: int = 8  # tuned models kept in memory; the least recently used is evicted
     finetune_concurrency: int = 1  # fine-tunes running at once; the others wait in the queue
+    classify_max_examples: int = 2000  # most labelled examples per classifier run (its other caps: finetune_*)
     queue_size: int = 64  # most requests waiting in the queue; past it new ones are refused
     max_sessions: int = 1000  # sessions whose page state Gradio keeps (~0.3 MB each); the oldest go first
     download_max_mb: int = 2048  # downloads kept on disk; past it the least recent sessions' are deleted

@@ -166,6 +166,7 @@ def test_the_split_is_stratified_and_fixed_by_the_seed():
     assert any(stratified_split(examples, seed=s).held_out != split.held_out for s in range(1, 5))
 
 
+@pytest.mark.slow  # importing scikit-learn takes seconds
 def test_macro_f1_matches_scikit_learn():
     metrics = pytest.importorskip("sklearn.metrics")
     generator = torch.Generator().manual_seed(0)
@@ -263,6 +264,7 @@ def test_the_mlm_head_on_an_untrained_copy_of_the_body_scores_like_the_model(tin
     assert mlm_loss(tiny_bert, rows, copy_of_body) == pytest.approx(mlm_loss(tiny_bert, rows), abs=1e-6)
 
 
+@pytest.mark.slow
 def test_a_higher_lr_forgets_more_of_the_mlm(tiny_bert):
     """Forgetting, measured: a tiny BERT first MLM-trained on the task's text (so its head means
     something); classification at a high lr raises its MLM loss more than at a low lr."""
