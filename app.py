@@ -19,7 +19,8 @@ import bertdemo
 from bertdemo.config import Settings
 from bertdemo.models import load_allowed
 from bertdemo.sessions import SessionStore
-from bertdemo.ui import about_tab, attention_tab, fillmask_tab, finetune_tab, masking_tab, model_picker
+from bertdemo.ui import about_tab, attention_tab, classify_tab, fillmask_tab, finetune_tab, masking_tab, model_picker
+from bertdemo.ui.context import AppContext
 from bertdemo.ui.common import friendly_errors, hide_paths, refuse_non_finite_numbers
 
 log = logging.getLogger("bertdemo")
@@ -172,6 +173,8 @@ def build_demo(settings: Settings, store: SessionStore | None = None) -> gr.Bloc
             masking_tab.render(store, settings)
         with gr.Tab("Fine-tune"):
             finetune_tab.render(store, settings)
+        with gr.Tab("Classify"):
+            classify_tab.render(AppContext(store, settings))
         with gr.Tab("About"):
             about_tab.render(store, settings)
 

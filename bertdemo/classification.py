@@ -34,7 +34,7 @@ from transformers import AutoModelForSequenceClassification, DataCollatorWithPad
 
 from . import validate
 from .models import LoadedModel
-from .training import (Limits, autocast, eval_copies, evaluate, fixed_rows, linear_schedule,
+from .training import (Limits, autocast, eval_copies, evaluate, finetune, fixed_rows, linear_schedule,
                        make_optimizer, mlm_collator, pack, save_zip)
 
 LABEL_MAX_CHARS = 64
@@ -554,15 +554,27 @@ def lr_sweep(lm: LoadedModel, examples, lrs=DEFAULT_SWEEP_LRS, *,
     return sweep
 
 
-def adapt_then_classify(base: LoadedModel, adapted: LoadedModel, examples, *,
+def adapt_then_classify(base: LoadedModel, adapted: LoadedModel | None, examples, *,
+                        mlm_steps: int = 60, mlm_lr: float = 5e-5,
                         on_step: Callable[[dict], None] | None = None,
                         should_stop: Callable[[], bool] | None = None,
                         **settings) -> dict[str, ClassifyHistory]:
     """The same classifier (seed, split, head initialisation, batches, steps) trained from the
-    base body and from an MLM-adapted body (e.g. `finetune`'s output on domain text): does
-    domain-adaptive MLM before the task help (Gururangan et al. 2020)? Returns
-    {"base": ClassifyHistory, "adapted": ClassifyHistory}; events carry "run"."""
-    if base.tokenizer.get_vocab() != adapted.tokenizer.get_vocab():
+    base body and from an MLM-adapted body: does masked-LM training on the domain before the task
+    help (Gururangan et al. 2020, *Don't Stop Pretraining*)? `adapted`: e.g. `finetune`'s output on
+    domain text; None adapts a copy of `base` on the examples' own texts first (`mlm_steps` MLM
+    steps at `mlm_lr`: the paper's task-adaptive pretraining). Returns {"base": ClassifyHistory,
+    "adapted": ClassifyHistory} (fewer if stopped); events carry "run" ("adapting", "base",
+    "adapted")."""
+    limits = settings.get("limits") or ClassifyLimits()
+    examples = check_examples(examples, limits)
+    if adapted is None:
+        adapted, mlm = finetune(base, [t for t, _ in examples], steps=min(mlm_steps, limits.max_steps),
+                                lr=mlm_lr, seed=settings.get("seed", 0), limits=limits,
+                                on_step=_tagged(on_step, "adapting"), should_stop=should_stop)
+        if mlm.stopped:
+            return {}
+    elif base.tokenizer is not adapted.tokenizer and base.tokenizer.get_vocab() != adapted.tokenizer.get_vocab():
         raise ValueError("The adapted model has another vocabulary than the base: adapt the same "
                          "base model you classify with.")
     histories = {}

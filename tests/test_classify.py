@@ -292,6 +292,15 @@ def test_adapt_then_classify_trains_the_same_run_from_both_bodies(tiny_bert):
     assert runs["adapted"].steps[0]["loss"] != runs["base"].steps[0]["loss"]
 
 
+def test_without_a_tuned_model_adapt_first_mlm_tunes_on_the_examples_texts(tiny_bert):
+    events = []
+    runs = bertdemo.adapt_then_classify(tiny_bert, None, keyword_task(), mlm_steps=5, on_step=events.append,
+                                        **dict(FAST, epochs=1))
+    assert [e["run"] for e in events if e["kind"] == "step"][:5] == ["adapting"] * 5
+    assert runs.keys() == {"base", "adapted"}
+    assert runs["adapted"].steps[0]["loss"] != runs["base"].steps[0]["loss"]
+
+
 # ---------------------------------------------------------------- real weights
 
 TOPICS = {
@@ -336,3 +345,74 @@ def test_real_minilm_weights_classify_unseen_sentences():
     correct = sum(max(p, key=p.get) == label for p, (_, label) in zip(results, unseen))
     assert correct / len(unseen) >= 0.9, (correct, history.after)
     assert history.after["accuracy"] > history.before["accuracy"]
+
+
+# ---------------------------------------------------------------- the tab's handlers, no server
+
+@pytest.fixture
+def visitor(tiny_bert):
+    from bertdemo.config import Settings
+    from bertdemo.sessions import SessionStore
+    from bertdemo.ui.context import Visitor
+
+    return Visitor(SessionStore(tiny_bert), Settings(model="tiny", device="cpu"), "s1")
+
+
+def table(examples) -> list[list[str]]:
+    return [list(pair) for pair in examples]
+
+
+def test_the_tab_trains_from_the_table_keeps_the_classifier_and_uses_it(visitor, tmp_path):
+    from bertdemo.ui import classify_tab as tab
+
+    with pytest.raises(ValueError, match="no classifier yet"):
+        tab.on_classify(visitor, "the dog")
+    rows = table(keyword_task()) + [["", ""], ["  ", None]]  # rows added and left blank are ignored
+    outputs = list(tab.on_train(visitor, rows, 10, 3e-3, 8, False, 0, progress=lambda *a, **k: None))
+    status, curve, scores, confusion, predictions = outputs[-1]
+    assert "**Done**: 40 steps" in status and "held-out accuracy 50% →" in status
+    assert scores["held-out"].tolist()[:3] == ["loss (cross-entropy)", "accuracy", "macro-F1"]
+    assert sum(map(sum, confusion.data[0].z)) == len(predictions) == 6
+    assert list(confusion.data[0].x) == ["animal", "place"]
+    assert predictions[""].tolist() == sorted(predictions[""].tolist(), key=lambda mark: mark == "✓")
+    classified = tab.on_classify(visitor, "the dog is very big\n\nparis is new and red")
+    assert classified["label"].tolist() == ["animal", "place"]
+    archive = tab.on_download(visitor)
+    assert zipfile.ZipFile(archive).read("config.json")
+    assert tab.on_stop(visitor).startswith("Nothing is running")
+
+
+def test_the_tab_loads_bundled_and_uploaded_examples(visitor, tmp_path):
+    from bertdemo.ui import classify_tab as tab
+
+    for name in tab.EXAMPLE_SETS:
+        rows = tab.on_example(visitor, name)
+        assert len(check_examples(tab.table_rows(rows))) == len(rows) >= 20
+    upload = tmp_path / "mine.tsv"
+    upload.write_text("text\tlabel\na dog\tanimal\nparis\tplace\n", encoding="utf-8")
+    assert tab.on_upload(visitor, str(upload)) == [["a dog", "animal"], ["paris", "place"]]
+    upload.write_bytes(b"caf\xe9,x\n")
+    with pytest.raises(ValueError, match="not UTF-8"):
+        tab.on_upload(visitor, str(upload))
+    upload.write_text("a,b\n" * 30_000)
+    with pytest.raises(ValueError, match="bytes; at most 80,000"):
+        tab.on_upload(visitor, str(upload))
+    with pytest.raises(ValueError, match="Pick one of"):
+        tab.on_example(visitor, "bogus")
+
+
+def test_the_validator_puts_the_message_beside_the_field_and_claims_one_run(visitor):
+    from bertdemo.ui import classify_tab as tab
+    from bertdemo.ui.context import AppContext
+
+    ctx = AppContext(visitor.store, visitor.settings)
+    check = tab.train_validator(ctx)
+    request = type("Request", (), {"session_hash": "s2"})()
+    good = [table(keyword_task(4)), 3, 2e-5, 8, False, 0]
+    bad_table = check(table(keyword_task(4))[:4], *good[1:], request=request)
+    assert not bad_table[0]["is_valid"] and "only the label 'animal'" in bad_table[0]["message"]
+    bad_lr = check(*good[:2], math.nan, *good[3:], request=request)
+    assert [v["is_valid"] for v in bad_lr] == [True, True, False, True, True, True]
+    assert all(v["is_valid"] for v in check(*good, request=request))
+    again = check(*good, request=request)  # a second run of the same session, while one is queued
+    assert not again[0]["is_valid"] and "already" in again[0]["message"]

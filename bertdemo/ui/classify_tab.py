@@ -42,10 +42,13 @@ fixed masks of your text under the original MLM head; right is more forgetting).
 only for a model whose MLM head is trained** (bert-base and other masked LMs). The bundled
 MiniLM body has a random MLM head: its MLM loss is high before and after, so this plot says
 nothing there."""
-ADAPT_NOTE = """Domain-adaptive pre-training (Gururangan et al. 2020, *Don't Stop Pretraining*):
-first fine-tune the model with MLM on text from your domain (the **Fine-tune** tab), then train
-the classifier. This trains the same classifier (seed, split, head initialisation, batches and
-steps) from the base body and from your MLM-tuned body, and overlays them."""
+ADAPT_NOTE = """Don't stop pretraining (Gururangan et al. 2020): first train the model with MLM on
+text from your domain, then train the classifier. This trains the same classifier (seed, split,
+head initialisation, batches and steps) from the base body and from an MLM-adapted body, and
+overlays them. The adapted body is your tuned model from the **Fine-tune** tab (domain-adaptive);
+if you have none, a copy of the base is first MLM-tuned for {steps} steps on your examples' own
+texts (task-adaptive)."""
+ADAPT_MLM_STEPS = 60
 STOPPED = {"stopped": "you pressed Stop", "time limit": "it reached the time limit of {seconds} s",
            "diverged": "the loss became infinite or NaN (try a smaller learning rate)"}
 
@@ -73,7 +76,7 @@ def render(ctx: AppContext) -> None:
     sweep["run"].click(handler(ctx, on_sweep), sweep_form, sweep["outputs"], api_name="forgetting_sweep",
                        validator=sweep_validator(ctx), **heavy)
     adapt["run"].click(handler(ctx, on_adapt), form, adapt["outputs"], api_name="adapt_then_classify",
-                       validator=adapt_validator(ctx), **heavy)
+                       validator=train_validator(ctx), **heavy)
 
 
 # ---------------------------------------------------------------- layout sections
@@ -84,7 +87,7 @@ def _section_data(limits: ClassifyLimits) -> dict:
         load = gr.Button("Load these examples", scale=1)
         upload = gr.UploadButton("Upload CSV/TSV (text,label)", file_types=[".csv", ".tsv", ".txt"], scale=1)
     table = gr.Dataframe(example_rows(FIRST_EXAMPLE), headers=COLUMNS, datatype=["str", "str"],
-                         column_count=2, column_limits=(2, 2), type="array", interactive=True,
+                         column_count=2, type="array", interactive=True,
                          label=f"Labelled examples: text, label (at most {limits.max_examples:,} rows "
                                f"and {limits.max_chars:,} characters; texts past {MAX_TOKENS} tokens are cut)",
                          max_height=320, wrap=True, elem_id="classify-table")
@@ -142,7 +145,7 @@ def _section_forgetting() -> dict:
 
 def _section_adapt() -> dict:
     with gr.Accordion("Adapt, then classify: does MLM on your domain help?", open=False):
-        gr.Markdown(ADAPT_NOTE)
+        gr.Markdown(ADAPT_NOTE.format(steps=ADAPT_MLM_STEPS))
         run = gr.Button("Train from the base and from my MLM-tuned model")
         status = gr.Markdown()
         plot = gr.Plot(label="Base body vs MLM-adapted body, overlaid")
@@ -199,14 +202,6 @@ def on_train(visitor: Visitor, examples, epochs, learning_rate, batch_size, free
            predictions_frame(history))
 
 
-def _tuned_model(visitor: Visitor):
-    tuned = visitor.store.tuned(visitor.session)
-    if tuned is None:
-        raise ValueError("You have no MLM-tuned model: fine-tune one on text from your domain in the "
-                         "Fine-tune tab first, then come back.")
-    return tuned
-
-
 def on_stop(visitor: Visitor) -> str:
     if _request_stop(visitor):
         return "Stopping after the current step…"
@@ -254,21 +249,29 @@ def on_sweep(visitor: Visitor, examples, epochs, batch_size, seed, progress=gr.P
 
 def on_adapt(visitor: Visitor, examples, epochs, learning_rate, batch_size, freeze_body, seed,
              progress=gr.Progress()):
-    """Base body vs this session's MLM-tuned body; streams (status, plot, table)."""
-    base, tuned = visitor.store.base_for(visitor.session), _tuned_model(visitor)
+    """Base body vs this session's MLM-tuned body (or one MLM-tuned on the examples' texts first);
+    streams (status, plot, table)."""
+    base, tuned = visitor.store.base_for(visitor.session), visitor.store.tuned(visitor.session)
     limits = limits_from(visitor.settings)
     pairs = check_examples(table_rows(examples), limits)
     opts = check_options(epochs=epochs, lr=learning_rate, batch_size=batch_size, seed=seed,
                          freeze_body=freeze_body, limits=limits)
-    job = lambda emit, stop: adapt_then_classify(base, tuned, pairs, on_step=emit,  # noqa: E731
-                                                 should_stop=stop, limits=limits, **opts)
+    job = lambda emit, stop: adapt_then_classify(  # noqa: E731
+        base, tuned, pairs, mlm_steps=ADAPT_MLM_STEPS, on_step=emit, should_stop=stop, limits=limits, **opts)
     events: dict = {"steps": [], "evals": []}
-    for result in _run(visitor, job, events, progress, runs_in_job=2):
+    for result in _run(visitor, job, events, progress, runs_in_job=3):
         if result is None:
-            yield f"Training from the {events['run']} body… {_live_status(events)}", gr.skip(), gr.skip()
+            doing = ("MLM-adapting a copy of the base on your examples' texts…" if events["run"] == "adapting"
+                     else f"Training the classifier from the {events['run']} body…")
+            yield f"{doing} {_live_status(events)}", gr.skip(), gr.skip()
+    if not result:
+        yield "Stopped while adapting: nothing to compare.", None, None
+        return
     runs = {f"{run} body": vars(h) for run, h in result.items()}
     planned = next(iter(result.values())).planned_steps
-    yield _adapt_status(result), plots.classifier_curves(runs, planned), adapt_frame(result)
+    adapted_by = ("your tuned model from the Fine-tune tab" if tuned is not None
+                  else f"{ADAPT_MLM_STEPS} MLM steps on your examples' texts")
+    yield _adapt_status(result, adapted_by), plots.classifier_curves(runs, planned), adapt_frame(result)
 
 
 # Validators run when a request is queued: bad input is refused at once with the message beside
@@ -289,15 +292,7 @@ def sweep_validator(ctx: AppContext):
     return check
 
 
-def adapt_validator(ctx: AppContext):
-    def check(examples, epochs, learning_rate, batch_size, freeze_body, seed, request: gr.Request):
-        return _verdicts(ctx, request, dict(examples=examples, epochs=epochs, learning_rate=learning_rate,
-                                            batch_size=batch_size, freeze_body=freeze_body, seed=seed),
-                         needs_tuned=True)
-    return check
-
-
-def _verdicts(ctx: AppContext, request, values: dict, needs_tuned: bool = False) -> list:
+def _verdicts(ctx: AppContext, request, values: dict) -> list:
     """One `gr.validate` per input; the first problem found is shown beside its input."""
     names = list(values)
     verdicts = [gr.validate(True, "")] * len(names)
@@ -306,8 +301,6 @@ def _verdicts(ctx: AppContext, request, values: dict, needs_tuned: bool = False)
         check_examples(table_rows(values.pop("examples")), limits)
         values["lr"] = values.pop("learning_rate", 2e-5)
         check_options(limits=limits, **values)
-        if needs_tuned:
-            _tuned_model(visitor)
         _reserve(visitor, request)
     except ValueError as err:
         field = getattr(err, "field", "examples").replace(" ", "_")
@@ -412,11 +405,12 @@ def _sweep_status(sweep: dict, model: str) -> str:
             f"{sweep['mlm_before']['loss']:.3f}.{note}")
 
 
-def _adapt_status(runs: dict[str, ClassifyHistory]) -> str:
+def _adapt_status(runs: dict[str, ClassifyHistory], adapted_by: str) -> str:
     if len(runs) < 2:
         return "Stopped before the second run: nothing to compare."
     gain = runs["adapted"].after["accuracy"] - runs["base"].after["accuracy"]
-    return (f"Same seed, split and {runs['base'].planned_steps} steps. Held-out accuracy: base body "
+    return (f"Adapted body: {adapted_by}. Same seed, split and {runs['base'].planned_steps} steps. "
+            f"Held-out accuracy: base body "
             f"{runs['base'].after['accuracy']:.0%}, MLM-adapted body {runs['adapted'].after['accuracy']:.0%} "
             f"({gain:+.0%}). With a few dozen held-out examples, one example is several points: "
             "try other seeds before believing a small difference.")
