@@ -31,10 +31,26 @@ def download(model: str, target: str | Path | None = None, revision: str | None 
     patterns = MODEL_FILES + (PICKLE_FILES if allow_pickle else [])
     source = Path(model).expanduser()
     if source.is_dir():
+        files = [p.relative_to(source).as_posix() for p in source.rglob("*") if p.is_file()]
+        refuse_pickle_only(model, files, allow_pickle)
         return _copy_model_files(source, Path(target) if target else None, patterns)
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import HfApi, snapshot_download
 
+    # Listed first, so a pickle-only repo is refused before anything is downloaded.
+    refuse_pickle_only(model, HfApi().list_repo_files(model, revision=revision), allow_pickle)
     return Path(snapshot_download(model, revision=revision, local_dir=target, allow_patterns=patterns))
+
+
+def refuse_pickle_only(model: str, files: list[str], allow_pickle: bool) -> None:
+    """ValueError when the weights exist only as pickle (`*.bin`), which can run code when loaded."""
+    names = [name.rsplit("/", 1)[-1] for name in files]
+    if allow_pickle or any(name.endswith(".safetensors") for name in names):
+        return
+    if any(name.endswith(".bin") for name in names):
+        raise ValueError(f"{model!r} has only pickle weights (pytorch_model*.bin), which can run code "
+                         "when loaded: choose a model with model.safetensors, or pass --allow-pickle "
+                         "if you trust its author.")
+    raise ValueError(f"{model!r} has no weights file (model.safetensors): is it a model repo?")
 
 
 def _copy_model_files(source: Path, target: Path | None, patterns: list[str]) -> Path:
@@ -69,11 +85,13 @@ def main(argv: list[str] | None = None) -> int:
         lm = bertdemo.load(str(folder), device="cpu", allow_pickle=args.allow_pickle)
     except (OSError, ValueError) as err:
         first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        parser.exit(1, f"Could not download {args.model!r}: {first_line} Check the model id and the "
-                       "internet connection (HF_HUB_OFFLINE=1 forbids downloads).\n")
+        hint = ("" if "pickle" in first_line else " Check the model id and the internet connection "
+                "(HF_HUB_OFFLINE=1 forbids downloads).")
+        parser.exit(1, f"Could not download {args.model!r}: {first_line}{hint}\n")
     size_mb = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 1e6
-    print(f"{args.model}: {type(lm.model).__name__} with mask token {lm.mask_token}, "
-          f"{size_mb:.0f} MB in {folder}")
+    print(f"{args.model}: {lm.card.summary()}, mask token {lm.mask_token}, {size_mb:.0f} MB in {folder}")
+    if lm.card.warning:
+        print(f"Warning: {lm.card.warning}.")
     print(f"Run: python app.py --model {args.dir or args.model}")
     return 0
 

@@ -1,0 +1,78 @@
+"""Export a fine-tune as train_mlm.py + run.json: the same run on transformers' Trainer."""
+import json
+import re
+import subprocess
+import sys
+import zipfile
+
+import pytest
+import torch
+
+import bertdemo
+import tiny_models
+from bertdemo import export
+
+TEXT = "\n".join(tiny_models.SENTENCES * 3)
+SETTINGS = dict(steps=2, batch_size=4, lr=3e-4, seed=3, max_length=32, mlm_probability=0.2)
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_bert):
+    """{masking: history} for a 2-step run with each masking."""
+    return {m: bertdemo.finetune(tiny_bert, TEXT, masking=m, **SETTINGS)[1] for m in ("dynamic", "static")}
+
+
+def test_run_json_holds_every_setting_of_the_run(runs, tiny_bert_dir):
+    config = export.run_config(runs["static"], str(tiny_bert_dir), weight_decay=0.02)
+    assert config["model"] == str(tiny_bert_dir) and config["data_file"] == "train.txt"
+    assert {k: config[k] for k in ("steps", "batch_size", "learning_rate", "seed", "block_length",
+                                   "mlm_probability", "masking", "weight_decay")} == dict(
+        steps=2, batch_size=4, learning_rate=3e-4, seed=3, block_length=32, mlm_probability=0.2,
+        masking="static", weight_decay=0.02)
+    assert config["collator"]["class"] == "DataCollatorForLanguageModeling"
+    assert config["demo"]["steps_run"] == 2 and config["demo"]["eval_after"]["step"] == 2
+
+
+def test_export_zip_has_script_settings_and_data(runs, tiny_bert_dir, tmp_path):
+    path = export.export_run(runs["dynamic"], str(tiny_bert_dir), TEXT, tmp_path / "run.zip")
+    with zipfile.ZipFile(path) as archive:
+        assert sorted(archive.namelist()) == ["train-mlm/run.json", "train-mlm/train.txt",
+                                              "train-mlm/train_mlm.py"]
+        assert json.loads(archive.read("train-mlm/run.json"))["masking"] == "dynamic"
+        assert archive.read("train-mlm/train.txt").decode().splitlines() == TEXT.splitlines()
+        script = archive.read("train-mlm/train_mlm.py").decode()
+    assert not re.search(r"^\s*(import|from)\s+bertdemo", script, re.MULTILINE)  # self-contained
+    compile(script, "train_mlm.py", "exec")
+
+
+def test_a_history_without_settings_is_refused():
+    with pytest.raises(ValueError, match="bertdemo.finetune"):
+        export.run_config(bertdemo.training.History(planned_steps=1), "bert-base-uncased")
+
+
+def run_script(folder, *args):
+    result = subprocess.run([sys.executable, str(folder / "train_mlm.py"), *args], capture_output=True,
+                            text=True, timeout=420, cwd=folder)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("masking", ["dynamic", "static"])
+def test_first_step_loss_matches_the_demo_loop(runs, tiny_bert_dir, tmp_path, masking):
+    """Same batch, same masks, same dropout: the script's Trainer loss equals the demo's step 1."""
+    folder = export.write_files(runs[masking], str(tiny_bert_dir), TEXT, tmp_path)
+    loss = json.loads(run_script(folder, "--first-batch-loss").strip().splitlines()[-1])["loss"]
+    assert loss == pytest.approx(runs[masking].steps[0]["loss"], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_exported_script_trains_and_saves_a_model_bertdemo_loads(runs, tiny_bert, tiny_bert_dir, tmp_path):
+    folder = export.write_files(runs["dynamic"], str(tiny_bert_dir), TEXT, tmp_path)
+    out = run_script(folder, "--max-steps", "2")
+    assert "saved to" in out and "perplexity" in out
+    tuned = bertdemo.load(str(folder / "tuned-model"), device="cpu")
+    assert tuned.card.head_trained and tuned.card.weights == "safetensors"
+    moved = [not torch.equal(a, b) for a, b in zip(tuned.model.parameters(), tiny_bert.model.parameters())]
+    assert any(moved)  # two optimiser steps changed the weights
+    assert bertdemo.fill_mask(tuned, "paris is the [MASK] of france.", 3)  # and it predicts

