@@ -15,8 +15,8 @@ import gradio as gr
 from bertdemo.config import Settings, parse_auth
 from bertdemo.models import load_allowed
 from bertdemo.sessions import SessionStore
-from bertdemo.ui import (about_tab, attention_tab, explain_tab, fillmask_tab, finetune_tab, masking_tab,
-                         model_picker, no_model_banner)
+from bertdemo.ui import (about_tab, attention_tab, classify_tab, explain_tab, fillmask_tab, finetune_tab,
+                         masking_tab, model_picker, no_model_banner)
 from bertdemo.ui.common import hide_paths, refuse_non_finite_numbers
 from bertdemo.ui.context import AppContext, Visitor, handler
 
@@ -65,6 +65,8 @@ def build_demo(settings: Settings, store: SessionStore | None = None) -> gr.Bloc
             masking_tab.render(ctx.store, ctx.settings)
         with gr.Tab("Fine-tune"):
             finetune_tab.render(ctx.store, ctx.settings)
+        with gr.Tab("Classify"):
+            classify_tab.render(ctx)
         with gr.Tab("About"):
             about_tab.render(ctx)
         demo.unload(handler(ctx, forget_session))

@@ -37,6 +37,8 @@ class Settings:
     finetune_max_seconds: int = option(120, "wall-clock seconds per fine-tune run (stops cleanly there)")
     finetune_max_models: int = option(8, "tuned models kept in memory (least recently used evicted)")
     finetune_concurrency: int = option(1, "fine-tunes running at once (the rest wait in the queue)")
+    classify_max_examples: int = option(2000, "most labelled examples per classifier run (its other "
+                                              "caps are the fine-tune's)")
     queue_size: int = option(64, "most requests waiting in the queue")
     max_sessions: int = option(1000, "sessions whose page state is kept in memory, ~0.3 MB each "
                                      "(the oldest are forgotten)")
