@@ -19,7 +19,7 @@ import bertdemo
 from bertdemo.config import Settings
 from bertdemo.models import load_allowed
 from bertdemo.sessions import SessionStore
-from bertdemo.ui import about_tab, attention_tab, fillmask_tab, finetune_tab, masking_tab, model_picker
+from bertdemo.ui import about_tab, attention_tab, fillmask_tab, finetune_tab, masking_tab, mcp_tools, model_picker
 from bertdemo.ui.common import friendly_errors, hide_paths, refuse_non_finite_numbers
 
 log = logging.getLogger("bertdemo")
@@ -61,6 +61,9 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     parser.add_argument("--share", action="store_true", default=env.share,
                         help="also serve on a public *.gradio.live link: anyone with it can use the "
                              "demo (env BERTDEMO_SHARE)")
+    parser.add_argument("--mcp", action=argparse.BooleanOptionalAction, default=env.mcp,
+                        help="also serve the quick tools (fill-mask, scores, mask sampling) to MCP "
+                             "clients at /gradio_api/mcp/ (env BERTDEMO_MCP; on in a Space)")
     parser.add_argument("--auth", type=_auth_value, default=env.auth, metavar="USER:PASSWORD",
                         help="require this login (env BERTDEMO_AUTH)")
     for name, meaning in LIMIT_FLAGS.items():
@@ -69,7 +72,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     args = parser.parse_args(argv)
     return Settings(model=args.model, models=args.models, device=args.device, host=args.host, port=args.port,
                     max_masks=args.max_masks, max_batch=args.max_batch, allow_pickle=args.allow_pickle,
-                    share=args.share, auth=args.auth,
+                    share=args.share, auth=args.auth, mcp=args.mcp,
                     **{name: getattr(args, name) for name in LIMIT_FLAGS})
 
 
@@ -213,11 +216,15 @@ def serve(demo: gr.Blocks, settings: Settings, block: bool = True) -> tuple[str,
                 server_name=settings.host, server_port=settings.port, share=share,
                 auth=parse_auth(settings.auth), auth_message="Log in to use this bertdemo.",
                 max_file_size=MAX_UPLOAD, state_session_capacity=settings.max_sessions,
-                prevent_thread_lock=True, quiet=True)
+                mcp_server=settings.mcp, prevent_thread_lock=True, quiet=True)
     except BaseException:
         sys.stdout.write(gradio_says.getvalue())
         raise
     print(f"* Running on local URL: {local_url}", flush=True)
+    if settings.mcp:
+        tools = mcp_tools.keep_tools(demo)
+        print(f"* MCP server (streamable HTTP): {mcp_tools.mcp_url(local_url)} with tools "
+              f"{', '.join(tools)}", flush=True)
     if share_url:
         print(f"* Public share link: {share_url} — anyone with this link can use the demo"
               + ("" if settings.auth else " (add --auth USER:PASSWORD for a login)"), flush=True)

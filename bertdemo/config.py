@@ -30,6 +30,7 @@ class Settings:
     download_max_mb: int = 2048  # downloads kept on disk; past it the least recent sessions' are deleted
     download_max_age: int = 3600  # seconds a download stays available; older files are deleted
     allow_pickle: bool = False  # accept checkpoints without safetensors (pickle can run code)
+    mcp: bool = False  # also serve the quick tools to MCP clients (agents) at /gradio_api/mcp/; on in a Space
     share: bool = False  # ask Gradio's share server for a public *.gradio.live link
     auth: str | None = field(default=None, repr=False)  # "user:password": login page (kept out of logs)
 
@@ -72,6 +73,8 @@ def _hosting_defaults(environ) -> dict:
         values["host"] = environ["GRADIO_SERVER_NAME"]
     elif environ.get("SPACE_ID"):
         values["host"] = "0.0.0.0"
+    if environ.get("SPACE_ID"):
+        values["mcp"] = True  # a 2026 Space is expected to offer its tools to agents
     if environ.get("GRADIO_SERVER_PORT"):
         values["port"] = int(environ["GRADIO_SERVER_PORT"])
     return values
