@@ -2,14 +2,15 @@
 
 Many viewers of a shared link ask at once; on a CPU one forward of 16 short sentences costs far
 less than 16 forwards. Written by hand because Gradio's `batch=True` fails a whole batch when one
-visitor's input is bad; here each request is validated in its own thread first, so errors stay
-with the person who caused them.
+visitor's input is bad; here each request is validated in its own thread first, and a batch that
+fails anyway is re-run one request at a time, so errors stay with the person who caused them.
 """
 from __future__ import annotations
 
 import threading
 import time
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 
 from . import fillmask
 from .models import LoadedModel
@@ -20,51 +21,81 @@ class MicroBatcher:
     running becomes the leader, waits `max_wait_s` for company, and runs whatever is pending,
     grouped by model, until nothing is. Requests that arrive while a forward runs go together in
     the next one. A lone request pays `max_wait_s`; a crowd arriving within it shares one forward
-    instead of one alone plus one for the rest."""
+    instead of one alone plus one for the rest. A follower waits at most `timeout_s`."""
 
-    def __init__(self, max_batch: int = 16, max_wait_s: float = 0.005):
+    def __init__(self, max_batch: int = 16, max_wait_s: float = 0.005, timeout_s: float = 120.0):
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
+        self.timeout_s = timeout_s
         self._pending: list[tuple[LoadedModel, fillmask.Encoded, int, Future]] = []
         self._lock = threading.Lock()
         self._leader_active = False
 
     def fill_mask(self, lm: LoadedModel, text: str, top_k: int = 5,
                   max_masks: int = fillmask.DEFAULT_MAX_MASKS) -> list[list[dict]]:
-        """Same result as `fillmask.fill_mask`, computed together with concurrent callers."""
+        """Same result as `fillmask.fill_mask`, computed together with concurrent callers.
+
+        Raises TimeoutError if no result came within `timeout_s` (the request is dropped)."""
         top_k = fillmask.check_top_k(top_k, lm)
         enc = fillmask.encode(lm, text, max_masks=max_masks)  # bad input fails here, alone
-        future: Future = Future()
+        item = (lm, enc, top_k, Future())
         with self._lock:
-            self._pending.append((lm, enc, top_k, future))
+            self._pending.append(item)
             lead = not self._leader_active
-            self._leader_active = self._leader_active or lead
+            self._leader_active = True
         if lead:
             self._lead()
-        return future.result()
+        return self._result(item)
+
+    def _result(self, item) -> list[list[dict]]:
+        try:
+            return item[3].result(timeout=self.timeout_s)
+        except FutureTimeout:
+            with self._lock:
+                if item in self._pending:  # nobody took it yet: it will never run
+                    self._pending.remove(item)
+            raise TimeoutError(f"The server is busy: no prediction within {self.timeout_s:.0f} s. "
+                               "Try again in a moment.") from None
 
     def _lead(self) -> None:
-        if self.max_wait_s:
-            time.sleep(self.max_wait_s)  # optionally wait for company
-        while True:
+        """Run batches until none is pending. Leadership ends with the loop, and also when
+        anything fails outside `_run`: the requests taken or still waiting then get that error
+        instead of waiting for a leader that has gone."""
+        batch = []
+        try:
+            if self.max_wait_s:
+                time.sleep(self.max_wait_s)  # optionally wait for company
+            while True:
+                with self._lock:
+                    if not self._pending:
+                        self._leader_active = False  # under the lock: no request is left behind
+                        return
+                    batch, self._pending = self._pending[:self.max_batch], self._pending[self.max_batch:]
+                self._run(batch)
+        except BaseException as err:
             with self._lock:
-                if not self._pending:
-                    self._leader_active = False
-                    return
-                batch, self._pending = self._pending[:self.max_batch], self._pending[self.max_batch:]
-            self._run(batch)
+                self._leader_active = False
+                stranded, self._pending = self._pending, []
+            for *_, future in batch + stranded:
+                if not future.done():
+                    future.set_exception(err)
+            raise
 
-    @staticmethod
-    def _run(batch) -> None:
+    @classmethod
+    def _run(cls, batch) -> None:
+        """One padded forward per model; a group that fails is re-run one request at a time."""
         by_model: dict[int, list] = {}
         for item in batch:
             by_model.setdefault(id(item[0]), []).append(item)
         for items in by_model.values():
             try:
                 results = fillmask.fill_encoded(items[0][0], [i[1] for i in items], [i[2] for i in items])
-            except Exception as err:  # noqa: BLE001 - hand the error to every waiting caller
-                for item in items:
-                    item[3].set_exception(err)
+            except Exception as err:  # noqa: BLE001 - find whose request it was
+                if len(items) == 1:
+                    items[0][3].set_exception(err)
+                else:
+                    for item in items:
+                        cls._run([item])
                 continue
             for item, result in zip(items, results):
                 item[3].set_result(result)

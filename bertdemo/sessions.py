@@ -1,62 +1,91 @@
-"""Which model each browser session sees: the shared base model unless it switched to its own.
+"""Everything one browser session (a visitor) holds, and the one policy that frees it.
 
-A session may hold one fine-tuned model. At most `max_tuned` stay in memory across all sessions:
-adding one past the cap evicts the least recently used (another session's), which then falls
-back to the base. A session may also pick its own base model among those the operator offers
-(`choose_base`); its tuned model, while in use, still wins. A session also holds its fine-tune
-run's stop flag (one run at a time) and a temp folder for downloads, kept under a size cap by
-deleting the least recently used sessions' files; `drop` frees all of it when the browser tab closes.
+Per session: the base model it picked, its models by kind ("tuned" from the fine-tune, issue 12's
+"classifier", ...), which of them its tabs use, its run slot (`runs.Ticket`), small results kept
+between events (e.g. the attention tab's last query), and a temp folder for its downloads and
+exports. Keyed by Gradio's session hash; a script's `gradio_client` session is one too.
+
+The cleanup policy, in one place:
+- session end: `drop` (the page's unload event) frees all of it at once and stops its run;
+- size: at most `max_models[kind]` models of each kind across all sessions (adding one past the cap
+  evicts the least recently used session's, which falls back to the base); downloads and exports
+  together within `max_download_bytes` on disk and kept results within `max_result_bytes` in
+  memory, the least recently used sessions' deleted first;
+- age: a session unused for `max_idle_s` is freed as if dropped (scripts' sessions never end), unless
+  its run is still going.
+
+Per-session models by kind: `put_model(session, kind, model)`, `model(session, kind)`; the "tuned"
+kind also has `use_tuned`/`use_base` (the other tabs switch to it). A new kind needs nothing
+registered: its cap is `max_models.get(kind, max_tuned)`.
 """
 from __future__ import annotations
 
 import shutil
 import tempfile
 import threading
+import time
+import weakref
 from collections import OrderedDict, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
 from .models import LoadedModel
+from .runs import Ticket
 
 DEFAULT_MAX_TUNED = 8
 DEFAULT_MAX_DOWNLOAD_BYTES = 2048 * 2**20
+DEFAULT_MAX_RESULT_BYTES = 64 * 2**20
+DEFAULT_MAX_IDLE_S = 3600
+_SWEEP_EVERY_S = 60.0
 _REMEMBERED_CLOSED = 10_000  # closed sessions remembered, so a run ending after its tab closed keeps nothing
 
 
 @dataclass
 class _Session:
-    tuned: LoadedModel | None = None
+    models: dict[str, Any] = field(default_factory=dict)  # kind -> its model ("tuned", "classifier")
     use_tuned: bool = False
-    evicted: bool = False  # its tuned model was evicted to make room for another's
-    stop: threading.Event | None = None  # the stop flag of its reserved or running fine-tune
-    folder: Path | None = None  # its downloads
+    evicted: set[str] = field(default_factory=set)  # kinds whose model was evicted for another's
+    run: Ticket | None = None  # its reserved or running run's slot (set = stop)
+    folder: Path | None = None  # its downloads and exports
+    files: dict[str, tuple[Callable, Path]] = field(default_factory=dict)  # name -> (owner ref, file)
+    results: dict[str, tuple[Any, int]] = field(default_factory=dict)  # name -> (value, bytes)
     base: LoadedModel | None = None  # the base model it picked; None: the app's
+    used: float = field(default_factory=time.monotonic)
 
 
 class SessionStore:
-    """The base model (shared, read-only) plus per-session tuned models, keyed by session id."""
+    """The base model (shared, read-only) plus everything each session holds, keyed by session id."""
 
     def __init__(self, base: LoadedModel | None, load_error: str | None = None,
-                 max_tuned: int = DEFAULT_MAX_TUNED, max_download_bytes: int = DEFAULT_MAX_DOWNLOAD_BYTES):
-        if max_tuned < 1:
-            raise ValueError(f"max_tuned must be at least 1, got {max_tuned}.")
+                 max_tuned: int = DEFAULT_MAX_TUNED, max_download_bytes: int = DEFAULT_MAX_DOWNLOAD_BYTES,
+                 max_models: dict[str, int] | None = None, max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+                 max_idle_s: float = DEFAULT_MAX_IDLE_S):
+        self.max_models = {"tuned": max_tuned, **(max_models or {})}
+        if min(self.max_models.values()) < 1:
+            raise ValueError(f"max_tuned must be at least 1, got {min(self.max_models.values())}.")
         self.base = base
         self.load_error = load_error  # why `base` is None, shown in the page
         self.max_tuned = max_tuned
         self.max_download_bytes = max_download_bytes
+        self.max_result_bytes = max_result_bytes
+        self.max_idle_s = max_idle_s
         self._sessions: OrderedDict[str, _Session] = OrderedDict()  # least recently used first
-        self._lock = threading.Lock()
-        self._root: Path | None = None  # temp area for every session's downloads
+        self._lock = threading.RLock()
+        self._root: Path | None = None  # temp area for every session's files
         self._closed: deque[str] = deque(maxlen=_REMEMBERED_CLOSED)  # dropped sessions, newest last
+        self._swept = time.monotonic()
 
     # ------------------------------------------------------------ which model
     def for_session(self, session_id: str | None) -> LoadedModel:
         """The model this session uses now. Raises ValueError if no model could be loaded."""
         with self._lock:
-            entry = self._sessions.get(session_id) if session_id else None
-            if entry is not None and entry.use_tuned and entry.tuned is not None:
-                self._sessions.move_to_end(session_id)  # recently used: evicted last
-                return entry.tuned
+            entry = self._get(session_id)
+            if entry is not None:
+                entry.used = time.monotonic()  # for the age policy; the eviction order follows
+            if entry is not None and entry.use_tuned and "tuned" in entry.models:  # models in use
+                self._touch(session_id)  # recently used: evicted last
+                return entry.models["tuned"]
             if entry is not None and entry.base is not None:
                 return entry.base
         return self.require_base()
@@ -64,7 +93,7 @@ class SessionStore:
     def base_for(self, session_id: str | None) -> LoadedModel:
         """This session's base model: the one it picked, else the app's (ValueError if none)."""
         with self._lock:
-            entry = self._sessions.get(session_id) if session_id else None
+            entry = self._get(session_id)
             if entry is not None and entry.base is not None:
                 return entry.base
         return self.require_base()
@@ -81,128 +110,210 @@ class SessionStore:
             raise ValueError(self.load_error or "No model is loaded: start the app with --model.")
         return self.base
 
-    def tuned(self, session_id: str | None) -> LoadedModel | None:
-        """This session's tuned model, whether or not it is in use; None if it has none."""
+    # ------------------------------------------------------------ models by kind
+    def model(self, session_id: str | None, kind: str):
+        """This session's model of `kind`, whether or not it is in use; None if it has none."""
         with self._lock:
-            entry = self._sessions.get(session_id) if session_id else None
-            return entry.tuned if entry else None
+            entry = self._get(session_id)
+            return entry.models.get(kind) if entry else None
 
-    def using_tuned(self, session_id: str | None) -> bool:
-        with self._lock:
-            entry = self._sessions.get(session_id) if session_id else None
-            return bool(entry and entry.use_tuned and entry.tuned is not None)
-
-    def was_evicted(self, session_id: str | None) -> bool:
-        with self._lock:
-            entry = self._sessions.get(session_id) if session_id else None
-            return bool(entry and entry.evicted)
-
-    @property
-    def tuned_count(self) -> int:
-        with self._lock:
-            return sum(e.tuned is not None for e in self._sessions.values())
-
-    def put_tuned(self, session_id: str, lm: LoadedModel) -> list[str]:
-        """Keep `lm` as this session's tuned model (replacing its earlier one). Returns the
-        sessions whose models were evicted to stay within `max_tuned`. A session that has
-        closed keeps nothing: its run may end just after the tab closed."""
+    def put_model(self, session_id: str | None, kind: str, model) -> list[str]:
+        """Keep `model` as this session's model of `kind` (replacing its earlier one). Returns the
+        sessions whose models of that kind were evicted to stay within the kind's cap. A session
+        that has closed keeps nothing: its run may end just after the tab closed."""
         with self._lock:
             if session_id in self._closed:
                 return []
             entry = self._entry(session_id)
-            entry.tuned, entry.evicted = lm, False
-            self._sessions.move_to_end(session_id)
-            return self._evict_beyond_cap(keep=session_id)
+            entry.models[kind] = model
+            entry.evicted.discard(kind)
+            self._touch(session_id)
+            return self._evict_beyond_cap(kind, keep=session_id)
 
-    def _evict_beyond_cap(self, keep: str) -> list[str]:
+    def _evict_beyond_cap(self, kind: str, keep: str) -> list[str]:
         evicted = []
-        holders = [sid for sid, e in self._sessions.items() if e.tuned is not None and sid != keep]
-        while len(holders) + 1 > self.max_tuned:
+        holders = [sid for sid, e in self._sessions.items() if kind in e.models and sid != keep]
+        while len(holders) + 1 > self.max_models.get(kind, self.max_tuned):
             sid = holders.pop(0)  # least recently used
             entry = self._sessions[sid]
-            entry.tuned, entry.use_tuned, entry.evicted = None, False, True
+            del entry.models[kind]
+            entry.evicted.add(kind)
+            entry.use_tuned = entry.use_tuned and kind != "tuned"
             evicted.append(sid)
         return evicted
+
+    def model_count(self, kind: str) -> int:
+        with self._lock:
+            return sum(kind in e.models for e in self._sessions.values())
+
+    def was_evicted(self, session_id: str | None, kind: str = "tuned") -> bool:
+        with self._lock:
+            entry = self._get(session_id)
+            return bool(entry and kind in entry.evicted)
+
+    # the fine-tune's kind, by its older names
+    def tuned(self, session_id: str | None) -> LoadedModel | None:
+        """This session's tuned model, whether or not it is in use; None if it has none."""
+        return self.model(session_id, "tuned")
+
+    def put_tuned(self, session_id: str, lm: LoadedModel) -> list[str]:
+        return self.put_model(session_id, "tuned", lm)
+
+    @property
+    def tuned_count(self) -> int:
+        return self.model_count("tuned")
+
+    def using_tuned(self, session_id: str | None) -> bool:
+        with self._lock:
+            entry = self._get(session_id)
+            return bool(entry and entry.use_tuned and "tuned" in entry.models)
 
     def use_tuned(self, session_id: str | None) -> LoadedModel:
         """Switch this session's tabs to its tuned model; ValueError if it has none."""
         with self._lock:
-            entry = self._sessions.get(session_id) if session_id else None
-            if entry is None or entry.tuned is None:
+            entry = self._get(session_id)
+            if entry is None or "tuned" not in entry.models:
                 why = (" It was freed to make room for other visitors' models (the demo keeps "
-                       f"{self.max_tuned} at most): fine-tune again." if entry and entry.evicted
+                       f"{self.max_tuned} at most): fine-tune again." if entry and "tuned" in entry.evicted
                        else " Run a fine-tune first.")
                 raise ValueError("You have no tuned model." + why)
             entry.use_tuned = True
-            self._sessions.move_to_end(session_id)
-            return entry.tuned
+            self._touch(session_id)
+            return entry.models["tuned"]
 
     def use_base(self, session_id: str | None) -> LoadedModel:
         """Switch this session back to its base model (its tuned model is kept)."""
         with self._lock:
-            entry = self._sessions.get(session_id) if session_id else None
+            entry = self._get(session_id)
             if entry is not None:
                 entry.use_tuned = False
         return self.base_for(session_id)
 
-    # ------------------------------------------------------------ one fine-tune at a time
-    def reserve_run(self, session_id: str | None) -> threading.Event:
-        """Claim this session's single fine-tune slot (when the request is queued); returns
-        the run's stop flag. ValueError if a run is already queued or running for it."""
+    # ------------------------------------------------------------ one run at a time (see runs.py)
+    def reserve_run(self, session_id: str | None, waiting: Callable[[], bool] | None = None) -> Ticket:
+        """Claim this session's single run slot (when the request is queued); returns the run's
+        ticket, its stop flag. ValueError if a run is already queued or running for it, unless
+        that one's request left the queue without starting (`Ticket.abandoned`)."""
         with self._lock:
             entry = self._entry(session_id)
-            if entry.stop is not None:
-                raise ValueError("A fine-tune of yours is already running or waiting in the queue: "
-                                 "wait for it to finish, or press Stop.")
-            entry.stop = threading.Event()
-            return entry.stop
+            if entry.run is not None and not entry.run.abandoned():
+                raise ValueError("A run of yours (fine-tune or comparison) is already running or "
+                                 "waiting in the queue: wait for it to finish, or press Stop.")
+            entry.run = Ticket(waiting)
+            return entry.run
 
-    def run_flag(self, session_id: str | None) -> threading.Event:
-        """The stop flag of this session's reserved run, reserving one if none is."""
+    def claim_run(self, session_id: str | None) -> Ticket:
+        """The ticket of the run starting now: the one reserved for it, else a new one.
+        ValueError if another run of this session already started."""
         with self._lock:
             entry = self._entry(session_id)
-            if entry.stop is None:
-                entry.stop = threading.Event()
-            return entry.stop
+            if entry.run is None or entry.run.abandoned():
+                entry.run = Ticket()
+            elif entry.run.claimed:
+                raise ValueError("A run of yours is already running: wait for it to finish, or press Stop.")
+            entry.run.claimed = True
+            return entry.run
+
+    def run_flag(self, session_id: str | None) -> Ticket:
+        """The ticket of this session's reserved run, reserving one if none is."""
+        with self._lock:
+            entry = self._entry(session_id)
+            if entry.run is None:
+                entry.run = Ticket()
+            return entry.run
 
     def finish_run(self, session_id: str | None, flag: threading.Event) -> None:
-        """Free the slot held by the run with stop flag `flag` (no-op if it was dropped)."""
+        """Free the slot held by the run with ticket `flag` (no-op if it was dropped or replaced)."""
         with self._lock:
-            entry = self._sessions.get(session_id) if session_id else None
-            if entry is not None and entry.stop is flag:
-                entry.stop = None
+            entry = self._get(session_id)
+            if entry is not None and entry.run is flag:
+                entry.run = None
+
+    def run_status(self, session_id: str | None) -> str | None:
+        """"running" (its handler started), "waiting" (reserved, still in the queue) or None."""
+        with self._lock:
+            entry = self._get(session_id)
+            if entry is None or entry.run is None or entry.run.abandoned():
+                return None
+            return "running" if entry.run.claimed else "waiting"
 
     def request_stop(self, session_id: str | None) -> bool:
         """Ask this session's run to stop after its current step. False if nothing runs."""
         with self._lock:
-            entry = self._sessions.get(session_id) if session_id else None
-            if entry is None or entry.stop is None:
+            entry = self._get(session_id)
+            if entry is None or entry.run is None:
                 return False
-            entry.stop.set()
+            entry.run.set()
             return True
+
+    # ------------------------------------------------------------ small results between events
+    def keep_result(self, session_id: str | None, name: str, value, nbytes: int) -> None:
+        """Keep `value` (about `nbytes` in memory) for this session under `name`, replacing the
+        earlier one; other sessions' results are freed, least recently used first, past
+        `max_result_bytes`. Keep compact things here (a query to recompute, not its tensors)."""
+        with self._lock:
+            entry = self._entry(session_id)
+            entry.results[name] = (value, int(nbytes))
+            self._touch(session_id)
+            total = self.result_bytes()
+            for sid, other in list(self._sessions.items()):  # least recently used first
+                if total <= self.max_result_bytes:
+                    break
+                if sid != session_id:
+                    total -= sum(size for _, size in other.results.values())
+                    other.results.clear()
+
+    def result(self, session_id: str | None, name: str):
+        """What `keep_result` kept for this session under `name`, or None."""
+        with self._lock:
+            entry = self._get(session_id)
+            found = entry.results.get(name) if entry else None
+            if found is not None:
+                self._touch(session_id)
+            return found[0] if found else None
+
+    def result_bytes(self) -> int:
+        """Bytes of all sessions' kept results (as their keepers counted them)."""
+        with self._lock:
+            return sum(size for e in self._sessions.values() for _, size in e.results.values())
 
     # ------------------------------------------------------------ files and cleanup
     def session_dir(self, session_id: str | None) -> Path:
-        """A temp folder for this session's downloads, removed by `drop`. Before handing it out,
-        the other sessions' downloads are deleted, least recently used first, until all of them
-        together fit `max_download_bytes` (sessions of scripts never close, so never `drop`)."""
+        """A temp folder for this session's downloads and exports, removed by `drop`. Before
+        handing it out, the other sessions' files are deleted, least recently used first, until all
+        of them together fit `max_download_bytes` (sessions of scripts never close, so never `drop`)."""
         with self._lock:
             entry = self._entry(session_id)
-            if entry.folder is None:
+            if entry.folder is None or not entry.folder.exists():
                 entry.folder = Path(tempfile.mkdtemp(dir=self.temp_root))
-            self._sessions.move_to_end(session_id)  # a download is a use: its files go last
+                entry.files.clear()
+            self._touch(session_id)  # a download is a use: its files go last
             self._make_room(keep=session_id)
             return entry.folder
 
+    def cached_file(self, session_id: str | None, name: str, owner, make: Callable[[Path], Path]) -> Path:
+        """This session's file `name` made from `owner` by `make(folder)`, made once per owner:
+        the same path while `owner` is the same object and the file still exists."""
+        folder = self.session_dir(session_id) / name
+        with self._lock:
+            made = self._entry(session_id).files.get(name)
+        if made is not None and made[0]() is owner and made[1].exists():
+            return made[1]
+        folder.mkdir(exist_ok=True)
+        path = Path(make(folder))
+        with self._lock:
+            self._entry(session_id).files[name] = (weakref.ref(owner), path)
+        return path
+
     @property
     def temp_root(self) -> Path:
-        """This store's own temp area: every session's download folder is inside it."""
+        """This store's own temp area: every session's folder is inside it."""
         if self._root is None:
             self._root = Path(tempfile.mkdtemp(prefix="bertdemo-"))
         return self._root
 
     def download_bytes(self) -> int:
-        """Bytes of all sessions' downloads on disk now."""
+        """Bytes of all sessions' downloads and exports on disk now."""
         return sum(_folder_bytes(e.folder) for e in list(self._sessions.values()) if e.folder)
 
     def _make_room(self, keep: str) -> None:
@@ -215,21 +326,43 @@ class SessionStore:
             if sid != keep:
                 shutil.rmtree(self._sessions[sid].folder, ignore_errors=True)
                 self._sessions[sid].folder = None
+                self._sessions[sid].files.clear()
                 total -= size
 
     def drop(self, session_id: str | None) -> None:
         """Forget everything of a session (called when its browser tab closes): stop its run,
-        free its tuned model, delete its files."""
+        free its models and results, delete its files."""
         with self._lock:
             entry = self._sessions.pop(session_id, None)
             if session_id:
                 self._closed.append(session_id)
-        if entry is None:
-            return
-        if entry.stop is not None:
-            entry.stop.set()  # the worker ends within one step
-        if entry.folder is not None:
-            shutil.rmtree(entry.folder, ignore_errors=True)
+        _free(entry)
+
+    def sweep(self, now: float | None = None) -> list[str]:
+        """Free the sessions unused for `max_idle_s` (not those whose run is still going), as
+        `drop` would; returns their ids. Runs by itself at most once a minute as sessions are used."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            self._swept = now
+            idle = [sid for sid, e in self._sessions.items()
+                    if now - e.used > self.max_idle_s and e.run is None]
+            entries = [self._sessions.pop(sid) for sid in idle]
+        for entry in entries:
+            _free(entry)
+        return idle
+
+    def __contains__(self, session_id) -> bool:
+        with self._lock:
+            return session_id in self._sessions
+
+    def _get(self, session_id: str | None) -> _Session | None:
+        """The session's record if it has one. Caller holds the lock."""
+        return self._sessions.get(session_id) if session_id else None
+
+    def _touch(self, session_id: str) -> None:
+        """Mark a use: the session goes last in every least-recently-used order. Caller holds the lock."""
+        self._sessions[session_id].used = time.monotonic()
+        self._sessions.move_to_end(session_id)
 
     def _entry(self, session_id: str | None) -> _Session:
         """The session's record, created on first use. Caller holds the lock."""
@@ -237,8 +370,23 @@ class SessionStore:
             raise ValueError("This needs a browser session: open the demo in a browser or use "
                              "gradio_client.")
         if session_id not in self._sessions:
+            if time.monotonic() - self._swept > _SWEEP_EVERY_S:
+                self._swept = time.monotonic()
+                threading.Thread(target=self.sweep, daemon=True).start()  # not under our lock
             self._sessions[session_id] = _Session()
         return self._sessions[session_id]
+
+
+def _free(entry: _Session | None) -> None:
+    """Release what a session held (its record is already out of the store)."""
+    if entry is None:
+        return
+    if entry.run is not None:
+        entry.run.set()  # the worker ends within one step
+    entry.models.clear()
+    entry.results.clear()
+    if entry.folder is not None:
+        shutil.rmtree(entry.folder, ignore_errors=True)
 
 
 def _folder_bytes(folder: Path | None) -> int:

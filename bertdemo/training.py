@@ -370,7 +370,8 @@ def finetune(lm: LoadedModel, texts: str | list[str], *, steps: int | None = Non
     "tokens", "elapsed"} after each step and {"kind": "eval", "step", "loss", "accuracy",
     "perplexity", "masked"} before training (step 0), every `eval_every` steps (default: ten
     times a run; 0: never) and at the end.
-    should_stop(): asked before each step; True ends the run there (history.stopped="stopped").
+    should_stop(): asked before each step; True ends the run there (history.stopped="stopped", or
+    its `.reason` when it has one, as `runs.StopCheck` has: "time limit").
     collate_fn: replaces the standard MLM collator for training (the eval masks stay standard),
     e.g. to train with the seed article's labelling; same input/output as `mlm_collator`.
     The run also ends at `limits.max_seconds` ("time limit") or on a non-finite loss ("diverged").
@@ -471,7 +472,7 @@ class _Trainer:
     @staticmethod
     def _why_stop(should_stop: Callable | None, elapsed: float, max_seconds: float) -> str | None:
         if should_stop is not None and should_stop():
-            return "stopped"
+            return getattr(should_stop, "reason", None) or "stopped"  # runs.StopCheck says why
         if elapsed > max_seconds:
             return "time limit"
         return None

@@ -1,9 +1,11 @@
 """Micro-batching: concurrent fill-mask requests share forwards, results equal unbatched ones."""
 import threading
+import time
 
 import pytest
 
 import bertdemo
+from bertdemo import fillmask
 from bertdemo.batching import MicroBatcher
 
 TEXTS = ["Paris is the [MASK] of France.", "The [MASK] tower is a famous [MASK].",
@@ -74,3 +76,118 @@ def test_mixed_models_are_batched_separately(tiny_bert, tiny_distilbert):
     for name, lm in (("bert", tiny_bert), ("distil", tiny_distilbert)):
         alone = bertdemo.fill_mask(lm, "Paris is the [MASK] of France.", 3)
         assert [p["token_id"] for p in out[name][0]] == [p["token_id"] for p in alone[0]]
+
+
+# ---------------------------------------------------------------- failures stay with their request
+
+def _poison_on(monkeypatch, lm, word: str) -> list[int]:
+    """Make `fill_encoded` fail for any batch holding a sentence with `word`, as a bad input that
+    passed validation would; returns the sizes of the batches it was asked to run."""
+    poison_id = lm.tokenizer.convert_tokens_to_ids(word)
+    real, sizes = fillmask.fill_encoded, []
+
+    def fill_encoded(lm_, encs, top_ks):
+        sizes.append(len(encs))
+        if any(poison_id in e.input_ids[0].tolist() for e in encs):
+            raise ValueError(f"poisoned by {word}")
+        return real(lm_, encs, top_ks)
+
+    monkeypatch.setattr(fillmask, "fill_encoded", fill_encoded)
+    return sizes
+
+
+def test_a_failing_sentence_in_a_batch_fails_only_its_caller(tiny_bert, monkeypatch):
+    sizes = _poison_on(monkeypatch, tiny_bert, "berlin")
+    texts = TEXTS[:2] + ["berlin is a [MASK] ."] + TEXTS[3:]
+    expected = {t: bertdemo.fill_mask(tiny_bert, t) for t in texts if "berlin" not in t}
+    results, errors = _run_together(MicroBatcher(max_wait_s=0.3), tiny_bert, texts)
+    assert max(sizes) > 1  # the bad sentence really was in a batch with others
+    assert "poisoned" in str(errors[2]) and results[2] is None
+    for text, result, error in zip(texts, results, errors):
+        if "berlin" not in text:
+            assert error is None
+            _assert_same_predictions(result, expected[text])
+
+
+def test_an_error_outside_the_forward_ends_leadership(tiny_bert, monkeypatch):
+    batcher, calls = MicroBatcher(max_wait_s=0), []
+    real_run = MicroBatcher._run
+
+    def broken_once(batch):
+        calls.append(len(batch))
+        if len(calls) == 1:
+            raise RuntimeError("leader broke")
+        real_run(batch)
+
+    monkeypatch.setattr(batcher, "_run", broken_once)
+    with pytest.raises(RuntimeError, match="leader broke"):
+        batcher.fill_mask(tiny_bert, TEXTS[0])
+    assert not batcher._leader_active and not batcher._pending
+    results, errors = _run_together(batcher, tiny_bert, TEXTS)  # later callers are served
+    assert errors == [None] * len(TEXTS)
+    for text, result in zip(TEXTS, results):
+        _assert_same_predictions(result, bertdemo.fill_mask(tiny_bert, text))
+
+
+def test_waiting_callers_get_the_leaders_error_instead_of_hanging(tiny_bert, monkeypatch):
+    batcher, entered, release = MicroBatcher(max_wait_s=0, timeout_s=30), threading.Event(), threading.Event()
+
+    def stuck_then_broken(batch):
+        entered.set()
+        release.wait(10)
+        raise KeyboardInterrupt  # not an Exception: only the leader's cleanup can catch it
+
+    monkeypatch.setattr(batcher, "_run", stuck_then_broken)
+    outcome = {}
+
+    def call(name):
+        try:
+            batcher.fill_mask(tiny_bert, TEXTS[0])
+        except BaseException as err:  # noqa: BLE001 - recorded for the assertions
+            outcome[name] = err
+
+    leader = threading.Thread(target=call, args=("leader",))
+    leader.start()
+    assert entered.wait(10)
+    follower = threading.Thread(target=call, args=("follower",))
+    follower.start()
+    while not batcher._pending:  # the follower's request is queued behind the stuck leader
+        time.sleep(0.01)
+    release.set()
+    for t in (leader, follower):
+        t.join(timeout=20)
+    assert isinstance(outcome["leader"], KeyboardInterrupt)
+    assert isinstance(outcome["follower"], KeyboardInterrupt)
+    assert not batcher._leader_active and not batcher._pending
+
+
+def test_a_follower_gives_up_after_the_timeout(tiny_bert, monkeypatch):
+    batcher, entered, release = MicroBatcher(max_wait_s=0, timeout_s=0.3), threading.Event(), threading.Event()
+    real_run = MicroBatcher._run
+
+    def slow(batch):
+        entered.set()
+        release.wait(10)
+        real_run(batch)
+
+    monkeypatch.setattr(batcher, "_run", slow)
+    out = {}
+    leader = threading.Thread(target=lambda: out.setdefault("leader", batcher.fill_mask(tiny_bert, TEXTS[0])))
+    leader.start()
+    assert entered.wait(10)
+    start = time.perf_counter()
+    with pytest.raises(TimeoutError, match="busy"):
+        batcher.fill_mask(tiny_bert, TEXTS[1])
+    assert time.perf_counter() - start < 5
+    assert not batcher._pending  # the dropped request will not be computed for nobody
+    release.set()
+    leader.join(timeout=20)
+    _assert_same_predictions(out["leader"], bertdemo.fill_mask(tiny_bert, TEXTS[0]))
+
+
+def _assert_same_predictions(result, reference):
+    """Same tokens in the same order, scores equal up to float rounding (padding changes the sums)."""
+    assert [[p["token_id"] for p in row] for row in result] == \
+           [[p["token_id"] for p in row] for row in reference]
+    for row, ref in zip(result, reference):
+        assert [p["score"] for p in row] == pytest.approx([p["score"] for p in ref], abs=1e-5)

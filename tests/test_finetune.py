@@ -356,7 +356,7 @@ def test_second_run_of_the_same_person_is_refused_and_stop_without_run_is_harmle
 
 def test_stopped_run_replaces_a_good_model_only_when_asked(tiny_bert):
     from bertdemo.sessions import SessionStore
-    from bertdemo.ui.finetune_tab import _keep_or_discard
+    from bertdemo.runs import keep_or_discard as _keep_or_discard
 
     store, limits = SessionStore(tiny_bert), Limits()
     good, _ = run(tiny_bert, steps=2)

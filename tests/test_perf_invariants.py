@@ -1,7 +1,12 @@
 """Cheap guards for the speed levers the benchmarks rely on (bench/ measures the speed itself)."""
+import copy
+
+import pytest
+import torch
 import transformers
 
 import bertdemo
+from bertdemo.models import RowsLinear, mlm_head, mlm_logits
 
 
 def test_requests_never_load_models_or_tokenizers(client, monkeypatch):
@@ -25,3 +30,50 @@ def test_attention_reuses_one_eager_twin_per_model(tiny_bert):
 def test_prediction_path_stays_on_sdpa(tiny_bert):
     bertdemo.attention(tiny_bert, "Paris is the [MASK] of France.")
     assert tiny_bert.model.config._attn_implementation == "sdpa"
+
+
+# ---------------------------------------------------------------- the LM head at a few rows
+
+@pytest.mark.parametrize("arch", ["tiny_bert", "tiny_roberta", "tiny_distilbert"])
+def test_head_at_rows_equals_the_models_own_forward(arch, request):
+    lm = request.getfixturevalue(arch)
+    texts = [f"Paris is the {lm.mask_token} of France.", f"The {lm.mask_token} tower is a {lm.mask_token}."]
+    inputs = lm.tokenizer(texts, return_tensors="pt", padding=True)
+    with torch.inference_mode():
+        full = lm.model(**inputs).logits  # (B, T, V): the (B, T, H) path, F.linear as transformers runs it
+        for n in (1, 2, 3, 16):
+            rows = torch.arange(n) % len(texts)
+            cols = torch.arange(n) % inputs["input_ids"].shape[1]
+            logits, _ = mlm_logits(lm.model, inputs, rows, cols)
+            assert type(lm.model.get_output_embeddings()) is RowsLinear
+            assert logits.is_contiguous() and logits.shape == (n, lm.model.config.vocab_size)
+            torch.testing.assert_close(logits, full[rows, cols], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_rows_linear_values_and_gradients_equal_linear(bias):
+    torch.manual_seed(0)
+    plain = torch.nn.Linear(48, 700, bias=bias)
+    fast = copy.deepcopy(plain)
+    fast.__class__ = RowsLinear
+    for n in (1, 3, 40):
+        x = torch.randn(n, 48, requires_grad=True)
+        x_ref = x.detach().clone().requires_grad_()
+        out, ref = fast(x), plain(x_ref)
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+        grad = torch.randn_like(ref)
+        out.backward(grad)
+        ref.backward(grad)
+        torch.testing.assert_close(x.grad, x_ref.grad, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(fast.weight.grad, plain.weight.grad, atol=1e-5, rtol=1e-5)
+        if bias:
+            torch.testing.assert_close(fast.bias.grad, plain.bias.grad, atol=1e-5, rtol=1e-5)
+
+
+def test_fast_decoder_keeps_weights_tied_and_state_dict(tiny_bert):
+    mlm_head(tiny_bert.model)
+    decoder = tiny_bert.model.get_output_embeddings()
+    assert type(decoder) is RowsLinear
+    assert decoder.weight is tiny_bert.model.get_input_embeddings().weight  # still tied
+    fresh = type(tiny_bert.model)(tiny_bert.model.config)  # what save_pretrained writes is unchanged
+    assert list(tiny_bert.model.state_dict()) == list(fresh.state_dict())

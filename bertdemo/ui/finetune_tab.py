@@ -6,19 +6,16 @@ that polls it and streams the loss curve and `gr.Progress`. Stop sets the sessio
 the loop checks before every step. One run per session: the validator claims the session's slot
 when the request enters the queue, so a second click is refused at once, not queued behind.
 """
-import queue
-import threading
-import weakref
-
 import gradio as gr
 import pandas as pd
 
-from .. import plots
+from .. import plots, runs
 from ..config import Settings
 from ..training import (MASKINGS, History, Limits, SettingError, check_settings, compare_masking,
-                        compare_probes, default_probes, finetune, prepare_text, save_zip)
+                        compare_probes, default_probes, finetune, prepare_text)
 from ..sessions import SessionStore
 from .common import friendly_errors, session_id
+from .live_run import limits_from, queued_probe, show_steps
 
 EXAMPLE_TEXT = """Paris is the capital of France.
 The Eiffel Tower is a famous landmark.
@@ -37,13 +34,9 @@ in ten is held out for evaluation with **fixed masks**, so the before/after numb
 (with fewer than 4 lines, evaluation uses the training lines themselves: it then measures
 memorising, and the page says so). Masking: *dynamic* draws fresh masks for every batch,
 *static* draws them once and reuses them every epoch (the original BERT)."""
+RUN_ENDPOINTS = {"finetune", "compare_masking", "article_finetune"}  # share one run slot per session
 FORM_FIELD = {"text": 0, "steps": 1, "epochs": 1, "unit": 2, "learning rate": 3, "batch size": 4,
               "block length": 5, "mask probability": 6, "masking": 7, "seed": 8}  # input index
-STOPPED_NOTE = {
-    "stopped": "you pressed Stop",
-    "time limit": "it reached the time limit of {seconds} s per run",
-    "diverged": "the loss became infinite or NaN (try a smaller learning rate)",
-}
 
 
 def render(store: SessionStore, settings: Settings) -> None:
@@ -101,7 +94,7 @@ def render(store: SessionStore, settings: Settings) -> None:
         verdicts = [gr.validate(True, "")] * n_inputs
         try:
             _run_settings(*values, store.base_for(session_id(request)), limits)
-            store.reserve_run(session_id(request))
+            runs.reserve(store, session_id(request), queued_probe(request, RUN_ENDPOINTS))
         except ValueError as err:
             verdicts[FORM_FIELD.get(getattr(err, "setting", "text"), 0)] = gr.validate(False, str(err))
         return verdicts
@@ -122,55 +115,46 @@ def render(store: SessionStore, settings: Settings) -> None:
     def on_finetune(text, length, unit, lr, batch_size, block_length, mask_probability, masking,
                     seed, keep_partial, probes, request: gr.Request, progress=gr.Progress()):
         sid = session_id(request)
-        flag = store.run_flag(sid)
-        try:
-            base, kwargs = _run_settings(text, length, unit, lr, batch_size, block_length,
-                                         mask_probability, masking, seed, store.base_for(sid), limits)
-            probe_list = _probe_list(probes, text)
-            worker = Worker(lambda emit, stop: finetune(base, text, on_step=emit, should_stop=stop,
-                                                        **kwargs), flag)
+        base, kwargs = _run_settings(text, length, unit, lr, batch_size, block_length,
+                                     mask_probability, masking, seed, store.base_for(sid), limits)
+        probe_list = _probe_list(probes, text)
+        job = lambda emit, stop: finetune(base, text, on_step=emit, should_stop=stop, **kwargs)  # noqa: E731
+        with runs.start(store, sid, job, max_seconds=limits.max_seconds) as run:
             steps, evals = [], []
-            for events in worker.updates():
+            for events in run.updates():
                 _collect(events, steps, evals)
-                _show_progress(progress, steps)
+                show_steps(progress, len(steps), _planned(steps))
                 yield (_live_status(steps), plots.finetune_curves(steps, evals, _planned(steps)),
                        gr.skip(), gr.skip(), gr.skip())
-            tuned, history = worker.outcome()
-            note = _keep_or_discard(store, sid, tuned, history, keep_partial, limits)
-            rows = compare_probes(base, tuned, probe_list, max_masks=settings.max_masks)
-            yield (_final_status(history, note),
-                   plots.finetune_curves(history.steps, history.evals, history.planned_steps),
-                   _metrics_frame(history), _probe_frame(rows), _active_line(store, sid))
-        finally:
-            flag.set()  # closed tab or error: the worker ends within one step
-            store.finish_run(sid, flag)
+            tuned, history = run.outcome()
+        note = runs.keep_or_discard(store, sid, tuned, history, keep_partial, limits)
+        rows = compare_probes(base, tuned, probe_list, max_masks=settings.max_masks)
+        yield (_final_status(history, note),
+               plots.finetune_curves(history.steps, history.evals, history.planned_steps),
+               _metrics_frame(history), _probe_frame(rows), _active_line(store, sid))
 
     @friendly_errors
     def on_compare(text, length, unit, lr, batch_size, block_length, mask_probability, masking,
                    seed, request: gr.Request, progress=gr.Progress()):
         sid = session_id(request)
-        flag = store.run_flag(sid)
-        try:
-            base, kwargs = _run_settings(text, length, unit, lr, batch_size, block_length,
-                                         mask_probability, masking, seed, store.base_for(sid), limits)
-            kwargs.pop("masking")
-            worker = Worker(lambda emit, stop: compare_masking(base, text, on_step=emit,
-                                                               should_stop=stop, **kwargs), flag)
-            runs = {m: {"steps": [], "evals": []} for m in MASKINGS}
-            for events in worker.updates():
+        base, kwargs = _run_settings(text, length, unit, lr, batch_size, block_length,
+                                     mask_probability, masking, seed, store.base_for(sid), limits)
+        kwargs.pop("masking")
+        job = lambda emit, stop: compare_masking(base, text, on_step=emit, should_stop=stop, **kwargs)  # noqa: E731
+        with runs.start(store, sid, job, max_seconds=2 * limits.max_seconds) as run:
+            curves = {m: {"steps": [], "evals": []} for m in MASKINGS}
+            for events in run.updates():
                 for event in events:
-                    _collect([event], runs[event["run"]]["steps"], runs[event["run"]]["evals"])
-                _show_progress(progress, runs["static"]["steps"] + runs["dynamic"]["steps"], factor=2)
-                yield "Running static, then dynamic masking…", plots.masking_comparison(runs)
-            histories = worker.outcome()
-            runs = {m: {"steps": h.steps, "evals": h.evals} for m, h in histories.items()}
-            yield _compare_status(histories, limits), plots.masking_comparison(runs)
-        finally:
-            flag.set()
-            store.finish_run(sid, flag)
+                    _collect([event], curves[event["run"]]["steps"], curves[event["run"]]["evals"])
+                both = curves["static"]["steps"] + curves["dynamic"]["steps"]
+                show_steps(progress, len(both), 2 * (_planned(both) or 0))
+                yield "Running static, then dynamic masking…", plots.masking_comparison(curves)
+            histories = run.outcome()
+        curves = {m: {"steps": h.steps, "evals": h.evals} for m, h in histories.items()}
+        yield _compare_status(histories, limits), plots.masking_comparison(curves)
 
     def on_stop(request: gr.Request):
-        if store.request_stop(session_id(request)):
+        if runs.stop(store, session_id(request)):
             return "Stopping after the current step…"
         return "Nothing is running: there is no fine-tune of yours to stop."
 
@@ -184,21 +168,9 @@ def render(store: SessionStore, settings: Settings) -> None:
         store.use_base(session_id(request))
         return _active_line(store, session_id(request))
 
-    zipped: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # tuned model -> its zip
-
     @friendly_errors
     def on_download(request: gr.Request):
-        sid = session_id(request)
-        tuned = store.tuned(sid)
-        if tuned is None:
-            raise ValueError("You have no tuned model to download: run a fine-tune first.")
-        archive = zipped.get(tuned)
-        if archive is None or not archive.exists():  # zip once per tuned model, not per click
-            archive = zipped[tuned] = save_zip(tuned, store.session_dir(sid))
-        if archive.stat().st_size > store.max_download_bytes:
-            raise ValueError(f"The tuned model's zip is {archive.stat().st_size / 1e6:.0f} MB; this "
-                             f"server serves at most {store.max_download_bytes / 1e6:.0f} MB.")
-        return str(archive)
+        return str(runs.model_zip(store, session_id(request)))
 
     @friendly_errors
     def on_suggest(text):
@@ -234,61 +206,9 @@ def create_demo(store: SessionStore, settings: Settings) -> gr.Blocks:
     return demo
 
 
-def limits_from(settings: Settings) -> Limits:
-    return Limits(max_chars=settings.finetune_max_chars,
-                           max_steps=settings.finetune_max_steps,
-                           max_seconds=float(settings.finetune_max_seconds))
-
-
-# ---------------------------------------------------------------- running in a worker
-
-class Worker:
-    """Runs `job(emit, should_stop)` in a thread; `updates()` yields the events it emitted."""
-
-    def __init__(self, job, stop: threading.Event):
-        self._events: queue.Queue = queue.Queue()
-        self._result = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._work, args=(job, stop), daemon=True)
-        self._thread.start()
-
-    def _work(self, job, stop: threading.Event) -> None:
-        try:
-            self._result = job(self._events.put, stop.is_set)
-        except BaseException as err:  # noqa: BLE001 - re-raised in the handler's thread
-            self._error = err
-
-    def updates(self, every: float = 0.5):
-        """Lists of new events, at most one list per `every` seconds, until the job ends."""
-        # Waiting the whole interval (not just for the first event) matters: a step takes
-        # milliseconds on a small model, and a page redrawn at every step starves the run of CPU.
-        while self._thread.is_alive() or not self._events.empty():
-            self._thread.join(timeout=every)  # returns at once when the job ends
-            batch = []
-            try:
-                while True:
-                    batch.append(self._events.get_nowait())
-            except queue.Empty:
-                pass
-            if batch:
-                yield batch
-        self._thread.join()
-
-    def outcome(self):
-        """The job's return value; re-raises its exception here."""
-        if self._error is not None:
-            raise self._error
-        return self._result
-
-
 def _collect(events: list[dict], steps: list[dict], evals: list[dict]) -> None:
     for event in events:
         (steps if event["kind"] == "step" else evals).append(event)
-
-
-def _show_progress(progress, steps: list[dict], factor: int = 1) -> None:
-    if steps:
-        progress((len(steps), steps[-1]["steps"] * factor), desc="fine-tuning", unit="steps")
 
 
 def _planned(steps: list[dict]) -> int | None:
@@ -319,22 +239,6 @@ def _probe_list(probes_text: str | None, text: str) -> list[str]:
 
 
 # ---------------------------------------------------------------- results
-
-def _keep_or_discard(store: SessionStore, sid, tuned, history, keep_partial: bool,
-                     limits: Limits) -> str:
-    """Store the run's model as the session's tuned model, or say why it was not."""
-    done = len(history.steps)
-    if history.completed or (keep_partial and history.stopped != "diverged" and done > 0):
-        store.put_tuned(sid, tuned)
-        if store.using_tuned(sid):
-            return "It is your tuned model now, already in use in the other tabs."
-        return "It is your tuned model now: press **Use my tuned model in all tabs** to try it there."
-    why = STOPPED_NOTE[history.stopped].format(seconds=int(limits.max_seconds))
-    previous = ("your previous tuned model is unchanged" if store.tuned(sid) is not None
-                else "you have no tuned model yet")
-    return (f"The run ended early because {why}, after {done} of {history.planned_steps} steps. "
-            f"Its model was **not kept**: {previous}. (Tick “Keep the model…” to keep a stopped run.)")
-
 
 def _live_status(steps: list[dict]) -> str:
     if not steps:
@@ -382,7 +286,7 @@ def _compare_status(histories: dict, limits: Limits) -> str:
     for name, h in histories.items():
         lines.append(f"| {name} | {len(h.steps)} | {h.before['loss']:.3f} → {h.after['loss']:.3f} "
                      f"| {h.before['accuracy']:.1%} → {h.after['accuracy']:.1%} |")
-    ended = [f"{name}: {STOPPED_NOTE[h.stopped].format(seconds=int(limits.max_seconds))}"
+    ended = [f"{name}: {runs.ENDED_BECAUSE[h.stopped].format(seconds=int(limits.max_seconds))}"
              for name, h in histories.items() if h.stopped]
     if ended:
         lines.append("\nEnded early — " + "; ".join(ended) + ".")

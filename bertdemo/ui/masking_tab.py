@@ -6,11 +6,11 @@ import math
 import gradio as gr
 import pandas as pd
 
-from .. import masking, plots
+from .. import masking, plots, runs
 from ..config import Settings
 from ..sessions import SessionStore
 from .common import friendly_errors, session_id
-from .finetune_tab import limits_from
+from .live_run import limits_from, queued_probe
 
 EXAMPLES = [
     "Paris is the capital of France.",
@@ -107,7 +107,9 @@ def render(store: SessionStore, settings: Settings) -> None:
             consequence_lr = gr.Number(3e-4, label="Learning rate",
                                        info="The article uses 5e-5; 3e-4 shows the effect within "
                                             "60 steps.")
-        consequence_btn = gr.Button("Fine-tune with each labelling")
+        with gr.Row():
+            consequence_btn = gr.Button("Fine-tune with each labelling")
+            consequence_stop = gr.Button("Stop", variant="stop")
         consequence_plot = gr.Plot(label="Training loss (own labelling) and eval loss (proper masks)")
         consequence_table = gr.Dataframe(label="Before and after, on properly masked tokens",
                                          interactive=False)
@@ -152,16 +154,28 @@ def render(store: SessionStore, settings: Settings) -> None:
 
     @friendly_errors
     def on_consequence(sentence, seed_value, steps, lr, request: gr.Request, progress=gr.Progress()):
-        lm = store.for_session(session_id(request))
+        sid = session_id(request)
+        lm, limits = store.for_session(sid), limits_from(settings)
 
-        def report(event):
-            if event["kind"] == "step":  # the article's run first, then the collator's
-                done = event["step"] + (event["steps"] if event["run"] == "collator" else 0)
-                progress((done, 2 * event["steps"]), desc=f"{event['run']} labelling", unit="steps")
-        result = masking.labelling_consequence(lm, sentence, steps, seed_value, lr=lr, on_step=report,
-                                               limits=limits_from(settings))
-        runs = {LABELS[run]: {"steps": h.steps, "evals": h.evals} for run, h in result.runs.items()}
-        return plots.labelling_curves(runs), _consequence_frame(result), _consequence_note(result)
+        def job(emit, should_stop):
+            return masking.labelling_consequence(lm, sentence, steps, seed_value, lr=lr, on_step=emit,
+                                                 should_stop=should_stop, limits=limits)
+        with runs.start(store, sid, job, max_seconds=2 * limits.max_seconds) as run:
+            for events in run.updates():
+                _consequence_progress(progress, [e for e in events if e["kind"] == "step"])
+            result = run.outcome()
+        curves = {LABELS[name]: {"steps": h.steps, "evals": h.evals} for name, h in result.runs.items()}
+        return plots.labelling_curves(curves), _consequence_frame(result), _consequence_note(result)
+
+    def reserve_consequence(sentence, seed_value, steps, lr, request: gr.Request):
+        try:
+            runs.reserve(store, session_id(request), queued_probe(request, {"article_finetune"}))
+        except ValueError as err:
+            return [gr.validate(False, str(err))] + [gr.validate(True, "")] * 3
+        return [gr.validate(True, "")] * 4
+
+    def on_stop(request: gr.Request):
+        runs.stop(store, session_id(request))
 
     inputs = [text, seed, *rates]
     sample_out = [strip, table, counts, rows_json]
@@ -178,7 +192,8 @@ def render(store: SessionStore, settings: Settings) -> None:
     consequence_btn.click(on_consequence, [text, seed, consequence_steps, consequence_lr],
                           [consequence_plot, consequence_table, consequence_note],
                           api_name="article_finetune", concurrency_id="finetune",
-                          concurrency_limit=settings.finetune_concurrency)
+                          concurrency_limit=settings.finetune_concurrency, validator=reserve_consequence)
+    consequence_stop.click(on_stop, None, None, api_visibility="private", queue=False)
 
 
 def create_demo(store: SessionStore, settings: Settings) -> gr.Blocks:
@@ -186,6 +201,14 @@ def create_demo(store: SessionStore, settings: Settings) -> gr.Blocks:
     with gr.Blocks(title="bertdemo: mask sampling") as demo:
         render(store, settings)
     return demo
+
+
+def _consequence_progress(progress, steps: list[dict]) -> None:
+    """The article's run first, then the collator's: one bar over both."""
+    if steps:
+        last = steps[-1]
+        done = last["step"] + (last["steps"] if last["run"] == "collator" else 0)
+        progress((done, 2 * last["steps"]), desc=f"{last['run']} labelling", unit="steps")
 
 
 def _next_seed(value) -> int:
