@@ -20,6 +20,8 @@ from bertdemo.config import Settings
 from bertdemo.models import load_allowed
 from bertdemo.sessions import SessionStore
 from bertdemo.ui import about_tab, attention_tab, fillmask_tab, finetune_tab, masking_tab, mcp_tools, model_picker
+from bertdemo.ui import explain_tab
+from bertdemo.ui.context import AppContext
 from bertdemo.ui.common import friendly_errors, hide_paths, refuse_non_finite_numbers
 
 log = logging.getLogger("bertdemo")
@@ -171,6 +173,7 @@ def build_demo(settings: Settings, store: SessionStore | None = None) -> gr.Bloc
             fillmask_tab.render(store, settings)
         with gr.Tab("Attention"):
             attention_tab.render(store, settings)
+        with gr.Tab("Inside a prediction"): explain_tab.render(AppContext(store, settings))  # noqa: E701
         with gr.Tab("Mask sampling"):
             masking_tab.render(store, settings)
         with gr.Tab("Fine-tune"):

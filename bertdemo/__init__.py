@@ -10,3 +10,5 @@ __all__ = ["LoadedModel", "load", "pick_device", "fill_mask", "fill_jointly", "s
            "sentence_score", "split_words", "mask_word", "attention",
            "mask_sample", "outcome_counts", "static_vs_dynamic", "masking_law", "article_mask_tokens",
            "article_comparison", "labelling_consequence", "finetune", "compare_masking"]
+from .explain import compare_predictions, compare_scores, layer_predictions, saliency  # issue 13
+__all__ += ["layer_predictions", "saliency", "compare_predictions", "compare_scores"]

@@ -75,7 +75,7 @@ class ModelCard:
            weights: str = "in memory") -> "ModelCard":
         """The card of `model`; `loading_info` is from `from_pretrained(output_loading_info=True)`."""
         info = loading_info or {}
-        prefix = f"{getattr(model, 'base_model_prefix', '')}."
+        prefix = f"{getattr(model, 'base_model_prefix', '')}."  # a stand-in module has none
         missing = sorted(info.get("missing_keys") or ())
         first = next(model.parameters(), torch.empty(0))  # any torch module will do, even a stand-in
         return cls(type(model).__name__, sum(p.numel() for p in model.parameters()),

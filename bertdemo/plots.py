@@ -255,3 +255,64 @@ def labelling_curves(runs: dict[str, dict]) -> go.Figure:
     fig.update_layout(height=420, margin=dict(l=10, r=10, t=40, b=10),  # legend below: 4 long names
                       legend=dict(orientation="h", x=0, y=-0.2, yanchor="top"))
     return fig
+
+
+# ---------------------------------------------------------------- inside a prediction (issue 13)
+
+def layer_heatmap(entry: dict, title: str) -> go.Figure:
+    """Layers x top-k for one mask (`explain.layer_predictions`' entry): each cell names the
+    token at that rank after that layer, coloured by its probability; the final answer is bold."""
+    layers, final = entry["layers"], entry["final"]["token_id"]
+    text = [[_bold_if(_plotly_text(p["token"]), p["token_id"] == final) for p in row] for row in layers]
+    fig = go.Figure(go.Heatmap(
+        z=[[p["score"] for p in row] for row in layers], text=text, texttemplate="%{text}",
+        x=[f"#{r + 1}" for r in range(len(layers[0]))], y=entry["layer_names"], colorscale="Purples",
+        zmin=0, zmax=1, xgap=1, ygap=1, colorbar=dict(title="p"),
+        hovertemplate="%{y}, rank %{x}: %{text} (p = %{z:.4f})<extra></extra>"))
+    fig.update_layout(title=title, height=min(max(260, 90 + 30 * len(layers)), 1200),
+                      margin=dict(l=10, r=10, t=50, b=10),
+                      xaxis=dict(title="rank at that layer", side="top"),
+                      yaxis=dict(title="read after", autorange="reversed", type="category"))
+    return fig
+
+
+def _bold_if(label: str, bold: bool) -> str:
+    return f"<b>{label}</b>" if bold else label
+
+
+def final_rank_lines(entries: list[dict]) -> go.Figure:
+    """Rank of each mask's final answer after every layer (log scale, rank 1 at the top)."""
+    fig = go.Figure()
+    for entry in entries:
+        name = f"[MASK] {entry['mask']}: {_plotly_text(entry['final']['token'])}"
+        fig.add_trace(go.Scatter(x=entry["layer_names"], y=entry["final_rank"], mode="lines+markers",
+                                 name=name, customdata=entry["final_prob"],
+                                 hovertemplate=f"{name}<br>%{{x}}: rank %{{y}}, p = %{{customdata:.4f}}"
+                                               "<extra></extra>"))
+    fig.update_layout(title="Rank of the final answer after each layer", height=340,
+                      xaxis=dict(title="read after", type="category"),
+                      yaxis=dict(title="rank (1 = top)", type="log", autorange="reversed"),
+                      margin=dict(l=10, r=10, t=50, b=10))
+    return fig
+
+
+def comparison_bars(result: dict) -> go.Figure:
+    """Both models' probabilities of each token of either top-k, side by side, one row of bars
+    per mask (`explain.compare_predictions`' result); hover gives the change."""
+    masks, names = result["masks"], [_plotly_text(n) for n in result["models"]]
+    fig = make_subplots(rows=max(len(masks), 1), cols=1, vertical_spacing=0.3 / max(len(masks), 1),
+                        subplot_titles=[f"[MASK] {m['mask']}" for m in masks])
+    for row, mask in enumerate(masks, start=1):
+        labels = _unique_labels([_plotly_text(r["token"]) for r in mask["changes"]])
+        for key, name, colour in (("a", names[0], "#6366f1"), ("b", names[1], "#f59e0b")):
+            fig.add_trace(go.Bar(
+                x=labels, y=[r[key] for r in mask["changes"]], name=name, marker_color=colour,
+                legendgroup=key, showlegend=row == 1,
+                customdata=[r["change"] if r["change"] is not None else float("nan") for r in mask["changes"]],
+                hovertemplate=f"{name}<br>%{{x}}: p = %{{y:.4f}}, change %{{customdata:+.4f}}<extra></extra>"),
+                row=row, col=1)
+    fig.update_yaxes(title_text="probability", tickformat=".0%")
+    fig.update_layout(barmode="group", height=min(120 + 260 * len(masks), 2400),
+                      legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right"),
+                      margin=dict(l=10, r=10, t=60, b=10))
+    return fig

@@ -52,6 +52,9 @@ ENDPOINTS = {
     "/use_tuned": [],
     "/use_base": [],
     "/download_tuned": [],
+    "/layer_predictions": [("text", SENTENCE), ("number", 1), ("number", 3)],
+    "/saliency": [("text", SENTENCE), ("text", ""), ("number", 1), ("choice", "gradient_x_input"),
+                  ("number", 2), ("number", 0)],
 }
 # Gradio component -> kind of input in the table above.
 KINDS = {"Textbox": "text", "Number": "number", "Slider": "number", "Radio": "choice",
