@@ -10,8 +10,8 @@ import bertdemo
 from bertdemo.config import Settings
 
 SENTENCE = "Paris is the [MASK] of France."
-EXPECTED_TOOLS = {"fill_mask", "fill_jointly", "score_candidates", "sentence_score", "mask_sample"}
-EXPLAIN_TOOLS = {"layer_predictions", "saliency"}  # issue 13's endpoints, tools wherever the app has them
+EXPECTED_TOOLS = {"fill_mask", "fill_jointly", "score_candidates", "sentence_score", "mask_sample",
+                  "layer_predictions", "saliency"}
 
 
 def test_mcp_is_off_by_default_on_with_the_env_var_and_in_a_space():
@@ -31,21 +31,16 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def mcp_app(tiny_bert_dir):
-    """The whole app started as `app.py --model TINY --mcp`: its MCP URL and its API's endpoints."""
+def mcp_url(tiny_bert_dir):
+    """The whole app started as `app.py --model TINY --mcp`; yields its MCP endpoint."""
     import app
 
     settings = app.parse_args(["--model", str(tiny_bert_dir), "--device", "cpu", "--mcp",
                                "--port", str(free_port())])
     demo = app.build_demo(settings)
     url, _ = app.serve(demo, settings, block=False)
-    yield url.rstrip("/") + "/gradio_api/mcp/", set(demo.get_api_info()["named_endpoints"])
+    yield url.rstrip("/") + "/gradio_api/mcp/"
     demo.close()
-
-
-@pytest.fixture
-def mcp_url(mcp_app):
-    return mcp_app[0]
 
 
 def session_call(url: str, work):
@@ -61,11 +56,9 @@ def session_call(url: str, work):
     return asyncio.run(run())
 
 
-def test_tools_are_the_quick_stateless_ones(mcp_app):
-    url, endpoints = mcp_app
-    tools = session_call(url, lambda s: s.list_tools()).tools
-    explain = {name for name in EXPLAIN_TOOLS if f"/{name}" in endpoints}
-    assert {tool.name for tool in tools} == EXPECTED_TOOLS | explain  # no fine-tune, stop, download, choice
+def test_tools_are_the_quick_stateless_ones(mcp_url):
+    tools = session_call(mcp_url, lambda s: s.list_tools()).tools
+    assert {tool.name for tool in tools} == EXPECTED_TOOLS  # no fine-tune, stop, download, choice
     schema = next(t for t in tools if t.name == "fill_mask").inputSchema
     assert set(schema["properties"]) == {"sentence", "k"}
 
@@ -93,3 +86,4 @@ def test_long_actions_cannot_be_called_as_tools(mcp_url):
         return await session.call_tool("finetune", {"text": "hello"})
     result = session_call(mcp_url, call)
     assert result.isError and "Unknown tool" in result.content[0].text
+

@@ -19,18 +19,19 @@ import gradio as gr
 
 log = logging.getLogger("bertdemo")
 
-# api_name -> why it is a tool. Issue 13's "layer_predictions" and "saliency" join when they land.
+# api_name -> what an agent asks with it.
 TOOLS = {
     "fill_mask": "top-k predictions at each [MASK]",
     "fill_jointly": "completions of all masks together (beam search)",
     "score_candidates": "probability of given words at one mask",
     "sentence_score": "pseudo-log-likelihood of a sentence",
     "mask_sample": "one draw of BERT's 15% / 80-10-10 corruption of a sentence",
+    "layer_predictions": "what each layer would predict at a mask (logit lens)",
+    "saliency": "which input words caused a prediction (Captum attributions)",
 }
-OPTIONAL_TOOLS = ("layer_predictions", "saliency")  # served as tools once their endpoints exist
 
 
-def keep_tools(demo: gr.Blocks, tools=(*TOOLS, *OPTIONAL_TOOLS)) -> list[str]:
+def keep_tools(demo: gr.Blocks, tools=tuple(TOOLS)) -> list[str]:
     """Narrow the launched demo's MCP server to `tools` (api_names that exist); returns the tool
     names served. Does nothing when the demo runs without an MCP server."""
     server = getattr(demo, "mcp_server_obj", None)
@@ -41,7 +42,7 @@ def keep_tools(demo: gr.Blocks, tools=(*TOOLS, *OPTIONAL_TOOLS)) -> list[str]:
     # prefixes every tool with the Space's name, so keep its prefix.
     server.tool_to_endpoint = {server.tool_prefix + name: f"/{name}" for name in tools
                                if f"/{name}" in endpoints}
-    missing = [name for name in TOOLS if f"/{name}" not in endpoints]
+    missing = [name for name in tools if f"/{name}" not in endpoints]
     if missing:
         log.warning("MCP: endpoints %s not found; not served as tools", ", ".join(missing))
     return list(server.tool_to_endpoint)
