@@ -46,6 +46,8 @@ class Settings:
                                         "sessions' deleted first)")
     download_max_age: int = option(3600, "seconds a download stays available before it is deleted")
     allow_pickle: bool = option(False, "accept checkpoints without safetensors (pickle can run code)")
+    mcp: bool = option(False, "also serve the quick tools (fill-mask, scores, mask sampling, layer "
+                              "predictions, saliency) to MCP clients at /gradio_api/mcp/; on in a Space")
     share: bool = option(False, "also serve on a public *.gradio.live link: anyone with it can use the demo")
     auth: str | None = option(None, "require this login (kept out of logs)", metavar="USER:PASSWORD",
                               repr=False)
@@ -88,7 +90,7 @@ def flag_parser(defaults: Settings) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="BERT masked-language-modelling demo")
     for f in fields(Settings):
         shown = "" if f.default in (None, False, MISSING) else "; default %(default)s"
-        kind = ({"action": "store_true"} if "bool" in f.type else
+        kind = ({"action": argparse.BooleanOptionalAction} if "bool" in f.type else
                 {"type": _auth_value if f.name == "auth" else _TYPES.get(f.type, str), "metavar": f.metadata["metavar"]})
         parser.add_argument(flag(f), default=getattr(defaults, f.name), dest=f.name,
                             help=f"{f.metadata['help']} (env {env_var(f)}{shown})", **kind)
@@ -131,6 +133,8 @@ def _hosting_defaults(environ) -> dict:
         values["host"] = environ["GRADIO_SERVER_NAME"]
     elif environ.get("SPACE_ID"):
         values["host"] = "0.0.0.0"
+    if environ.get("SPACE_ID"):
+        values["mcp"] = True  # a 2026 Space is expected to offer its tools to agents
     if environ.get("GRADIO_SERVER_PORT"):
         values["port"] = int(environ["GRADIO_SERVER_PORT"])
     return values

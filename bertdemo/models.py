@@ -77,7 +77,7 @@ class ModelCard:
         info = loading_info or {}
         prefix = f"{getattr(model, 'base_model_prefix', '')}."  # a stand-in module has none
         missing = sorted(info.get("missing_keys") or ())
-        first = next(model.parameters())
+        first = next(model.parameters(), torch.empty(0))  # any torch module will do, even a stand-in
         return cls(type(model).__name__, sum(p.numel() for p in model.parameters()),
                    str(first.dtype).removeprefix("torch."), str(first.device), weights,
                    head_missing=tuple(k for k in missing if not k.startswith(prefix)),
