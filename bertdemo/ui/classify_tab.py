@@ -112,10 +112,12 @@ def _section_run() -> dict:
     curve = gr.Plot(label="Training loss and held-out accuracy, live")
     with gr.Row():
         before_after = gr.Dataframe(label="Held-out scores: before (untrained head) and after",
-                                    interactive=False)
+                                    headers=["held-out", "before", "after"], interactive=False,
+                                    column_widths=["60%", "20%", "20%"])
         confusion = gr.Plot(label="Confusion matrix (held-out)", elem_id="classify-confusion")
     predictions = gr.Dataframe(label="Held-out predictions, mistakes first", interactive=False,
-                               wrap=True, max_height=320)
+                               headers=["", "text", "label", "predicted", "probabilities"],
+                               wrap=True, max_height=320, elem_id="classify-predictions")
     return {"train": train, "stop": stop, "outputs": [status, curve, before_after, confusion, predictions]}
 
 
@@ -126,7 +128,9 @@ def _section_use() -> dict:
         with gr.Column(scale=1):
             classify_btn = gr.Button("Classify")
             download = gr.Button("Download the classifier (.zip)")
-    result = gr.Dataframe(label="Predictions of your classifier", interactive=False, wrap=True)
+    result = gr.Dataframe(label="Predictions of your classifier", interactive=False, wrap=True,
+                          headers=["sentence", "label", "probabilities…"],
+                          elem_id="classify-result")
     file = gr.File(label="save_pretrained folder + tokenizer, zipped: AutoModelForSequenceClassification"
                          ".from_pretrained(folder)", height=90)
     return {"sentences": sentences, "classify": classify_btn, "download": download, "result": result,
