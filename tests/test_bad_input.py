@@ -57,6 +57,9 @@ ENDPOINTS = {
     "/use_tuned": [],
     "/use_base": [],
     "/download_tuned": [],
+    "/layer_predictions": [("text", SENTENCE), ("number", 1), ("number", 3)],
+    "/saliency": [("text", SENTENCE), ("text", ""), ("number", 1), ("choice", "gradient_x_input"),
+                  ("number", 2), ("number", 0)],
     "/classify_example": [("choice", "Reviews: positive, negative (24 lines)")],
     "/train_classifier": CLASSIFY_FORM,  # before /classify and /download_classifier: they need its classifier
     "/stop_classifier": [],
@@ -138,6 +141,7 @@ def cases():
                 yield pytest.param(api_name, index, value, id=f"{api_name}-{index}-{name}")
 
 
+@pytest.mark.slow
 def test_the_suite_covers_every_endpoint_and_input(suite_client):
     info = suite_client.view_api(print_info=False, return_format="dict")
     assert not info["unnamed_endpoints"]
@@ -147,6 +151,7 @@ def test_the_suite_covers_every_endpoint_and_input(suite_client):
     assert served == described, "an endpoint or input changed: describe it in ENDPOINTS"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("api_name, index, value", cases())
 def test_bad_input_gets_a_clear_message_and_the_next_good_request_succeeds(
         suite_app, suite_client, api_name, index, value):
