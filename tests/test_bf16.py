@@ -74,3 +74,20 @@ def test_unknown_dtype_says_what_is_accepted(dtype, tiny_bert_dir):
 def test_dtype_names():
     assert pick_dtype(None) == pick_dtype("float32") == torch.float32
     assert pick_dtype(" BFloat16 ") == pick_dtype(torch.bfloat16) == torch.bfloat16
+
+
+def test_dtype_flag_reaches_the_model_and_the_page(tiny_bert_dir):
+    import app
+    from bertdemo.config import Settings
+    from bertdemo.ui import fillmask_tab
+    from bertdemo.ui.context import Visitor
+    from bertdemo.ui.model_line import model_line
+
+    settings = Settings.from_flags(["--model", str(tiny_bert_dir), "--device", "cpu", "--dtype", "bfloat16"])
+    assert settings.dtype == "bfloat16" and Settings().dtype == "float32"
+    store = app.load_store(settings)
+    assert next(store.base.model.parameters()).dtype == torch.bfloat16
+    assert model_line(store, "s1") == f"Model: **{store.base.name}** on `cpu`, in bfloat16"
+    assert model_line(store, None, "banner").startswith(f"### Using {store.base.name}, in bfloat16")
+    _, raw, line = fillmask_tab.on_predict(Visitor(store, settings, "s1"), "Paris is the [MASK].", 3)
+    assert len(raw[0]) == 3 and line.endswith("in bfloat16")
