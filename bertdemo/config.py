@@ -26,6 +26,8 @@ class Settings:
     models: str | None = option(None, "more hub ids or folders visitors may pick, comma separated; "
                                       "nothing else can be loaded from the page", metavar="A,B,...")
     device: str | None = option(None, "cpu, cuda or cuda:N; default: CUDA when present, else CPU")
+    dtype: str = option("float32", "weights' precision: float32, or bfloat16 (half the memory traffic; "
+                                   "speed and fidelity in the README's Benchmarks)")
     host: str = option("127.0.0.1", "address to serve on")
     port: int = option(7860, "port")
     max_masks: int = option(10, "most [MASK]s per sentence")
