@@ -1,14 +1,17 @@
 """bertdemo: the model service behind the demo. Plain Python; the Gradio UI lives in `bertdemo.ui`."""
-from .attention_views import attention  # shadows the module name: use `from bertdemo.attention_views import ...`
+from .attention_views import attention
+from .classification import (adapt_then_classify, classify, forgetting, lr_sweep, parse_examples,
+                             train_classifier)
+from .explain import compare_predictions, compare_scores, layer_predictions, saliency
 from .fillmask import fill_jointly, fill_mask, mask_word, score_candidates, sentence_score, split_words
-from .training import compare_masking, finetune  # shadows the module: use `from bertdemo.training import ...`
 from .masking import (article_comparison, article_mask_tokens, labelling_consequence, mask_sample,
                       masking_law, outcome_counts, static_vs_dynamic)
 from .models import LoadedModel, load, pick_device
+from .training import compare_masking, finetune
 
 __all__ = ["LoadedModel", "load", "pick_device", "fill_mask", "fill_jointly", "score_candidates",
            "sentence_score", "split_words", "mask_word", "attention",
            "mask_sample", "outcome_counts", "static_vs_dynamic", "masking_law", "article_mask_tokens",
-           "article_comparison", "labelling_consequence", "finetune", "compare_masking"]
-from .explain import compare_predictions, compare_scores, layer_predictions, saliency  # issue 13
-__all__ += ["layer_predictions", "saliency", "compare_predictions", "compare_scores"]
+           "article_comparison", "labelling_consequence", "finetune", "compare_masking",
+           "train_classifier", "classify", "forgetting", "lr_sweep", "adapt_then_classify",
+           "parse_examples", "layer_predictions", "saliency", "compare_predictions", "compare_scores"]

@@ -1,38 +1,57 @@
-"""Settings for the demo: one dataclass, every field overridable by a flag or an env var."""
+"""Settings for the demo: one dataclass, every field overridable by a flag or an env var.
+
+Each field says once what it means (`option(default, help)`); `--flags`, their `--help` and the
+`BERTDEMO_*` env vars are all generated from that, so the three cannot drift apart.
+"""
 from __future__ import annotations
 
+import argparse
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, Field, dataclass, field, fields
 
 DEFAULT_MODEL = "bert-base-uncased"
+ENV_PREFIX = "BERTDEMO_"
+
+
+def option(default, help: str, *, metavar: str | None = None, repr: bool = True) -> Field:
+    """A settings field: its default and what it means (the `--flag`'s help, said once)."""
+    return field(default=default, repr=repr, metadata={"help": help, "metavar": metavar})
 
 
 @dataclass
 class Settings:
-    """What the operator can set. `app.py` maps each field to `--flag` and `BERTDEMO_FIELD`."""
+    """What the operator can set. Field `max_masks` is flag `--max-masks` and env var `BERTDEMO_MAX_MASKS`."""
 
-    model: str = DEFAULT_MODEL  # hub id or local folder
-    models: str | None = None  # comma-separated: more models visitors may pick (--model is always offered)
-    device: str | None = None  # None: CUDA when present, else CPU
-    host: str = "127.0.0.1"
-    port: int = 7860
-    max_masks: int = 10  # most [MASK]s accepted in one sentence
-    max_top_k: int = 50  # most predictions shown per mask
-    max_candidates: int = 10  # most candidate words scored at once
-    max_batch: int = 16  # fill-mask requests batched into one forward (1: no batching)
-    finetune_max_chars: int = 20_000  # most characters of pasted text per fine-tune
-    finetune_max_steps: int = 300  # most training steps per fine-tune run
-    finetune_max_seconds: int = 120  # wall-clock limit per run; the loop stops cleanly there
-    finetune_max_models: int = 8  # tuned models kept in memory; the least recently used is evicted
-    finetune_concurrency: int = 1  # fine-tunes running at once; the others wait in the queue
-    queue_size: int = 64  # most requests waiting in the queue; past it new ones are refused
-    max_sessions: int = 1000  # sessions whose page state Gradio keeps (~0.3 MB each); the oldest go first
-    download_max_mb: int = 2048  # downloads kept on disk; past it the least recent sessions' are deleted
-    download_max_age: int = 3600  # seconds a download stays available; older files are deleted
-    allow_pickle: bool = False  # accept checkpoints without safetensors (pickle can run code)
-    mcp: bool = False  # also serve the quick tools to MCP clients (agents) at /gradio_api/mcp/; on in a Space
-    share: bool = False  # ask Gradio's share server for a public *.gradio.live link
-    auth: str | None = field(default=None, repr=False)  # "user:password": login page (kept out of logs)
+    model: str = option(DEFAULT_MODEL, "hub id or local folder of a masked LM")
+    models: str | None = option(None, "more hub ids or folders visitors may pick, comma separated; "
+                                      "nothing else can be loaded from the page", metavar="A,B,...")
+    device: str | None = option(None, "cpu, cuda or cuda:N; default: CUDA when present, else CPU")
+    host: str = option("127.0.0.1", "address to serve on")
+    port: int = option(7860, "port")
+    max_masks: int = option(10, "most [MASK]s per sentence")
+    max_top_k: int = option(50, "most predictions shown per mask")
+    max_candidates: int = option(10, "most candidate words scored at once")
+    max_batch: int = option(16, "fill-mask requests batched into one forward; 1 disables")
+    finetune_max_chars: int = option(20_000, "most characters of text per fine-tune")
+    finetune_max_steps: int = option(300, "most steps per fine-tune run")
+    finetune_max_seconds: int = option(120, "wall-clock seconds per fine-tune run (stops cleanly there)")
+    finetune_max_models: int = option(8, "tuned models kept in memory (least recently used evicted)")
+    finetune_concurrency: int = option(1, "fine-tunes running at once (the rest wait in the queue)")
+    classify_max_examples: int = option(2000, "most labelled examples per classifier run (its other "
+                                              "caps are the fine-tune's)")
+    queue_size: int = option(64, "most requests waiting in the queue")
+    max_sessions: int = option(1000, "sessions whose page state is kept in memory, ~0.3 MB each "
+                                     "(the oldest are forgotten)")
+    download_max_mb: int = option(2048, "megabytes of downloads kept on disk (least recent "
+                                        "sessions' deleted first)")
+    download_max_age: int = option(3600, "seconds a download stays available before it is deleted")
+    allow_pickle: bool = option(False, "accept checkpoints without safetensors (pickle can run code)")
+    share: bool = option(False, "also serve on a public *.gradio.live link: anyone with it can use the demo")
+    mcp: bool = option(False, "also serve the quick tools (fill-mask, scores, mask sampling, layer "
+                              "predictions, saliency) to MCP clients at /gradio_api/mcp/; on in a "
+                              "Space unless BERTDEMO_MCP=0")
+    auth: str | None = option(None, "require this login (kept out of logs)", metavar="USER:PASSWORD",
+                              repr=False)
 
     @property
     def allowed_models(self) -> list[str]:
@@ -46,24 +65,66 @@ class Settings:
         environ = os.environ if environ is None else environ
         values = _hosting_defaults(environ)
         for f in fields(cls):
-            raw = environ.get(f"BERTDEMO_{f.name.upper()}")
-            if raw is None:
-                continue
-            values[f.name] = _parse(raw, f.type)
+            raw = environ.get(env_var(f))
+            if raw is not None:
+                values[f.name] = _parse(raw, f.type)
         return cls(**values)
+
+    @classmethod
+    def from_flags(cls, argv: list[str] | None = None, environ: dict | None = None) -> "Settings":
+        """Flags override env vars, which override the defaults. Exits with a usage message on a
+        bad flag or env var, as argparse does."""
+        args = flag_parser(cls.from_env(environ)).parse_args(argv)
+        return cls(**vars(args))
+
+
+def env_var(f: Field) -> str:
+    return ENV_PREFIX + f.name.upper()
+
+
+def flag(f: Field) -> str:
+    return "--" + f.name.replace("_", "-")
+
+
+def flag_parser(defaults: Settings) -> argparse.ArgumentParser:
+    """`--field-name` for every field of `Settings`, defaulting to `defaults` (the env's)."""
+    parser = argparse.ArgumentParser(description="BERT masked-language-modelling demo")
+    for f in fields(Settings):
+        shown = "" if f.default in (None, False, MISSING) else "; default %(default)s"
+        kind = ({"action": "store_true"} if "bool" in f.type else
+                {"type": _auth_value if f.name == "auth" else _TYPES.get(f.type, str), "metavar": f.metadata["metavar"]})
+        parser.add_argument(flag(f), default=getattr(defaults, f.name), dest=f.name,
+                            help=f"{f.metadata['help']} (env {env_var(f)}{shown})", **kind)
+    return parser
+
+
+def parse_auth(value: str | None) -> tuple[str, str] | None:
+    """`"user:password"` -> `("user", "password")` (the password may contain ':'); else None."""
+    user, sep, password = (value or "").partition(":")
+    return (user, password) if sep and user and password else None
+
+
+def _auth_value(value: str) -> str:
+    """argparse type for --auth (also applied to BERTDEMO_AUTH): must be `user:password`."""
+    if value and parse_auth(value) is None:
+        raise argparse.ArgumentTypeError("expected USER:PASSWORD, e.g. --auth alice:s3cret")
+    return value
+
+
+_TYPES = {"int": int, "float": float}  # by annotation; anything else is text
 
 
 def _parse(raw: str, type_name: str):
-    """Turn an env-var string into the field's type (`bool`, `int` or `str`)."""
+    """Turn an env-var string into the field's type (`bool`, `int`, `float` or `str`)."""
     if "bool" in type_name:
         return raw.strip().lower() in {"1", "true", "yes", "on"}
-    if type_name == "int":
-        return int(raw)
+    if type_name in _TYPES:
+        return _TYPES[type_name](raw)
     return raw or None
 
 
 def _hosting_defaults(environ) -> dict:
-    """Host and port from the hosting platform's conventions; BERTDEMO_HOST/PORT still win.
+    """Host, port and MCP from the hosting platform's conventions; BERTDEMO_* env vars still win.
 
     Gradio reads GRADIO_SERVER_NAME/GRADIO_SERVER_PORT (our Docker image sets them), and a Hugging
     Face Space sets SPACE_ID and serves whatever listens on 0.0.0.0:7860.

@@ -48,14 +48,9 @@ def encode(lm: LoadedModel, text: str, *, min_masks: int = 1,
     if n_masks < min_masks:
         raise ValueError(f"No {USER_MASK} in the text: put {USER_MASK} where a word should be "
                          "predicted, e.g. 'Paris is the [MASK] of France.'")
-    if n_masks > max_masks:
-        raise ValueError(f"The text has {n_masks} {USER_MASK}s; at most {max_masks} are allowed. "
-                         "Remove some masks.")
+    validate.length_at_most(n_masks, max_masks, "text", f"{USER_MASK}s", "Remove some masks.")
     inputs = lm.tokenizer(lm.to_model_text(text), return_tensors="pt")
-    length = inputs["input_ids"].shape[1]
-    if length > lm.max_length:
-        raise ValueError(f"The text is {length} tokens long; {lm.name} takes at most "
-                         f"{lm.max_length} tokens (special tokens included). Shorten it.")
+    validate.tokens_at_most(inputs["input_ids"].shape[1], lm.max_length, lm.name)
     positions = (inputs["input_ids"][0] == lm.mask_token_id).nonzero().flatten().tolist()
     return Encoded(inputs.to(lm.device), positions)
 
@@ -118,6 +113,9 @@ def check_top_k(top_k, lm: LoadedModel) -> int:
 
 # ---------------------------------------------------------------- joint filling
 
+MAX_BEAM_SIZE = 10  # each step scores beam x open masks rows
+
+
 def fill_jointly(lm: LoadedModel, text: str, beam_size: int = 3,
                  max_masks: int = DEFAULT_MAX_MASKS) -> list[dict]:
     """Fill all masks together: most confident mask first, re-run, repeat; a beam of `beam_size`.
@@ -126,8 +124,7 @@ def fill_jointly(lm: LoadedModel, text: str, beam_size: int = 3,
     {"text": the sentence with masks filled, "log_prob": joint log-probability (chain rule in
     the order filled), "fills": [{"mask": index, "token", "token_id", "log_prob", "step"}]}.
     """
-    if not isinstance(beam_size, int) or not 1 <= beam_size <= 10:
-        raise ValueError(f"beam_size must be a whole number from 1 to 10, got {beam_size!r}.")
+    beam_size = validate.whole_number(beam_size, "beam_size", 1, MAX_BEAM_SIZE)
     enc = encode(lm, text, max_masks=max_masks)
     beams = [(enc.input_ids[0], 0.0, [])]  # (ids (T,), log_prob, fills)
     for step in range(len(enc.mask_positions)):
@@ -192,7 +189,8 @@ def score_candidates(lm: LoadedModel, text: str, candidates: list[str], mask_ind
     """
     words = _check_candidates(candidates, max_candidates)
     base = encode(lm, text, max_masks=max_masks)  # validates text and masks
-    if not 0 <= mask_index < len(base.mask_positions):
+    mask_index = validate.whole_number(mask_index, "mask_index", 0, 10**6, " (0 for the first [MASK])")
+    if mask_index >= len(base.mask_positions):
         raise ValueError(f"mask_index {mask_index} is out of range: the text has "
                          f"{len(base.mask_positions)} mask(s), counted from 0.")
     plans = [_candidate_rows(lm, text, mask_index, w) for w in words]
@@ -250,9 +248,7 @@ def _candidate_rows(lm: LoadedModel, text: str, mask_index: int, word: str) -> d
     piece_idx = [i for i, (s, e) in enumerate(offsets) if e > s and s < span[1] and e > span[0]]
     if not piece_idx or len(piece_idx) > 16:
         raise ValueError(f"Candidate {word!r} does not tokenize to 1-16 pieces with this model.")
-    if len(ids) > lm.max_length:
-        raise ValueError(f"With {word!r} the text is {len(ids)} tokens; the model takes at most "
-                         f"{lm.max_length}. Shorten the text.")
+    validate.tokens_at_most(len(ids), lm.max_length, lm.name, f"text with {word[:20]!r}")
     rows = []
     for j, pos in enumerate(piece_idx):  # pieces before j are visible, j and after are masked
         row = list(ids)

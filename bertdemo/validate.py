@@ -77,6 +77,15 @@ def length_at_most(size: int, limit: int, what: str, unit: str = "characters",
         raise InputError(field, f"The {what} has {size:,} {unit}; at most {limit:,} are allowed. {fix}")
 
 
+def tokens_at_most(length: int, limit: int, model: str, what: str = "text", *,
+                   field: str = "text") -> None:
+    """Refuse an input of `length` tokens past the `limit` that `model` takes (special tokens
+    included): the caller never truncates silently."""
+    if length > limit:
+        raise InputError(field, f"The {what} is {length:,} tokens long; {model} takes at most "
+                                f"{limit:,} tokens (special tokens included). Shorten it.")
+
+
 def model_name(value) -> str:
     """A hub id or a local folder as a string: a `str` or any `os.PathLike` (as transformers takes)."""
     if isinstance(value, (os.PathLike, Path)):

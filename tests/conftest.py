@@ -14,6 +14,18 @@ import bertdemo  # noqa: E402
 import tiny_models  # noqa: E402
 
 
+BROWSER_FIXTURES = {"page", "browser"}
+
+
+def pytest_collection_modifyitems(items):
+    """Every test that drives a real browser is marked `browser` (so `-m "not browser"` skips it)
+    and `slow` (a browser test takes seconds), whether or not its author marked it."""
+    for item in items:
+        if BROWSER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.browser)
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def tiny_bert_dir(tmp_path_factory) -> Path:
     return tiny_models.save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))

@@ -145,6 +145,7 @@ def picker_app(tiny_bert_dir, tiny_distilbert, tmp_path_factory):
     demo.close()
 
 
+@pytest.mark.slow
 def test_each_visitor_picks_a_model_for_their_session_only(picker_app, tiny_bert, tiny_distilbert):
     url, _ = picker_app
     ann, bob = Client(url, verbose=False), Client(url, verbose=False)
@@ -159,6 +160,7 @@ def test_each_visitor_picks_a_model_for_their_session_only(picker_app, tiny_bert
     assert ids(ann.predict(SENTENCE, 5, api_name="/fill_mask")[1]) == ids(bob_raw)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("choice", ["bert-base-uncased", "/etc/passwd", "../broken-model", "  "])
 def test_the_page_refuses_models_it_does_not_offer(picker_app, choice, monkeypatch):
     monkeypatch.setattr(models, "load", must_not_load)  # the server runs in this process
@@ -167,6 +169,7 @@ def test_the_page_refuses_models_it_does_not_offer(picker_app, choice, monkeypat
         client.predict(choice, api_name="/choose_model")
 
 
+@pytest.mark.slow
 def test_a_listed_model_that_fails_says_why_without_the_servers_path(picker_app):
     url, broken = picker_app
     client = Client(url, verbose=False)
@@ -177,6 +180,7 @@ def test_a_listed_model_that_fails_says_why_without_the_servers_path(picker_app)
     assert len(raw[0]) == 3
 
 
+@pytest.mark.slow
 def test_the_page_never_names_a_server_path(picker_app, tiny_bert_dir, tiny_distilbert):
     url, broken = picker_app
     page = httpx.get(url + "config").text + httpx.get(url).text

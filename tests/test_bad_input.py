@@ -30,6 +30,11 @@ RATES = [("number", 0), ("number", 0.15), ("number", 0.8), ("number", 0.1), ("fl
 FINETUNE_FORM = [("text", FT_TEXT), ("number", 1), ("choice", "steps"), ("number", 5e-5),
                  ("number", 2), ("number", 16), ("number", 0.15), ("choice", "dynamic"), ("number", 0)]
 MODEL = "tiny-bert"  # the folder name of the suite's model, as the picker shows it
+CLASSIFY_TABLE = {"headers": ["text", "label"], "data": [
+    ["the dog is big", "animal"], ["a cat is small", "animal"], ["the old dog", "animal"],
+    ["paris is in france", "place"], ["berlin is in germany", "place"], ["rome is a city", "place"]]}
+CLASSIFY_FORM = [("table", CLASSIFY_TABLE), ("number", 1), ("number", 1e-3), ("number", 4), ("flag", False),
+                 ("number", 0)]
 # api_name -> its inputs as (kind, a good value), in order. Good values are small: fast to run.
 ENDPOINTS = {
     "/choose_model": [("choice", MODEL)],
@@ -55,10 +60,17 @@ ENDPOINTS = {
     "/layer_predictions": [("text", SENTENCE), ("number", 1), ("number", 3)],
     "/saliency": [("text", SENTENCE), ("text", ""), ("number", 1), ("choice", "gradient_x_input"),
                   ("number", 2), ("number", 0)],
+    "/classify_example": [("choice", "Reviews: positive, negative (24 lines)")],
+    "/train_classifier": CLASSIFY_FORM,  # before /classify and /download_classifier: they need its classifier
+    "/stop_classifier": [],
+    "/classify": [("text", "the dog is big")],
+    "/download_classifier": [],
+    "/forgetting_sweep": [CLASSIFY_FORM[0], CLASSIFY_FORM[1], CLASSIFY_FORM[3], CLASSIFY_FORM[5]],
+    "/adapt_then_classify": CLASSIFY_FORM,
 }
 # Gradio component -> kind of input in the table above.
 KINDS = {"Textbox": "text", "Number": "number", "Slider": "number", "Radio": "choice",
-         "Dropdown": "choice", "Checkboxgroup": "choices", "Checkbox": "flag"}
+         "Dropdown": "choice", "Checkboxgroup": "choices", "Checkbox": "flag", "Dataframe": "table"}
 BAD = {
     "text": {
         "empty": "",
@@ -78,6 +90,24 @@ BAD = {
     "choice": {"not offered": "bogus'; DROP TABLE--", "none": None},
     "choices": {"not offered": ["99"], "not a list": "0"},
     "flag": {"not a bool": "yes", "none": None},
+    "table": {  # labelled examples (text, label) for the classifier
+        "one label": {"headers": ["text", "label"], "data": [["the dog", "animal"], ["a cat", "animal"]]},
+        "a label with one example": {"headers": ["text", "label"],
+                                     "data": CLASSIFY_TABLE["data"] + [["london", "city"]]},
+        "empty and whitespace texts": {"headers": ["text", "label"],
+                                       "data": CLASSIFY_TABLE["data"] + [["", "animal"], [" \t ", "place"]]},
+        "header row only": {"headers": ["text", "label"], "data": []},
+        "label of 65 characters": {"headers": ["text", "label"],
+                                   "data": CLASSIFY_TABLE["data"] + [["the cat", "x" * 65]] * 2},
+        "2,001 rows": {"headers": ["text", "label"], "data": [["a", "x"], ["b", "y"]] * 1000 + [["c", "x"]]},
+        "100,000 characters": {"headers": ["text", "label"],
+                               "data": [[TEXT * 1600, "x"], ["a", "x"], ["b", "y"], ["c", "y"]]},
+        "three columns": {"headers": ["text", "label", "x"], "data": [["a", "x", "1"], ["b", "y", "2"]] * 2},
+        "HTML/JS labels": {"headers": ["text", "label"],
+                           "data": [["a", "<script>alert(1)</script>"], ["b", "<img src=x onerror=alert(2)>"]] * 2},
+        "not a table": "text,label",
+        "none": None,
+    },
 }
 NOT_FOR_VISITORS = ["Traceback", 'File "', "Something went wrong", "verbose error reporting",
                     "site-packages", "Exception", "Error(", "object at 0x"]
@@ -111,6 +141,7 @@ def cases():
                 yield pytest.param(api_name, index, value, id=f"{api_name}-{index}-{name}")
 
 
+@pytest.mark.slow
 def test_the_suite_covers_every_endpoint_and_input(suite_client):
     info = suite_client.view_api(print_info=False, return_format="dict")
     assert not info["unnamed_endpoints"]
@@ -120,6 +151,7 @@ def test_the_suite_covers_every_endpoint_and_input(suite_client):
     assert served == described, "an endpoint or input changed: describe it in ENDPOINTS"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("api_name, index, value", cases())
 def test_bad_input_gets_a_clear_message_and_the_next_good_request_succeeds(
         suite_app, suite_client, api_name, index, value):

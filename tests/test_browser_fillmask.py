@@ -8,6 +8,8 @@ from playwright.sync_api import expect
 import app
 import bertdemo
 from bertdemo.config import Settings
+from bertdemo.models import MINILM_NAME
+from bertdemo.ui.no_model_banner import MINILM_BUTTON
 
 SENTENCE = "Paris is the [MASK] of France."
 
@@ -86,10 +88,10 @@ def test_without_a_model_the_page_says_how_to_fix_and_the_minilm_button_works(pa
     expect(page.get_by_role("heading", name="No model is loaded")).to_be_visible()
     expect(page.get_by_text("python -m bertdemo download").first).to_be_visible()
     screenshot("no_model_banner")
-    page.get_by_role("button", name=app.MINILM_BUTTON).click()
-    expect(page.get_by_role("heading", name=f"Using {app.MINILM_NAME}")).to_be_visible()
-    expect(page.get_by_role("button", name=app.MINILM_BUTTON)).to_be_hidden()
+    page.get_by_role("button", name=MINILM_BUTTON).click()
+    expect(page.get_by_role("heading", name=f"Using {MINILM_NAME}")).to_be_visible()
+    expect(page.get_by_role("button", name=MINILM_BUTTON)).to_be_hidden()
     predict(page, SENTENCE)
     expect(block(page, "Predictions per mask").locator(".barlayer .point")).to_have_count(5)
-    expect(page.get_by_text(f"Model: {app.MINILM_NAME}")).to_be_visible()  # the tab's model line
+    expect(page.get_by_text(f"Model: {MINILM_NAME}")).to_be_visible()  # the tab's model line
     screenshot("no_model_minilm_loaded")

@@ -335,3 +335,16 @@ def test_tokens_are_escaped_in_the_page(real_vocab_bert):
     result = bertdemo.saliency(real_vocab_bert, "<script>alert(1)</script> is the [MASK].", steps=2)
     page = token_rows(result, [0.1] * len(result["tokens"]), 0)
     assert "<script>" not in page and ">&lt;</span>" in page and ">&gt;</span>" in page
+
+
+def test_named_endpoints_answer_as_the_python_api(client, tiny_bert):
+    _, _, raw = client.predict(TWO, 2, 3, api_name="/layer_predictions")
+    direct_layers = bertdemo.layer_predictions(tiny_bert, TWO, 3)
+    assert [e["final_rank"] for e in raw] == [e["final_rank"] for e in direct_layers]
+    for served, direct in zip(raw, direct_layers):
+        for served_layer, direct_layer in zip(served["layers"], direct["layers"]):
+            _close(served_layer, direct_layer)
+    note, coloured, result = client.predict(TEXT, "capital", 1, "gradient_x_input", 1, 0, api_name="/saliency")
+    direct = bertdemo.saliency(tiny_bert, TEXT, "capital", method="gradient_x_input")
+    assert result["tokens"] == direct["tokens"] and "capital" in note
+    assert result["attributions"] == pytest.approx(direct["attributions"], abs=1e-5)

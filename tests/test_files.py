@@ -35,6 +35,7 @@ def fetch(url: str, path) -> httpx.Response:
     return httpx.get(f"{url}gradio_api/file={path}", timeout=30)
 
 
+@pytest.mark.slow
 def test_nothing_outside_the_apps_temp_area_can_be_fetched(files_app, tiny_bert_dir):
     url, store = files_app
     own_download = store.session_dir("someone") / "bertdemo-tuned-model.zip"
@@ -50,6 +51,7 @@ def test_nothing_outside_the_apps_temp_area_can_be_fetched(files_app, tiny_bert_
     assert fetch(url, VENDORED["require"]).status_code == 200  # the route itself works
 
 
+@pytest.mark.slow
 def test_a_download_is_served_from_gradios_temp_area_then_deleted_after_its_age(files_app):
     url, store = files_app
     client = Client(url, verbose=False)
@@ -104,6 +106,7 @@ def test_downloads_past_the_cap_delete_the_least_recent_sessions_files():
     assert not third.exists()
 
 
+@pytest.mark.slow
 def test_uploads_are_capped(files_app):
     url, _ = files_app
     too_big = httpx.post(f"{url}gradio_api/upload", files={"files": ("big.txt", b"x" * 2_000_000)})
@@ -122,6 +125,7 @@ def uniform_attention(layers: int = 12, heads: int = 12, words: int = 58) -> Att
                      predictions=[])
 
 
+@pytest.mark.slow
 def test_a_chosen_bertviz_view_is_capped_but_never_below_the_default_view():
     att = uniform_attention()  # all 12 x 12 heads of 60 tokens: 518,400 weights
     with pytest.raises(ValueError, match="at most 300,000 .* fewer layers or heads"):
@@ -142,6 +146,7 @@ def test_the_app_uses_its_own_gradio_temp_folder_unless_the_operator_set_one(mon
     assert os.environ["GRADIO_TEMP_DIR"] == "/srv/operator-choice"
 
 
+@pytest.mark.slow
 def test_the_tuned_model_zip_holds_the_model(files_app):
     url, _ = files_app
     client = Client(url, verbose=False)

@@ -38,6 +38,13 @@ def test_load_once_per_name_and_device(tiny_bert_dir, tiny_bert):
     assert not any(p.requires_grad for p in tiny_bert.model.parameters())
 
 
+def test_load_takes_a_path_as_transformers_does(tiny_bert_dir, tiny_bert):
+    """`pathlib.Path` (any os.PathLike) is a folder like its string: the same cached model."""
+    assert bertdemo.load(tiny_bert_dir, device="cpu") is tiny_bert
+    with pytest.raises(ValueError, match="No model given"):
+        bertdemo.load(" ", device="cpu")
+
+
 def test_load_unknown_model_says_how_to_fix(tmp_path):
     with pytest.raises(ValueError, match="--model /path/to/folder"):
         bertdemo.load(str(tmp_path / "no-such-model"))

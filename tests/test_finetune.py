@@ -33,6 +33,7 @@ def test_masked_positions_loss_equals_transformers_loss(model, request):
     assert len(history.steps) == 2 and all(math.isfinite(s["loss"]) for s in history.steps)
 
 
+@pytest.mark.slow
 def test_loss_falls_and_eval_improves_on_repeated_text(tiny_bert):
     _, history = run(tiny_bert, steps=40)
     losses = [s["loss"] for s in history.steps]
@@ -86,6 +87,7 @@ def test_time_limit_stops_cleanly(tiny_bert):
     assert tuned.model is not tiny_bert.model
 
 
+@pytest.mark.slow
 def test_same_seed_gives_the_same_history(tiny_bert):
     for masking in MASKINGS:
         _, first = run(tiny_bert, steps=8, seed=7, masking=masking)
@@ -96,6 +98,7 @@ def test_same_seed_gives_the_same_history(tiny_bert):
         assert [s["loss"] for s in first.steps] != [s["loss"] for s in other.steps]
 
 
+@pytest.mark.slow
 def test_static_masks_are_drawn_once_dynamic_per_batch(tiny_bert):
     """Through the `collate_fn` hook (also how the article's labelling can be trained)."""
     calls = {}
@@ -109,6 +112,7 @@ def test_static_masks_are_drawn_once_dynamic_per_batch(tiny_bert):
     assert len(calls["dynamic"]) == 12 and sum(calls["dynamic"]) >= 12  # one draw per batch
 
 
+@pytest.mark.slow
 def test_learning_rate_warms_up_then_decays(tiny_bert):
     _, history = run(tiny_bert, steps=20, warmup_ratio=0.2)
     rates = [s["lr"] for s in history.steps]
@@ -170,11 +174,13 @@ def test_bad_settings_are_refused_with_a_message(tiny_bert, kwargs, message):
     assert all(torch.equal(before[k], v) for k, v in tiny_bert.model.state_dict().items())
 
 
+@pytest.mark.slow
 def test_epochs_are_converted_to_steps(tiny_bert):
     _, history = finetune(tiny_bert, REPEATED, epochs=2, batch_size=1, max_length=16)
     assert history.planned_steps == 2 * history.train_blocks == len(history.steps)
 
 
+@pytest.mark.slow
 def test_compare_masking_runs_both_on_the_same_eval_masks(tiny_bert):
     events = []
     histories = compare_masking(tiny_bert, REPEATED, steps=4, on_step=events.append, **FAST)
@@ -218,6 +224,7 @@ ARTICLE_PROBES = {"Paris is the [MASK] of France.": "capital",
                   "La Tour Eiffel est située à [MASK].": "paris"}
 
 
+@pytest.mark.slow
 def test_minilm_learns_the_articles_three_sentences():
     """Real MiniLM-L6 body with an untrained MLM head, fine-tuned on the seed article's sentences.
 
@@ -267,6 +274,7 @@ def tune_through_app(client, text=REPEATED, steps=4, lr=1e-2, seed=0, keep=False
                           api_name="/finetune")
 
 
+@pytest.mark.slow
 def test_two_sessions_each_get_their_own_tuned_model(tuning_app):
     url, store = tuning_app
     alice, bob, carol = connect(url), connect(url), connect(url)
@@ -289,6 +297,7 @@ def test_two_sessions_each_get_their_own_tuned_model(tuning_app):
     assert "fine-tuned" not in info and [p["score"] for p in raw[0]] == seen["carol"]
 
 
+@pytest.mark.slow
 def test_finetune_endpoint_reports_before_after_and_probes(tuning_app):
     url, store = tuning_app
     client = connect(url)
@@ -300,6 +309,7 @@ def test_finetune_endpoint_reports_before_after_and_probes(tuning_app):
     assert "ready" in active and store.tuned(client.session_hash) is not None
 
 
+@pytest.mark.slow
 def test_compare_endpoint_reports_static_and_dynamic(tuning_app):
     url, store = tuning_app
     client = connect(url)
@@ -309,6 +319,7 @@ def test_compare_endpoint_reports_static_and_dynamic(tuning_app):
     assert store.tuned(client.session_hash) is None  # comparison models are not kept
 
 
+@pytest.mark.slow
 def test_download_gives_a_zip_of_the_tuned_model(tuning_app):
     url, _ = tuning_app
     client = connect(url)
@@ -322,6 +333,7 @@ def test_download_gives_a_zip_of_the_tuned_model(tuning_app):
         assert "config.json" in archive.namelist()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("change, field, message", [
     (dict(text=""), "text", "empty"), (dict(text="a" * 2_001), "text", "at most 2,000"),
     (dict(steps=0), "length", "steps"), (dict(steps=21), "length", "at most 20"),
@@ -340,6 +352,7 @@ def test_bad_input_is_refused_beside_its_field_and_the_server_stays_up(tuning_ap
     assert "Done" in tune_through_app(client, steps=1)[0]
 
 
+@pytest.mark.slow
 def test_second_run_of_the_same_person_is_refused_and_stop_without_run_is_harmless(tuning_app):
     from gradio_client.exceptions import ValidationError
 

@@ -72,6 +72,7 @@ def shared_app(tiny_bert_dir, tiny_distilbert):
     demo.close()
 
 
+@pytest.mark.slow
 def test_concurrent_visitors_each_see_their_own_model_and_the_base_never_changes(shared_app,
                                                                                  tiny_distilbert):
     url, store = shared_app
@@ -142,6 +143,7 @@ def wait_for(condition, timeout_s: float = 30) -> bool:
     return condition()
 
 
+@pytest.mark.slow
 def test_closing_the_tab_mid_finetune_stops_it_and_frees_the_model_and_files(shared_app):
     url, store = shared_app
     ann, bob = Client(url, verbose=False), Client(url, verbose=False)
@@ -182,6 +184,7 @@ def limited_app(tiny_bert_dir):
     demo.close()
 
 
+@pytest.mark.slow
 def test_a_finetune_at_the_time_limit_stops_cleanly_and_the_next_runs(limited_app):
     url, store = limited_app
     client = Client(url, verbose=False)
@@ -191,6 +194,7 @@ def test_a_finetune_at_the_time_limit_stops_cleanly_and_the_next_runs(limited_ap
     assert "Done" in tune(client, steps=2)[0]
 
 
+@pytest.mark.slow
 def test_past_its_size_the_queue_refuses_politely_and_the_server_stays_up(limited_app):
     url, _ = limited_app
     clients = [Client(url, verbose=False) for _ in range(6)]

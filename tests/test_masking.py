@@ -267,6 +267,7 @@ def test_tables_escape_user_text(tiny_roberta):
         assert "<b>" not in table and "&lt;" in table and "&amp;" in table
 
 
+@pytest.mark.slow
 def test_epochs_law_and_article_endpoints(client, tiny_bert):
     tok = tiny_bert.tokenizer
     summary, grid, curve = client.predict(TEXT, 0, 0.15, 0.8, 0.1, False, 8, 1, api_name="/static_vs_dynamic")
@@ -326,6 +327,7 @@ def test_article_collator_scores_exactly_the_visible_tokens(tiny_bert):
     assert specials_masked > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1])
 def test_collator_labelling_learns_to_fill_masks_the_article_labelling_does_not(tiny_bert, seed):
     result = bertdemo.labelling_consequence(tiny_bert, REPEATED, steps=40, seed=seed, lr=1e-2)
@@ -358,6 +360,7 @@ def test_labelling_consequence_bad_input(tiny_bert, kwargs, message):
         bertdemo.labelling_consequence(tiny_bert, **{"texts": REPEATED, **kwargs})
 
 
+@pytest.mark.slow
 def test_article_finetune_endpoint(client, tiny_bert):
     from bertdemo.ui import masking_tab
 

@@ -49,6 +49,7 @@ def test_least_recently_used_model_is_evicted_past_the_cap(store):
         store.use_tuned("b")
 
 
+@pytest.mark.slow
 def test_evicted_and_dropped_models_are_freed(store):
     store.put_tuned("a", fake_model("a"))
     ref = weakref.ref(store.tuned("a").model)

@@ -21,7 +21,10 @@ import app
 import bertdemo
 from bertdemo.__main__ import download
 from bertdemo.__main__ import main as bertdemo_cli
+from bertdemo import models
 from bertdemo.config import DEFAULT_MODEL, Settings
+from bertdemo.models import MINILM_NAME, load_minilm, minilm_path
+from bertdemo.ui.no_model_banner import MINILM_BUTTON
 
 ROOT = Path(__file__).parent.parent
 SENTENCE = "Paris is the [MASK] of France."
@@ -29,6 +32,7 @@ SENTENCE = "Paris is the [MASK] of France."
 
 # --- share link -------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_share_without_internet_keeps_serving_locally_and_says_so_in_one_line(tiny_bert_dir, tiny_bert):
     """The real `python app.py --model DIR --share`, offline: its share-server request goes to a
     dead proxy (so the test is hermetic even where there is internet)."""
@@ -53,6 +57,7 @@ def test_share_without_internet_keeps_serving_locally_and_says_so_in_one_line(ti
     assert [p["token_id"] for p in raw[0]] == [p["token_id"] for p in expected]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("auth, login_hint", [(None, True), ("ann:pw", False)])
 def test_share_link_is_printed_with_a_warning_that_it_is_public(monkeypatch, capsys, auth, login_hint):
     monkeypatch.delenv("SPACE_ID", raising=False)
@@ -68,6 +73,7 @@ def test_share_link_is_printed_with_a_warning_that_it_is_public(monkeypatch, cap
     assert "Could not create share link" not in out
 
 
+@pytest.mark.slow
 def test_on_a_space_share_is_not_attempted(monkeypatch, capsys):
     monkeypatch.setenv("SPACE_ID", "someone/bertdemo")
     monkeypatch.setattr(gradio.networking, "setup_tunnel",
@@ -90,6 +96,7 @@ def private_url(tiny_bert_dir):
     demo.close()
 
 
+@pytest.mark.slow
 def test_login_refuses_strangers_and_admits_the_user(private_url):
     assert httpx.get(private_url + "gradio_api/info").status_code == 401
     for wrong in [None, ("ann", "open"), ("bob", "open:sesame")]:
@@ -152,13 +159,14 @@ def no_model_client():
     demo.close()
 
 
+@pytest.mark.slow
 def test_without_a_model_the_page_says_how_to_fix_and_offers_the_real_minilm(no_model_client):
     with pytest.raises(AppError, match=r"python -m bertdemo download .* --model .*MiniLM"):
         no_model_client.predict(SENTENCE, 3, api_name="/fill_mask")
     banner = no_model_client.predict(api_name="/use_minilm")
-    assert app.MINILM_NAME in banner and "untrained" in banner
+    assert MINILM_NAME in banner and "untrained" in banner
     _, raw, model_line = no_model_client.predict(SENTENCE, 3, api_name="/fill_mask")
-    assert app.MINILM_NAME in model_line  # every tab's model line says what it is
+    assert MINILM_NAME in model_line  # every tab's model line says what it is
     assert len(raw[0]) == 3
 
 
@@ -167,19 +175,19 @@ def test_minilm_fallback_has_the_real_pretrained_body():
     import torch
     from safetensors.torch import load_file
 
-    saved = load_file(app.minilm_path() / "model.safetensors")
+    saved = load_file(minilm_path() / "model.safetensors")
     key = next(k for k in saved if k.endswith("encoder.layer.0.attention.self.query.weight"))
-    lm = app.load_minilm(Settings(device="cpu"))
-    assert lm.name == app.MINILM_NAME
+    lm = load_minilm("cpu")
+    assert lm.name == MINILM_NAME
     assert torch.equal(lm.model.bert.encoder.layer[0].attention.self.query.weight, saved[key])
 
 
 def test_without_the_minilm_package_no_button_is_offered(monkeypatch):
-    monkeypatch.setattr(app, "minilm_path", lambda: None)
+    monkeypatch.setattr(models, "minilm_path", lambda: None)
     settings = Settings(model="bertdemo-tests/no-such-model", device="cpu")
     store = app.load_store(settings)
     demo = app.build_demo(settings, store)
-    buttons = [b for b in demo.blocks.values() if isinstance(b, gr.Button) and b.value == app.MINILM_BUTTON]
+    buttons = [b for b in demo.blocks.values() if isinstance(b, gr.Button) and b.value == MINILM_BUTTON]
     assert buttons and not buttons[0].visible
     assert "MiniLM" not in store.load_error and "--model" in store.load_error
 
@@ -220,7 +228,11 @@ def test_download_fetches_only_what_the_demo_loads(fake_hub_repo, tiny_bert_dir,
             (Path(local_dir) / name).write_bytes((fake_hub_repo / name).read_bytes())
         return str(local_dir)
 
+    def fake_list_repo_files(self, repo_id, *, revision=None, **kw):  # asked first (pickle-only check)
+        return [p.relative_to(fake_hub_repo).as_posix() for p in fake_hub_repo.rglob("*") if p.is_file()]
+
     monkeypatch.setattr("huggingface_hub.snapshot_download", fake_snapshot_download)
+    monkeypatch.setattr("huggingface_hub.HfApi.list_repo_files", fake_list_repo_files)
     target = tmp_path / "bert"
     assert bertdemo_cli(["download", "some-org/tiny-bert", "--dir", str(target), "--revision", "v1"]) == 0
     assert calls == [("some-org/tiny-bert", "v1", str(target))]
@@ -231,6 +243,7 @@ def test_download_fetches_only_what_the_demo_loads(fake_hub_repo, tiny_bert_dir,
     assert got == want
 
 
+@pytest.mark.slow
 def test_download_command_copies_a_local_folder(fake_hub_repo, tiny_bert_dir, tmp_path):
     """The real `python -m bertdemo download` entry point (as the Dockerfile runs it)."""
     target = tmp_path / "copy"

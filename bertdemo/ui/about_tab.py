@@ -3,7 +3,7 @@ import gradio as gr
 
 from .. import plots
 from ..config import Settings
-from ..sessions import SessionStore
+from .context import AppContext
 
 MLM_TEXT = r"""
 ### Masked-language modelling in one formula
@@ -56,7 +56,7 @@ differs from the paper in several columns. The chart shows the article's numbers
 """
 
 
-def render(store: SessionStore, settings: Settings) -> None:
+def render(ctx: AppContext) -> None:
     """Build the tab inside the current Blocks/Tab context. Static: no model calls, no events."""
     gr.Markdown(MLM_TEXT, latex_delimiters=LATEX)
     gr.Plot(glue_figure(), label="GLUE scores (higher is better)")
@@ -65,10 +65,10 @@ def render(store: SessionStore, settings: Settings) -> None:
     gr.Markdown(GLUE_SOURCES)
 
 
-def create_demo(store: SessionStore, settings: Settings) -> gr.Blocks:
-    """The tab on its own, for running or testing it alone."""
+def create_demo(store=None, settings: Settings | None = None) -> gr.Blocks:
+    """The tab on its own, for running or testing it alone (it needs no model)."""
     with gr.Blocks(title="bertdemo: about") as demo:
-        render(store, settings)
+        render(AppContext(store, settings or Settings()))
     return demo
 
 

@@ -1,14 +1,19 @@
 """The fill-mask tab: top-k bars per mask, joint completion, candidate words, sentence score."""
+import functools
+
 import gradio as gr
 import pandas as pd
 from gradio.context import get_render_context
 
-from .. import fillmask, plots
+from .. import fillmask, plots, validate
 from ..batching import MicroBatcher
 from ..config import Settings
 from ..models import USER_MASK_RE
-from ..sessions import SessionStore
-from .common import friendly_errors, session_id
+from .context import AppContext, Visitor, handler
+from .model_line import model_line
+
+MAX_BEAM = 5  # the beam slider's top: each step runs beam x masks rows
+JOINT_COLUMNS = ("sentence", "joint log-prob", "fill order")
 
 EXAMPLES = [  # the seed article's three sentences first
     "Paris is the [MASK] of France.",
@@ -25,10 +30,40 @@ whole word, not just its first piece. The *pipeline-style* column is what
 single mask, which overrates long words that start with a common piece."""
 
 
-def render(store: SessionStore, settings: Settings) -> None:
-    """Build the tab's components and events inside the current Blocks/Tab context."""
+def render(ctx: AppContext) -> None:
+    """The tab's components and events, inside the current Blocks/Tab context."""
+    settings = ctx.settings
+    model_info = gr.Markdown(model_line(ctx.store))
+    text, words, top_k, beam, predict = _section_input(settings)
+    bars = gr.Plot(label="Predictions per mask")
+    joint = gr.Dataframe(label="Joint completions: masks filled most-confident first, re-run each time",
+                         headers=list(JOINT_COLUMNS), interactive=False)
+    with gr.Accordion("Raw predictions (JSON)", open=False):
+        raw = gr.JSON()
+    candidates, mask_number, score_btn, candidate_table = _section_candidates()
+    pll_btn, pll_summary, pll_plot = _section_sentence_score()
+
+    # Predictions get their own concurrency group, wide enough for the micro-batcher to gather a
+    # crowd; the rest share the "model" group with the other tabs' model calls.
+    fill = dict(concurrency_id="fill_mask", concurrency_limit=settings.max_batch)
+    predict.click(handler(ctx, on_predict), [text, top_k], [bars, raw, model_info], api_name="fill_mask",
+                  **fill).then(handler(ctx, on_joint), [text, beam], joint, api_name="fill_jointly",
+                               concurrency_id="model")
+    text.submit(handler(ctx, on_predict), [text, top_k], [bars, raw, model_info], api_visibility="private",
+                **fill).then(handler(ctx, on_joint), [text, beam], joint, api_visibility="private",
+                             concurrency_id="model")
+    score_btn.click(handler(ctx, on_candidates), [text, candidates, mask_number], candidate_table,
+                    api_name="score_candidates", concurrency_id="model")
+    pll_btn.click(handler(ctx, on_sentence_score), text, [pll_summary, pll_plot], api_name="sentence_score",
+                  concurrency_id="model")
+    text.change(_word_segments, text, words, api_visibility="private", queue=False)
+    words.select(on_word_click, text, text, api_visibility="private")
     tab = get_render_context()
-    model_info = gr.Markdown(_model_line(store, None))
+    if isinstance(tab, gr.Tab):  # back on this tab: the Fine-tune tab may have switched the model
+        tab.select(handler(ctx, on_show), None, model_info, api_visibility="private", queue=False)
+
+
+def _section_input(settings: Settings):
     text = gr.Textbox(label="Sentence with [MASK]s", value=EXAMPLES[0], lines=2,
                       info=f"Type [MASK] (any case) where a word is missing; at most {settings.max_masks}.")
     words = gr.HighlightedText(label="Click a word to turn it into [MASK]", combine_adjacent=False,
@@ -37,105 +72,95 @@ def render(store: SessionStore, settings: Settings) -> None:
     gr.Examples(EXAMPLES, inputs=text)
     with gr.Row():
         top_k = gr.Slider(1, settings.max_top_k, value=5, step=1, label="Top-k per mask")
-        beam = gr.Slider(1, 5, value=3, step=1, label="Beam size (joint completion)")
-    predict = gr.Button("Predict", variant="primary")
-    bars = gr.Plot(label="Predictions per mask")
-    joint = gr.Dataframe(label="Joint completions: masks filled most-confident first, re-run each time",
-                         headers=["sentence", "joint log-prob", "fill order"], interactive=False)
-    with gr.Accordion("Raw predictions (JSON)", open=False):
-        raw = gr.JSON()
+        beam = gr.Slider(1, MAX_BEAM, value=3, step=1, label="Beam size (joint completion)")
+    return text, words, top_k, beam, gr.Button("Predict", variant="primary")
+
+
+def _section_candidates():
     with gr.Accordion("Score candidate words at a mask", open=True):
         with gr.Row():
             candidates = gr.Textbox(label="Candidate words, comma separated", value="capital, city, heart")
             mask_number = gr.Number(label="Mask number (1 = first)", value=1, precision=0, minimum=1)
         score_btn = gr.Button("Score candidates")
-        candidate_table = gr.Dataframe(interactive=False, label="Candidates, best first",
-                                       headers=list(CANDIDATE_COLUMNS))
+        table = gr.Dataframe(interactive=False, label="Candidates, best first", headers=list(CANDIDATE_COLUMNS))
         gr.Markdown(CANDIDATE_HELP)
+    return candidates, mask_number, score_btn, table
+
+
+def _section_sentence_score():
     with gr.Accordion("Sentence score (pseudo-log-likelihood)", open=False):
         gr.Markdown("Each token is masked in turn and scored given the rest (Salazar et al. 2020), "
                     "all copies in one batched pass. With masks in the text, the best joint "
                     "completion is scored.")
-        pll_btn = gr.Button("Score the sentence")
-        pll_summary = gr.Markdown()
-        pll_plot = gr.Plot(label="Each token's log-probability")
-
-    batcher = MicroBatcher(max_batch=settings.max_batch)  # shared by all visitors of this tab
-
-    def lm_for(request):
-        return store.for_session(session_id(request))
-
-    @friendly_errors
-    def on_predict(sentence, k, request: gr.Request):
-        lm = lm_for(request)
-        predictions = batcher.fill_mask(lm, sentence, _whole(k, "Top-k"), max_masks=settings.max_masks)
-        return plots.prediction_bars(predictions), predictions, _model_line(store, request)
-
-    @friendly_errors
-    def on_joint(sentence, beam_size, request: gr.Request):
-        results = fillmask.fill_jointly(lm_for(request), sentence, _whole(beam_size, "Beam size"),
-                                        max_masks=settings.max_masks)
-        return pd.DataFrame([_joint_row(r) for r in results], columns=joint.headers)
-
-    @friendly_errors
-    def on_candidates(sentence, words_text, number, request: gr.Request):
-        index = _mask_index(number)
-        results = fillmask.score_candidates(lm_for(request), sentence, words_text, index,
-                                            settings.max_candidates, settings.max_masks)
-        return pd.DataFrame([_candidate_row(r) for r in results])
-
-    @friendly_errors
-    def on_sentence_score(sentence, request: gr.Request):
-        lm = lm_for(request)
-        if USER_MASK_RE.search(sentence or ""):
-            sentence = fillmask.fill_jointly(lm, sentence, 1, max_masks=settings.max_masks)[0]["text"]
-        result = fillmask.sentence_score(lm, sentence)
-        summary = (f"**{sentence}** — PLL = {result['pll']:.2f}, pseudo-perplexity = "
-                   f"{result['pseudo_perplexity']:.2f} over {len(result['tokens'])} tokens")
-        return summary, plots.token_scores(result["tokens"], result["log_probs"], "PLL by token")
-
-    def on_show(request: gr.Request):
-        return _model_line(store, request)
-
-    def on_word_click(sentence, evt: gr.SelectData):
-        if evt.index is None:
-            return sentence
-        index = evt.index[0] if isinstance(evt.index, (list, tuple)) else evt.index
-        try:
-            return fillmask.mask_word(sentence, int(index))
-        except ValueError:
-            return sentence
-
-    # Its own concurrency group, wide enough for the micro-batcher to gather a crowd.
-    predict.click(on_predict, [text, top_k], [bars, raw, model_info], api_name="fill_mask",
-                  concurrency_id="fill_mask", concurrency_limit=settings.max_batch).then(on_joint, [text, beam], joint,
-                                               api_name="fill_jointly", concurrency_id="model")
-    text.submit(on_predict, [text, top_k], [bars, raw, model_info], api_visibility="private",
-                concurrency_id="fill_mask", concurrency_limit=settings.max_batch).then(on_joint, [text, beam], joint,
-                                             api_visibility="private", concurrency_id="model")
-    score_btn.click(on_candidates, [text, candidates, mask_number], candidate_table,
-                    api_name="score_candidates", concurrency_id="model")
-    pll_btn.click(on_sentence_score, text, [pll_summary, pll_plot], api_name="sentence_score",
-                  concurrency_id="model")
-    text.change(_word_segments, text, words, api_visibility="private", queue=False)
-    words.select(on_word_click, text, text, api_visibility="private")
-    if isinstance(tab, gr.Tab):  # back on this tab: the Fine-tune tab may have switched the model
-        tab.select(on_show, None, model_info, api_visibility="private", queue=False)
+        button = gr.Button("Score the sentence")
+        summary = gr.Markdown()
+        plot = gr.Plot(label="Each token's log-probability")
+    return button, summary, plot
 
 
-def create_demo(store: SessionStore, settings: Settings) -> gr.Blocks:
+def create_demo(store, settings: Settings) -> gr.Blocks:
     """The tab on its own, for running or testing it alone."""
     with gr.Blocks(title="bertdemo: fill mask") as demo:
-        render(store, settings)
+        render(AppContext(store, settings))
     return demo
 
 
-def _model_line(store: SessionStore, request) -> str:
+# ---------------------------------------------------------------- handlers
+
+def on_predict(visitor: Visitor, sentence, k):
+    """Top-k bars per mask, the raw predictions, and the model line (the model may have changed)."""
+    settings = visitor.settings
+    top_k = validate.whole_number(k, "top-k", 1, settings.max_top_k)
+    predictions = batcher(settings.max_batch).fill_mask(visitor.lm, sentence, top_k,
+                                                         max_masks=settings.max_masks)
+    return plots.prediction_bars(predictions), predictions, on_show(visitor)
+
+
+def on_joint(visitor: Visitor, sentence, beam_size) -> pd.DataFrame:
+    beam_size = validate.whole_number(beam_size, "beam size", 1, MAX_BEAM)
+    results = fillmask.fill_jointly(visitor.lm, sentence, beam_size, max_masks=visitor.settings.max_masks)
+    return pd.DataFrame([_joint_row(r) for r in results], columns=list(JOINT_COLUMNS))
+
+
+def on_candidates(visitor: Visitor, sentence, words_text, number) -> pd.DataFrame:
+    settings = visitor.settings
+    index = validate.whole_number(number, "mask number", 1, settings.max_masks, ": 1 for the first [MASK]") - 1
+    results = fillmask.score_candidates(visitor.lm, sentence, words_text, index,
+                                        settings.max_candidates, settings.max_masks)
+    return pd.DataFrame([_candidate_row(r) for r in results])
+
+
+def on_sentence_score(visitor: Visitor, sentence):
+    """PLL of the sentence (of its best joint completion when it has masks), and a bar per token."""
+    lm = visitor.lm
+    if USER_MASK_RE.search(sentence or ""):
+        sentence = fillmask.fill_jointly(lm, sentence, 1, max_masks=visitor.settings.max_masks)[0]["text"]
+    result = fillmask.sentence_score(lm, sentence)
+    summary = (f"**{sentence}** — PLL = {result['pll']:.2f}, pseudo-perplexity = "
+               f"{result['pseudo_perplexity']:.2f} over {len(result['tokens'])} tokens")
+    return summary, plots.token_scores(result["tokens"], result["log_probs"], "PLL by token")
+
+
+def on_show(visitor: Visitor) -> str:
+    return model_line(visitor.store, visitor.session)
+
+
+def on_word_click(sentence, evt: gr.SelectData) -> str:
+    """The sentence with the clicked word turned into [MASK] (unchanged if nothing fits)."""
+    if evt.index is None:
+        return sentence
+    index = evt.index[0] if isinstance(evt.index, (list, tuple)) else evt.index
     try:
-        lm = store.for_session(session_id(request))
-    except ValueError as err:
-        return f"⚠️ {err}"
-    return f"Model: **{lm.name}** on `{lm.device}`"
+        return fillmask.mask_word(sentence, int(index))
+    except ValueError:
+        return sentence
+
+
+@functools.cache
+def batcher(max_batch: int) -> MicroBatcher:
+    """One micro-batcher per batch size, shared by every visitor: that is what lets their
+    concurrent requests share a forward pass."""
+    return MicroBatcher(max_batch=max_batch)
 
 
 def _word_segments(sentence: str) -> list[tuple[str, str | None]]:
@@ -144,27 +169,6 @@ def _word_segments(sentence: str) -> list[tuple[str, str | None]]:
     ends = [w[1] for w in words[1:]] + [len(sentence or "")]
     return [(sentence[start:end] if i else sentence[:end], "MASK" if w.upper() == "[MASK]" else None)
             for i, ((w, start, _), end) in enumerate(zip(words, ends))]
-
-
-def _whole(value, name: str) -> int:
-    """A slider value as an int; API callers can send anything, so check it."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a whole number.") from None
-    if number != number or abs(number) == float("inf") or not number.is_integer():
-        raise ValueError(f"{name} must be a whole number, got {value!r}.")
-    return int(number)
-
-
-def _mask_index(number) -> int:
-    try:
-        value = float(number)
-    except (TypeError, ValueError):
-        raise ValueError("Mask number must be a whole number: 1 for the first [MASK].") from None
-    if value != value or value < 1 or value > 1000 or not value.is_integer():
-        raise ValueError("Mask number must be a whole number: 1 for the first [MASK].")
-    return int(value) - 1
 
 
 def _joint_row(result: dict) -> list:

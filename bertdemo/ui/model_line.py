@@ -1,0 +1,52 @@
+"""The one line that tells a visitor which model their tabs use, worded for where it is shown."""
+from __future__ import annotations
+
+from typing import Literal
+
+from ..models import MINILM_NAME, LoadedModel
+
+Place = Literal["tab", "picker", "finetune", "banner"]
+MINILM_NOTE = ("Real pretrained MiniLM-L6 attention and hidden states, so the Attention tab is "
+               "meaningful; but its MLM head is **untrained (random)**, so the fill-mask predictions "
+               "are noise until you fine-tune it in the Fine-tune tab. Restart with `--model` to use "
+               "a real masked LM.")
+
+
+def model_line(store, session: str | None = None, place: Place = "tab") -> str:
+    """Markdown saying which model `session` uses now (the app's when `session` is None):
+
+    - `"tab"`: a tab's own line, the model its buttons run: "Model: **name** on `cpu`".
+    - `"picker"` (above the tabs) and `"finetune"` (in the Fine-tune tab): which model the tabs
+      use, with the state of the session's tuned model (in use, ready, or evicted).
+    - `"banner"`: the page's heading about the app's model.
+    Never raises: without a model it gives the store's load error, which says how to fix it.
+    """
+    try:
+        base = store.base_for(session)
+    except ValueError as err:
+        return f"### ⚠️ No model is loaded\n{err}" if place == "banner" else f"⚠️ {err}"
+    tuned, using_tuned = store.tuned(session), store.using_tuned(session)
+    lm = tuned if using_tuned else base
+    if place == "tab":
+        return " ".join([f"Model: **{lm.name}** on `{lm.device}`", *_warnings(lm, place)])
+    if place == "banner":
+        return "\n".join([f"### Using {lm.name}", *_warnings(lm, place)])
+    tabs = "The other tabs" if place == "finetune" else "Your tabs"
+    if using_tuned:
+        line = (f"{tabs} use **your tuned model** ({tuned.name}) in this browser session only; "
+                f"“Back to the base model” in the Fine-tune tab returns them to **{base.name}**.")
+    elif store.was_evicted(session):
+        line = (f"{tabs} use **{base.name}**. Your tuned model was freed to make room for other "
+                f"visitors' (at most {store.max_tuned} are kept): fine-tune again.")
+    elif tuned is not None:
+        line = f"{tabs} use **{base.name}**; your tuned model is ready (“Use my tuned model in all tabs”)."
+    else:
+        line = f"{tabs} use **{base.name}**."
+    return " ".join([line, *_warnings(lm, place)])
+
+
+def _warnings(lm: LoadedModel, place: Place) -> list[str]:
+    """What a visitor must know about `lm` wherever its name is shown (e.g. an untrained head)."""
+    if lm.name == MINILM_NAME and place == "banner":
+        return [MINILM_NOTE]
+    return []

@@ -1,0 +1,65 @@
+"""The figures built from dicts (bertdemo/plots.py) equal the same charts built through plotly's
+validated API (tests/reference_plots.py): same traces, labels, values, layout and template."""
+import json
+
+import numpy as np
+import pytest
+
+import reference_plots
+from bertdemo import plots
+
+
+def _json(fig) -> dict:
+    """What gr.Plot sends to the page: the figure's JSON, parsed (key order aside)."""
+    return json.loads(fig.to_json())
+
+
+def _predictions(n_masks: int, k: int = 5) -> list[list[dict]]:
+    words = ["capital", "city", "capital", "<b>heart</b>", "centre", "home", "seat"]  # a repeat, markup
+    return [[{"token": words[(i + m) % len(words)], "score": 0.5 / (i + 1) - 0.01 * m} for i in range(k)]
+            for m in range(n_masks)]
+
+
+@pytest.mark.parametrize("n_masks, k", [(0, 5), (1, 5), (2, 3), (3, 7), (10, 1)])
+def test_prediction_bars(n_masks, k):
+    preds = _predictions(n_masks, k)
+    assert _json(plots.prediction_bars(preds)) == _json(reference_plots.prediction_bars(preds))
+
+
+def test_token_scores():
+    tokens, lps = ["the", "cat", "the", "<i>sat</i>"], [-0.5, -3.25, -0.75, -9.0]
+    assert _json(plots.token_scores(tokens, lps, "PLL by token")) == \
+        _json(reference_plots.token_scores(tokens, lps, "PLL by token"))
+
+
+@pytest.mark.parametrize("n, boundary, threshold", [(6, None, 0.0), (6, 3, 0.2), (30, 12, 0.05)])
+def test_attention_heatmap(n, boundary, threshold):
+    matrix = np.random.default_rng(n).dirichlet(np.ones(n), size=n).astype(np.float32)
+    labels = ["[CLS]", *(f"w{i % 4}" for i in range(n - 3)), "<b>x</b>", "[SEP]"]
+    new = plots.attention_heatmap(labels, matrix, "Layer 1, head 2", boundary, threshold)
+    ref = reference_plots.attention_heatmap(labels, matrix, "Layer 1, head 2", boundary, threshold)
+    assert _json(new) == _json(ref)
+    assert new.data[0].x == ref.data[0].x  # attribute access still works on the fast figure
+
+
+@pytest.mark.parametrize("hidden", [None, [True, False, False, False, True]])
+def test_mask_attention_grid(hidden):
+    rows = np.random.default_rng(1).random((3, 4, 5))
+    labels = ["[CLS]", "paris", "<img>", "[MASK]", "[SEP]"]
+    assert _json(plots.mask_attention_grid(rows, labels, hidden)) == \
+        _json(reference_plots.mask_attention_grid(rows, labels, hidden))
+
+
+@pytest.mark.parametrize("planned", [None, 0, 300])
+def test_finetune_curves(planned):
+    steps = [{"step": i, "loss": 5 - i / 50} for i in range(1, 40)]
+    evals = [{"step": i * 10, "loss": 4.5 - i / 10, "accuracy": 0.1 * i} for i in range(4)]
+    assert _json(plots.finetune_curves(steps, evals, planned)) == \
+        _json(reference_plots.finetune_curves(steps, evals, planned))
+    assert _json(plots.finetune_curves([], [], planned)) == _json(reference_plots.finetune_curves([], [], planned))
+
+
+def test_cached_layouts_are_not_shared_between_figures():
+    first = plots.prediction_bars(_predictions(2))
+    plots.prediction_bars(_predictions(2, 1)).layout.height = 999
+    assert _json(plots.prediction_bars(_predictions(2))) == _json(first)

@@ -1,0 +1,114 @@
+"""The tabs' handlers called as plain functions, with no server: a Visitor and the values a
+person types, as the page (or an API script) would send them."""
+import pathlib
+
+import pytest
+
+import bertdemo
+from bertdemo.config import Settings
+from bertdemo.sessions import SessionStore
+from bertdemo.ui import about_tab, fillmask_tab, model_picker
+from bertdemo.ui.context import Visitor
+from bertdemo.ui.model_line import model_line
+
+SENTENCE = "Paris is the [MASK] of France."
+
+
+@pytest.fixture
+def store(tiny_bert):
+    return SessionStore(tiny_bert, max_tuned=1)
+
+
+@pytest.fixture
+def visitor(store):
+    return Visitor(store, Settings(model=store.base.name, device="cpu"), "s1")
+
+
+def ids(predictions):
+    return [[p["token_id"] for p in mask] for mask in predictions]
+
+
+# --- fill mask ----------------------------------------------------------------------------------
+
+def test_predict_gives_the_services_predictions_bars_and_the_model_line(visitor, tiny_bert):
+    figure, raw, line = fillmask_tab.on_predict(visitor, "The [MASK] sat on the [MASK].", 4)
+    assert ids(raw) == ids(bertdemo.fill_mask(tiny_bert, "The [MASK] sat on the [MASK].", top_k=4))
+    assert sum(len(trace.x) for trace in figure.data) == 2 * 4
+    assert line == f"Model: **{tiny_bert.name}** on `cpu`"
+
+
+@pytest.mark.parametrize("k", [0, 2.5, "5", None, float("nan"), 51])
+def test_predict_refuses_a_top_k_that_is_not_a_whole_number_in_range(visitor, k):
+    with pytest.raises(ValueError, match="top-k must be a whole number from 1 to 50"):
+        fillmask_tab.on_predict(visitor, SENTENCE, k)
+
+
+def test_joint_completions_match_the_service(visitor, tiny_bert):
+    table = fillmask_tab.on_joint(visitor, "The [MASK] sat on the [MASK].", 2.0)  # JSON sends 2.0
+    expected = bertdemo.fill_jointly(tiny_bert, "The [MASK] sat on the [MASK].", 2)
+    assert list(table["sentence"]) == [r["text"] for r in expected]
+    with pytest.raises(ValueError, match="beam size must be a whole number from 1 to 5"):
+        fillmask_tab.on_joint(visitor, SENTENCE, 6)
+
+
+def test_candidates_count_masks_from_one(visitor, tiny_bert):
+    table = fillmask_tab.on_candidates(visitor, "The [MASK] sat on the [MASK].", "cat, mat", 2)
+    expected = bertdemo.score_candidates(tiny_bert, "The [MASK] sat on the [MASK].", ["cat", "mat"], 1)
+    assert list(table["word"]) == [r["word"] for r in expected]
+    for number in [0, -3, 1.5, "1", 11]:
+        with pytest.raises(ValueError, match="mask number must be a whole number .*1 for the first"):
+            fillmask_tab.on_candidates(visitor, SENTENCE, "city", number)
+
+
+def test_sentence_score_of_a_masked_sentence_scores_its_best_completion(visitor, tiny_bert):
+    summary, _ = fillmask_tab.on_sentence_score(visitor, SENTENCE)
+    completed = bertdemo.fill_jointly(tiny_bert, SENTENCE, 1)[0]["text"]
+    expected = bertdemo.sentence_score(tiny_bert, completed)
+    assert completed in summary and f"{expected['pseudo_perplexity']:.2f}" in summary
+
+
+def test_a_too_long_sentence_says_how_long_and_the_limit(visitor):
+    with pytest.raises(ValueError, match=r"is \d+ tokens long; .* at most 64 tokens"):
+        fillmask_tab.on_predict(visitor, "[MASK] " + "paris " * 100, 5)
+
+
+# --- model picker and the model line ------------------------------------------------------------
+
+def test_picking_a_model_changes_that_session_only(tiny_bert_dir, tiny_bert, tiny_distilbert):
+    store = SessionStore(tiny_bert)
+    settings = Settings(model=str(tiny_bert_dir), models=tiny_distilbert.name, device="cpu")
+    ann, bob = Visitor(store, settings, "ann"), Visitor(store, settings, "bob")
+    distil = pathlib.Path(tiny_distilbert.name).name
+    assert model_picker.on_pick(ann, distil) == f"Your tabs use **{distil}**."
+    assert ann.lm.model is tiny_distilbert.model and bob.lm is tiny_bert
+    assert fillmask_tab.on_show(ann) == f"Model: **{distil}** on `cpu`"
+    with pytest.raises(ValueError, match="not in the list this server offers"):
+        model_picker.on_pick(ann, "/etc")
+
+
+def test_the_model_line_tells_each_state_of_the_tuned_model(store, tiny_bert, tiny_distilbert):
+    base = tiny_bert.name
+    assert model_line(store, "s1", "finetune") == f"The other tabs use **{base}**."
+    store.put_tuned("s1", tiny_distilbert)
+    assert "your tuned model is ready" in model_line(store, "s1", "finetune")
+    assert model_line(store, "s1") == f"Model: **{base}** on `cpu`"  # not in use yet
+    store.use_tuned("s1")
+    assert model_line(store, "s1", "finetune").startswith(
+        f"The other tabs use **your tuned model** ({tiny_distilbert.name})")
+    assert model_line(store, "s1", "picker").startswith("Your tabs use **your tuned model**")
+    assert model_line(store, "s1") == f"Model: **{tiny_distilbert.name}** on `cpu`"
+    assert model_line(store, "s2") == f"Model: **{base}** on `cpu`"  # another session: the base
+    store.put_tuned("s2", tiny_distilbert)  # max_tuned=1: s1's is evicted
+    assert "freed to make room" in model_line(store, "s1", "finetune")
+    assert model_line(store, "s1") == f"Model: **{base}** on `cpu`"
+
+
+def test_without_a_model_every_line_says_why_and_how_to_fix():
+    store = SessionStore(None, load_error="Could not load 'x': pass --model /path/to/folder.")
+    assert model_line(store, "s1") == "⚠️ Could not load 'x': pass --model /path/to/folder."
+    assert model_line(store, None, "picker").startswith("⚠️ Could not load")
+    assert model_line(store, None, "banner").startswith("### ⚠️ No model is loaded\nCould not load")
+
+
+def test_the_about_tab_builds_without_a_model():
+    assert about_tab.create_demo().blocks
