@@ -21,6 +21,7 @@ from bertdemo.models import load_allowed
 from bertdemo.sessions import SessionStore
 from bertdemo.ui import about_tab, attention_tab, fillmask_tab, finetune_tab, masking_tab, model_picker
 from bertdemo.ui.common import friendly_errors, hide_paths, refuse_non_finite_numbers
+from bertdemo.ui.context import AppContext
 
 log = logging.getLogger("bertdemo")
 MINILM_NAME = "all-MiniLM-L6-v2 body + untrained MLM head"
@@ -167,11 +168,11 @@ def build_demo(settings: Settings, store: SessionStore | None = None) -> gr.Bloc
         with gr.Tab("Fill mask"):
             fillmask_tab.render(store, settings)
         with gr.Tab("Attention"):
-            attention_tab.render(store, settings)
+            attention_tab.render(AppContext(store, settings))
         with gr.Tab("Mask sampling"):
-            masking_tab.render(store, settings)
+            masking_tab.render(AppContext(store, settings))
         with gr.Tab("Fine-tune"):
-            finetune_tab.render(store, settings)
+            finetune_tab.render(AppContext(store, settings))
         with gr.Tab("About"):
             about_tab.render(store, settings)
 
