@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import uuid
@@ -60,7 +61,7 @@ def measure(root: Path, model: str, text: str, n_sessions: int) -> dict:
 
     port = free_port()
     env = {"GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-           "PATH": "/usr/bin:/bin"}
+           "PATH": "/usr/bin:/bin", **{k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}}
     proc = subprocess.Popen([sys.executable, str(root / "app.py"), "--model", model, "--port",
                              str(port), "--device", "cpu"], cwd=root, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
