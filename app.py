@@ -58,13 +58,13 @@ def build_demo(settings: Settings, store: SessionStore | None = None) -> gr.Bloc
         with gr.Tab("Fill mask"):
             fillmask_tab.render(ctx)
         with gr.Tab("Attention"):
-            attention_tab.render(ctx.store, ctx.settings)
+            attention_tab.render(ctx)
         with gr.Tab("Inside a prediction"):
             explain_tab.render(ctx)
         with gr.Tab("Mask sampling"):
-            masking_tab.render(ctx.store, ctx.settings)
+            masking_tab.render(ctx)
         with gr.Tab("Fine-tune"):
-            finetune_tab.render(ctx.store, ctx.settings)
+            finetune_tab.render(ctx)
         with gr.Tab("Classify"):
             classify_tab.render(ctx)
         with gr.Tab("About"):

@@ -3,9 +3,10 @@ from .attention_views import attention
 from .classification import (adapt_then_classify, classify, forgetting, lr_sweep, parse_examples,
                              train_classifier)
 from .explain import compare_predictions, compare_scores, layer_predictions, saliency
+from .experiments import labelling_consequence
 from .fillmask import fill_jointly, fill_mask, mask_word, score_candidates, sentence_score, split_words
-from .masking import (article_comparison, article_mask_tokens, labelling_consequence, mask_sample,
-                      masking_law, outcome_counts, static_vs_dynamic)
+from .masking import (article_comparison, article_mask_tokens, mask_sample, masking_law, outcome_counts,
+                      static_vs_dynamic)
 from .models import LoadedModel, load, pick_device
 from .training import compare_masking, finetune
 

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from bertviz import head_view, model_view
 
+from . import validate
 from .fillmask import check_text, prediction
 from .models import LoadedModel, mlm_logits
 
@@ -180,11 +181,7 @@ def aggregate(weights: np.ndarray, kind: str = "head", layer: int = 0, head: int
 
 
 def _check_index(value, size: int, what: str) -> int:
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < size:
-        raise ValueError(f"{what.capitalize()} must be a whole number from 0 to {size - 1}, got {value!r}.")
-    return value
+    return validate.whole_number(value, what, 0, size - 1)
 
 
 @dataclass(frozen=True)
@@ -409,9 +406,10 @@ def data_urls() -> dict[str, str]:
 _data_urls: dict[str, str] = {}
 
 
-def served_urls(prefix: str = "gradio_api/file=") -> dict[str, str]:
-    """URLs of the vendored scripts as a Gradio app serves them (relative to the page)."""
-    return {name: prefix + quote(str(path)) for name, path in VENDORED.items()}
+def script_urls(file_route: str) -> dict[str, str]:
+    """URLs of the vendored scripts under a route that serves files by their path (the web app
+    passes its own, e.g. Gradio's), relative to the page."""
+    return {name: file_route + quote(str(path)) for name, path in VENDORED.items()}
 
 
 def srcdoc_iframe(document: str, height: int, title: str = "bertviz") -> str:

@@ -19,21 +19,17 @@ from typing import Callable
 
 import torch
 from transformers import DataCollatorForLanguageModeling
-from transformers.data.data_collator import pad_without_fast_tokenizer_warning
 
-from .training import (History, Limits, eval_copies, evaluate, finetune, fixed_rows, mlm_collator,
-                       prepare_text)
+from . import validate
 from .models import USER_MASK_RE
 
 MAX_TEXT_TOKENS = 256  # longest text (special tokens included) the tab shows token by token
 MAX_EPOCHS = 50  # most epochs in the static-vs-dynamic grid
 MAX_LAW_TOKENS = 100_000  # most token draws for the measured rates
 MAX_ARTICLE_LENGTH = 128  # longest padded length for the article's snippet
-MAX_CONSEQUENCE_STEPS = 60  # steps per run of `labelling_consequence` (it runs two)
 CURVE_TOKENS = 5_000  # token draws per epoch behind the "ever chosen" curve: smooth to ~1%
 _MAX_CELLS = 32_000_000  # batch cells (rows x tokens, x tokens again for whole words): ~32 MB
 OUTCOMES = ("mask", "random", "keep")
-_HIDDEN_SEED_OFFSET = 2_000_003  # the all-[MASK] eval masks: a stream apart from training's
 
 
 @dataclass(frozen=True)
@@ -101,7 +97,7 @@ class Corruption:
 # ---------------------------------------------------------------- drawing
 
 def check_seed(seed) -> int:
-    return whole_number("Seed", seed, 0, 2**32 - 1)
+    return validate.whole_number(seed, "Seed", 0, 2**32 - 1, field="seed")
 
 
 def encode(tokenizer, text: str, whole_word: bool = False) -> dict:
@@ -250,9 +246,9 @@ def static_vs_dynamic(tokenizer, text: str, epochs: int = 10, seed: int = 0,
     text (`tokens` of them per epoch), against 1 - (1 - p)^min(n, copies) and 1 - (1 - p)^n.
     """
     rates = Rates(mlm_probability, mask_replace_prob, random_replace_prob, whole_word).check()
-    epochs = whole_number("Epochs", epochs, 1, MAX_EPOCHS)
-    copies = whole_number("Static copies", static_copies, 1, MAX_EPOCHS,
-                          " (1 = one mask for every epoch; BERT used 10)")
+    epochs = validate.whole_number(epochs, "Epochs", 1, MAX_EPOCHS, field="epochs")
+    copies = validate.whole_number(static_copies, "Static copies", 1, MAX_EPOCHS,
+                                   " (1 = one mask for every epoch; BERT used 10)", field="copies")
     seed = check_seed(seed)
     if seed + epochs >= 2**32:
         raise ValueError(f"Seed + epochs must stay below {2**32}: give a smaller seed.")
@@ -296,14 +292,6 @@ def _ever_chosen_curve(tokenizer, encoded, seed, rates, epochs, copies) -> dict:
     return curve
 
 
-def whole_number(name: str, value, low: int, high: int, hint: str = "") -> int:
-    """`value` as an int in [low, high], or a ValueError saying so (gr.Number sends floats)."""
-    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-            or value != int(value) or not low <= value <= high):
-        raise ValueError(f"{name} is {value!r}: give a whole number from {low:,} to {high:,}{hint}.")
-    return int(value)
-
-
 # ---------------------------------------------------------------- the law behind it
 
 def masking_law(tokenizer, text: str, n_tokens: int = 20_000, seed: int = 0,
@@ -317,7 +305,7 @@ def masking_law(tokenizer, text: str, n_tokens: int = 20_000, seed: int = 0,
     (standard error at the configured rate), "low", "high" (95% Wilson interval)}.
     """
     rates = Rates(mlm_probability, mask_replace_prob, random_replace_prob, whole_word).check()
-    n_tokens = whole_number("Token draws", n_tokens, 1, MAX_LAW_TOKENS)
+    n_tokens = validate.whole_number(n_tokens, "Token draws", 1, MAX_LAW_TOKENS, field="draws")
     encoded = encode(tokenizer, text, whole_word)
     eligible = int((~encoded["special"]).sum())
     if eligible == 0:
@@ -389,7 +377,7 @@ def article_comparison(tokenizer, text: str, seed: int = 0, max_length: int = 20
     """
     rates = Rates(mlm_probability, mask_replace_prob, random_replace_prob, whole_word).check()
     seed = check_seed(seed)
-    max_length = whole_number("max_length", max_length, 4, MAX_ARTICLE_LENGTH)
+    max_length = validate.whole_number(max_length, "max_length", 4, MAX_ARTICLE_LENGTH)
     batch, truncated = _article_batch(tokenizer, text, max_length, whole_word)
     article_inputs, article_labels = article_mask_tokens(
         {"input_ids": batch["input_ids"].clone()}, tokenizer, torch.Generator().manual_seed(seed))
@@ -446,101 +434,3 @@ def _comparison_counts(batch: dict, article: dict, ours: Corruption, mask_id: in
     right = numbers(ours.seen, ours.labels)
     return [{"what": what, "article": int(left[what].sum()), "collator": int(right[what].sum())}
             for what in left]
-
-
-# ---------------------------------------------------------------- a loss for the hook
-
-def model_loss(lm) -> LossFn:
-    """A `loss_fn` for `article_comparison`: the loss of `lm` as it is (no training) on a batch."""
-    def loss(batch: dict) -> float:
-        if batch["input_ids"].shape[1] > lm.max_length:
-            raise ValueError(f"The padded text is {batch['input_ids'].shape[1]} tokens; {lm.name} "
-                             f"takes at most {lm.max_length}: lower max_length.")
-        with torch.inference_mode():
-            out = lm.model(**{k: v.to(lm.device) for k, v in batch.items()})
-        return float(out.loss)
-    return loss
-
-
-# ---------------------------------------------------------------- the article's labelling, trained
-
-def article_collator(tokenizer, seed: int) -> Callable[[list[dict]], dict]:
-    """A `finetune` collate_fn that labels the article's way, seeded.
-
-    `examples` are `finetune`'s blocks ({"input_ids": [...], ...}); they are padded as
-    `DataCollatorForLanguageModeling` pads them, then go through `article_mask_tokens`, which
-    ignores their special-tokens mask as the article does. Returns (B, T) "input_ids",
-    "attention_mask" and "labels": -100 exactly at the masked tokens, the original id everywhere
-    else (padding included, as in the article).
-    """
-    generator = torch.Generator().manual_seed(check_seed(seed))
-
-    def collate(examples: list[dict]) -> dict:
-        batch = pad_without_fast_tokenizer_warning(
-            tokenizer, [{"input_ids": e["input_ids"]} for e in examples], return_tensors="pt")
-        inputs, labels = article_mask_tokens({"input_ids": batch["input_ids"]}, tokenizer, generator)
-        return {"input_ids": inputs["input_ids"], "attention_mask": batch["attention_mask"],
-                "labels": labels}
-    return collate
-
-
-@dataclass
-class Consequence:
-    """What `labelling_consequence` measured.
-
-    runs: {"article": History, "collator": History}, `bertdemo.finetune`'s: each training loss is
-    its own labelling's; the evals (step 0 = before) are the standard ones, the same for both:
-    masked-token loss/accuracy on fixed 80/10/10 masks, where a model that copies its input still
-    gets the 10% kept tokens right. hidden: {"before", "article", "collator"}, `evaluate` results
-    ({"loss", "accuracy", "perplexity", "masked"}) on fixed masks where *every* chosen token is the
-    mask token: only filling a gap scores there.
-    """
-
-    runs: dict[str, History]
-    hidden: dict[str, dict]
-
-
-def labelling_consequence(lm, texts: str | list[str], steps: int = 30, seed: int = 0,
-                          lr: float = 5e-5, batch_size: int = 8, max_length: int = 128,
-                          on_step: Callable[[dict], None] | None = None,
-                          should_stop: Callable[[], bool] | None = None,
-                          limits: Limits | None = None) -> Consequence:
-    """Two short fine-tunes of `lm` on `texts` with the same seed, data, steps and eval masks:
-    one labelled by the article's `mask_tokens`, one by transformers' collator (15%, 80/10/10).
-
-    The article's training loss scores the *visible* tokens, so it falls fast (copying is easy);
-    the evaluations show what each run learnt about filling masks. Each run evaluates about 4 times
-    (not `finetune`'s 11: each eval runs the model on up to 32 masked copies of the text, more
-    work than a training step on one block). Events carry "run".
-    """
-    steps = whole_number("Steps", steps, 1, MAX_CONSEQUENCE_STEPS)
-    seed = check_seed(seed)
-    limits = limits or Limits()
-    hidden_rows = _hidden_eval_rows(lm, texts, max_length, limits, seed)
-    collates = {"article": article_collator(lm.tokenizer, seed),
-                "collator": mlm_collator(lm, 0.15, seed)}  # the article's rate, 15%
-    result = Consequence({}, {"before": _evaluate(lm, lm.model, hidden_rows)})
-    for run, collate in collates.items():
-        def tagged(event, run=run):
-            if on_step is not None:
-                on_step({**event, "run": run})
-        tuned, result.runs[run] = finetune(lm, texts, steps=steps, lr=lr, batch_size=batch_size,
-                                           seed=seed, max_length=max_length, collate_fn=collate,
-                                           eval_every=max(1, steps // 3), on_step=tagged,
-                                           should_stop=should_stop, limits=limits)
-        result.hidden[run] = _evaluate(lm, tuned.model, hidden_rows)
-        if result.runs[run].stopped == "stopped":
-            break
-    return result
-
-
-def _hidden_eval_rows(lm, texts, max_length: int, limits: Limits, seed: int) -> list[dict]:
-    """Fixed eval rows of `finetune`'s eval text with every chosen token replaced by the mask
-    token (mask_replace_prob=1), from a seed stream of their own."""
-    data = prepare_text(lm, texts, max_length, limits)
-    collate = Rates(0.15, 1.0, 0.0).collator(lm.tokenizer, seed + _HIDDEN_SEED_OFFSET)
-    return fixed_rows(collate, eval_copies(data.eval, 0.15))
-
-
-def _evaluate(lm, model, rows: list[dict]) -> dict:
-    return evaluate(model, rows, lm.tokenizer.pad_token_id or 0, lm.device)

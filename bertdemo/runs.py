@@ -194,7 +194,7 @@ def model_zip(store, session: str | None, kind: str = "tuned") -> Path:
     if model is None:
         raise ValueError(f"You have no {kind} model to download: run a fine-tune first.")
     archive = store.cached_file(session, f"{kind}-zip", model,
-                                lambda folder: save_zip(model, folder))
+                                lambda folder: save_zip(model, folder, f"bertdemo-{kind}-model"))
     size = archive.stat().st_size
     if size > store.max_download_bytes:
         raise ValueError(f"The {kind} model's zip is {size / 1e6:.0f} MB; this server serves at "

@@ -20,6 +20,7 @@ registered: its cap is `max_models.get(kind, max_tuned)`.
 """
 from __future__ import annotations
 
+import functools
 import shutil
 import tempfile
 import threading
@@ -75,6 +76,9 @@ class SessionStore:
         self._root: Path | None = None  # temp area for every session's files
         self._closed: deque[str] = deque(maxlen=_REMEMBERED_CLOSED)  # dropped sessions, newest last
         self._swept = time.monotonic()
+        # Set by the web layer (ui/live_run.watch_queue): queue_probe(session) says whether that
+        # session's run request is still in the server's queue; see `reserve_run`.
+        self.queue_probe: Callable[[str], bool] | None = None
 
     # ------------------------------------------------------------ which model
     def for_session(self, session_id: str | None) -> LoadedModel:
@@ -193,7 +197,10 @@ class SessionStore:
     def reserve_run(self, session_id: str | None, waiting: Callable[[], bool] | None = None) -> Ticket:
         """Claim this session's single run slot (when the request is queued); returns the run's
         ticket, its stop flag. ValueError if a run is already queued or running for it, unless
-        that one's request left the queue without starting (`Ticket.abandoned`)."""
+        that one's request left the queue without starting (`Ticket.abandoned`): `waiting()`, by
+        default `queue_probe(session_id)` when set, says whether it is still queued."""
+        if waiting is None and self.queue_probe is not None and session_id:
+            waiting = functools.partial(self.queue_probe, session_id)
         with self._lock:
             entry = self._entry(session_id)
             if entry.run is not None and not entry.run.abandoned():
@@ -292,14 +299,13 @@ class SessionStore:
             return entry.folder
 
     def cached_file(self, session_id: str | None, name: str, owner, make: Callable[[Path], Path]) -> Path:
-        """This session's file `name` made from `owner` by `make(folder)`, made once per owner:
-        the same path while `owner` is the same object and the file still exists."""
-        folder = self.session_dir(session_id) / name
+        """This session's file `name` made from `owner` by `make(session folder)`, made once per
+        owner: the same path while `owner` is the same object and the file still exists."""
+        folder = self.session_dir(session_id)
         with self._lock:
             made = self._entry(session_id).files.get(name)
         if made is not None and made[0]() is owner and made[1].exists():
             return made[1]
-        folder.mkdir(exist_ok=True)
         path = Path(make(folder))
         with self._lock:
             self._entry(session_id).files[name] = (weakref.ref(owner), path)

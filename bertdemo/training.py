@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 from transformers import DataCollatorForLanguageModeling
 
+from . import validate
 from .fillmask import fill_mask, mask_word, split_words
 from .models import LoadedModel, mlm_logits
 
@@ -44,13 +45,9 @@ class Limits:
     max_lr: float = 1e-2
 
 
-class SettingError(ValueError):
+class SettingError(validate.InputError):
     """A ValueError that names the setting at fault ("text", "steps", "learning rate", ...), so a
-    form can show the message beside that field."""
-
-    def __init__(self, setting: str, message: str):
-        super().__init__(message)
-        self.setting = setting
+    form can show the message beside that field (`.setting`, `.field`)."""
 
 
 @dataclass
@@ -111,39 +108,25 @@ def check_settings(*, steps=None, epochs=None, lr=5e-5, batch_size=8, mlm_probab
     limits = limits or Limits()
     if (steps is None) == (epochs is None):
         raise SettingError("steps", "Give the training length as steps or as epochs (one of them).")
-    out = {"lr": _number("learning rate", lr, 0.0, limits.max_lr, open_low=True),
+    out = {"lr": validate.number(lr, "learning rate", 0.0, limits.max_lr, open_low=True),
            "batch_size": _whole("batch size", batch_size, 1, limits.max_batch_size),
-           "mlm_probability": _number("mask probability", mlm_probability, 0.0, 1.0, open_low=True),
+           "mlm_probability": validate.number(mlm_probability, "mask probability", 0.0, 1.0, open_low=True),
            "seed": _whole("seed", seed, 0, 2**32 - 1),
            "max_length": _whole("block length", max_length, 8, 8192)}
     if steps is not None:
         out["steps"] = _whole("steps", steps, 1, limits.max_steps)
     else:
-        out["epochs"] = _number("epochs", epochs, 0.0, float(limits.max_steps), open_low=True)
+        out["epochs"] = validate.number(epochs, "epochs", 0.0, float(limits.max_steps), open_low=True)
     if masking not in MASKINGS:
         raise SettingError("masking", f"masking must be 'static' or 'dynamic', got {masking!r}.")
     out["masking"] = masking
     return out
 
 
-def _number(name: str, value, low: float, high: float, open_low: bool = False) -> float:
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        raise SettingError(name, f"The {name} must be a number, got {value!r}.") from None
-    too_low = value <= low if open_low else value < low
-    if not math.isfinite(value) or too_low or value > high:
-        bound = f"more than {low:g}" if open_low else f"at least {low:g}"
-        raise SettingError(name, f"The {name} must be {bound} and at most {high:g}, got {value!r}.")
-    return value
-
-
 def _whole(name: str, value, low: int, high: int) -> int:
-    number = _number(name, value, low, high)
-    if not number.is_integer():
-        raise SettingError(name, f"The {name} must be a whole number from {low} to {high}, "
-                                 f"got {value!r}.")
-    return int(number)
+    """Range first, so "at most 300" is what a too-large step count hears; then integrality."""
+    validate.number(value, name, low, high)
+    return validate.whole_number(value, name, low, high)
 
 
 # ---------------------------------------------------------------- text -> blocks
@@ -540,16 +523,15 @@ def compare_probes(before: LoadedModel, after: LoadedModel, probes: list[str], t
              "after": fill_mask(after, p, top_k, max_masks=max_masks)} for p in probes]
 
 
-def save_zip(lm: LoadedModel, folder: str | Path) -> Path:
-    """`save_pretrained` of model and tokenizer, zipped into `folder`; returns the zip's path.
-    The folder keeps one zip: an earlier one is replaced."""
+def save_zip(lm: LoadedModel, folder: str | Path, name: str = "bertdemo-tuned-model") -> Path:
+    """`save_pretrained` of model and tokenizer, zipped into `folder` as `name`.zip; returns its
+    path. An earlier zip of that name is replaced (other files in the folder are left alone)."""
     folder = Path(folder)
-    staging = folder / "tuned-model"
+    staging = folder / f"{name}-staging"
     shutil.rmtree(staging, ignore_errors=True)
-    for old in folder.glob("*.zip"):
-        old.unlink()
+    (folder / f"{name}.zip").unlink(missing_ok=True)
     lm.model.save_pretrained(staging)
     lm.tokenizer.save_pretrained(staging)
-    archive = shutil.make_archive(str(folder / "bertdemo-tuned-model"), "zip", staging)
+    archive = shutil.make_archive(str(folder / name), "zip", staging)
     shutil.rmtree(staging, ignore_errors=True)
     return Path(archive)

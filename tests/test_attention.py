@@ -15,8 +15,9 @@ from transformers import AutoModelForMaskedLM
 import bertdemo
 from bertdemo import plots
 from bertdemo.attention_views import (VIEWS, Attention, aggregate, bertviz_html, data_urls, default_selection,
-                                eager_twin, mask_rows, rollout, served_urls, srcdoc_iframe, standalone,
+                                eager_twin, mask_rows, rollout, srcdoc_iframe, standalone,
                                 token_groups, view)
+from bertdemo.ui.attention_tab import served_urls
 
 PAIR = ("Paris is the [MASK] of unbelievably France.", "Berlin is nice.")
 EVIL = ['<script>alert("x")</script>', "</iframe>", "\"quotes' & <b>bold</b>",
@@ -279,3 +280,69 @@ def _fill_mask_error(lm) -> ValueError:
     except ValueError as err:
         return err
     raise AssertionError("fill_mask accepted an over-long text")
+
+
+# ---------------------------------------------------------------- the tab's handlers, no server
+
+def _visitor(lm, session="s1"):
+    from bertdemo.config import Settings
+    from bertdemo.sessions import SessionStore
+    from bertdemo.ui.context import Visitor
+
+    return Visitor(SessionStore(lm), Settings(device="cpu"), session)
+
+
+def test_handlers_keep_only_the_query_and_recompute_the_same_views(real_vocab_bert):
+    """An idle session keeps a few hundred bytes, whatever its length; option changes still work."""
+    from bertdemo.ui import attention_tab
+
+    visitor = _visitor(real_vocab_bert)
+    text = "The [MASK] sat on the mat because it was tired and " + "very " * 100 + "sleepy."
+    viz, download, note, heatmap, raw, grid, preds, mask_note = attention_tab.on_run(
+        visitor, text, "", "head", [], [], "head", 1, 1, False, False, 0.0, 1)
+    att = bertdemo.attention(real_vocab_bert, text)
+    assert len(att.tokens) > 100 and att.weights.nbytes > 100_000
+    assert visitor.store.result_bytes() < 2_000  # the query, not the (layers, heads, T, T) weights
+    assert not any(isinstance(v, np.ndarray) for v in vars(visitor.store.result("s1", "attention")).values())
+    assert raw["heatmap"]["matrix"] == [[round(w, 4) for w in row] for row in view(att, "head", 1, 1).matrix.tolist()]
+    _, changed = attention_tab.on_heatmap(visitor, "rollout", 1, 0, True, True, 0.0)
+    expected = view(att, "rollout", 1, 0, words=True, hide_special=True)
+    assert changed["heatmap"]["labels"] == expected.labels
+    np.testing.assert_allclose(changed["heatmap"]["matrix"], expected.matrix, atol=1e-4)
+    frame, export, viz_note = attention_tab.on_viz(visitor, "model", [0], [1])
+    assert "Layers 0, heads 1 of 2 x 2" in viz_note and frame.startswith("<iframe srcdoc=")
+    assert Path(export).parent.parent == visitor.store.session_dir("s1")  # the session's own files
+    assert "[MASK]` 1 of 1" in attention_tab.on_mask(visitor, 1, True)[2]
+    with pytest.raises(ValueError, match="mask number must be a whole number from 1 to 1"):
+        attention_tab.on_mask(visitor, 2, False)
+    visitor.store.drop("s1")
+    assert not Path(export).exists() and attention_tab.recall(visitor) is None
+
+
+def test_option_changes_before_any_run_change_nothing(tiny_bert):
+    import gradio as gr
+
+    from bertdemo.ui import attention_tab
+
+    visitor = _visitor(tiny_bert)
+    assert all(isinstance(x, type(gr.skip())) for x in attention_tab.on_viz(visitor, "head", [], []))
+    assert all(isinstance(x, type(gr.skip())) for x in attention_tab.on_mask(visitor, 1, False))
+
+
+def test_a_freed_model_asks_to_run_again(tiny_bert):
+    from bertdemo.models import LoadedModel
+    from bertdemo.ui import attention_tab
+
+    visitor = _visitor(tiny_bert)
+    tuned = LoadedModel("tuned", tiny_bert.tokenizer, tiny_bert.model, tiny_bert.device)
+    visitor.store.put_tuned("s1", tuned)
+    visitor.store.use_tuned("s1")
+    attention_tab.on_run(visitor, "Paris is the [MASK] of France.", "", "head", [], [], "head", 0, 0,
+                         False, False, 0.0, 1)
+    visitor.store.use_base("s1")
+    del tuned
+    visitor.store.put_tuned("s1", tiny_bert)  # its tuned model replaced: the old one is freed
+    import gc
+    gc.collect()
+    with pytest.raises(ValueError, match="Show attention again"):
+        attention_tab.on_heatmap(visitor, "head", 0, 0, False, False, 0.0)

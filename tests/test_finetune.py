@@ -1,5 +1,6 @@
 """The fine-tune: loss and eval, the base left untouched, Stop, caps, repeatability, the tab."""
 import math
+import re
 import zipfile
 
 import pytest
@@ -397,3 +398,73 @@ def test_the_tab_runs_on_its_own_with_its_endpoints(tiny_bert):
     assert {"finetune", "stop_finetune", "compare_masking", "use_tuned", "use_base",
             "download_tuned", "suggest_probes"} <= names
     assert bertdemo.finetune is finetune and bertdemo.compare_masking is compare_masking
+
+
+# ---------------------------------------------------------------- the tab's handlers, no server
+
+def _visitor(lm, session="s1", **settings):
+    from bertdemo.config import Settings
+    from bertdemo.sessions import SessionStore
+    from bertdemo.ui.context import Visitor
+
+    return Visitor(SessionStore(lm), Settings(device="cpu", **settings), session)
+
+
+FORM = (REPEATED, 4, "steps", 1e-2, 8, 16, 0.15, "dynamic", 0)
+
+
+def test_finetune_handler_streams_then_keeps_the_model(tiny_bert):
+    from bertdemo.ui import finetune_tab
+
+    visitor = _visitor(tiny_bert)
+    updates = list(finetune_tab.on_finetune(visitor, *FORM, False, "Paris is the [MASK] of France.",
+                                            progress=lambda *a, **k: None))
+    status, _, metrics, probes, active = updates[-1]
+    assert "Done" in status and "4 steps" in status and "ready" in active
+    assert list(metrics["metric"])[0] == "masked-token loss" and probes["probe"][0].startswith("Paris")
+    assert visitor.store.tuned("s1") is not None and visitor.store.run_status("s1") is None
+    assert "Nothing is running" in finetune_tab.on_stop(visitor)
+    assert "your tuned model" in finetune_tab.on_use_tuned(visitor)
+    assert finetune_tab.on_download(visitor) == finetune_tab.on_download(visitor)  # zipped once
+
+
+def test_stop_from_the_page_ends_the_handlers_run_within_one_step(tiny_bert):
+    from bertdemo.ui import finetune_tab
+
+    visitor = _visitor(tiny_bert, finetune_max_steps=300)
+    form = (REPEATED, 300, *FORM[2:])
+    pressed = []
+
+    def progress(done_total, **kwargs):  # called from the handler while the run goes
+        if not pressed:
+            pressed.append(done_total[0])
+            assert "Stopping" in finetune_tab.on_stop(visitor)
+
+    status = list(finetune_tab.on_finetune(visitor, *form, False, "", progress=progress))[-1][0]
+    done = int(re.search(r"Ended early\*\* after (\d+) steps", status).group(1))
+    assert done < 300 and "you pressed Stop" in status and "not kept" in status
+    assert visitor.store.tuned("s1") is None and visitor.store.run_status("s1") is None
+
+
+def test_validator_reserves_once_and_names_the_field(tiny_bert):
+    import gradio as gr
+
+    from bertdemo.ui import finetune_tab
+
+    visitor = _visitor(tiny_bert)
+    ok = finetune_tab.validate_run(visitor, *FORM, False, "")
+    assert len(ok) == 11 and all(v == gr.validate(True, "") for v in ok)
+    again = finetune_tab.validate_compare(visitor, *FORM)
+    assert len(again) == 9 and "already running" in again[0]["message"]
+    bad = finetune_tab.validate_compare(_visitor(tiny_bert), *FORM[:3], 1.0, *FORM[4:])
+    assert "learning rate" in bad[3]["message"]
+
+
+def test_run_form_is_built_once_and_checks_the_unit(tiny_bert):
+    from bertdemo.ui.finetune_tab import RunForm
+
+    form = RunForm(*FORM)
+    assert form.finetune_args(tiny_bert, Limits())["steps"] == 4
+    with pytest.raises(ValueError, match="'steps' or 'epochs'") as err:
+        RunForm(REPEATED, 4, "minutes", *FORM[3:]).finetune_args(tiny_bert, Limits())
+    assert err.value.setting == "unit"

@@ -9,7 +9,7 @@ from gradio_client.exceptions import AppError
 from transformers import DataCollatorForLanguageModeling
 
 import bertdemo
-from bertdemo import masking
+from bertdemo import experiments, masking
 
 TEXT = "Paris is the capital of France, unbelievably sleeping at the famous Eiffel tower."
 SETTINGS = [(0.15, 0.8, 0.1), (0.4, 0.5, 0.3)]
@@ -212,7 +212,7 @@ def test_article_comparison_counts_and_loss_hook(tiny_bert):
 
 def test_model_loss_hook_matches_the_model(tiny_bert):
     result = bertdemo.article_comparison(tiny_bert.tokenizer, TEXT, seed=1,
-                                         loss_fn=masking.model_loss(tiny_bert))
+                                         loss_fn=experiments.model_loss(tiny_bert))
     inputs = tiny_bert.tokenizer(TEXT, max_length=20, padding="max_length", truncation=True,
                                  return_tensors="pt")
     labels = torch.tensor([result["article"]["labels"]])
@@ -312,7 +312,7 @@ def test_article_collator_scores_exactly_the_visible_tokens(tiny_bert):
     padded = DataCollatorForLanguageModeling(tok, mlm=False)(blocks)  # the collator's padding, no masks
     special = torch.tensor([tok.get_special_tokens_mask(row, already_has_special_tokens=True)
                             for row in padded["input_ids"].tolist()]).bool()  # [CLS], [SEP], [PAD]
-    collate = masking.article_collator(tok, seed=0)
+    collate = experiments.article_collator(tok, seed=0)
     specials_masked = 0
     for _ in range(10):
         batch = collate(blocks)
@@ -345,7 +345,7 @@ def test_collator_labelling_learns_to_fill_masks_the_article_labelling_does_not(
 def test_hidden_eval_hides_every_chosen_token(tiny_bert):
     from bertdemo.training import Limits
 
-    rows = masking._hidden_eval_rows(tiny_bert, REPEATED, 128, Limits(), seed=0)
+    rows = experiments.hidden_eval_rows(tiny_bert, REPEATED, 128, Limits(), seed=0)
     labels, ids = torch.cat([r["labels"] for r in rows]), torch.cat([r["input_ids"] for r in rows])
     assert (labels != -100).sum() >= 20
     assert torch.equal(labels != -100, ids == tiny_bert.mask_token_id)
@@ -375,3 +375,42 @@ def test_article_finetune_endpoint(client, tiny_bert):
     assert len(traces["collator's labelling: training loss"]["y"]) == 8
     with pytest.raises(AppError, match="learning rate"):
         client.predict(REPEATED, 0, 8, 1.0, api_name="/article_finetune")
+
+
+# ---------------------------------------------------------------- the tab's handlers, no server
+
+def _visitor(lm, session="s1"):
+    from bertdemo.config import Settings
+    from bertdemo.sessions import SessionStore
+    from bertdemo.ui.context import Visitor
+
+    return Visitor(SessionStore(lm), Settings(device="cpu"), session)
+
+
+def test_sample_handler_matches_the_service(tiny_bert):
+    from bertdemo.ui import masking_tab
+
+    strip, table, counts, rows = masking_tab.on_sample(_visitor(tiny_bert), TEXT, 3, 0.3, 0.5, 0.3, False)
+    assert rows == bertdemo.mask_sample(tiny_bert.tokenizer, TEXT, 3, 0.3, 0.5, 0.3)
+    assert [t for t, _ in strip[::2]] == [r["token"] for r in rows] and "-100" in table
+
+
+def test_article_labelling_run_can_be_stopped_and_holds_one_slot(tiny_bert):
+    """The article-labelling comparison runs through bertdemo.runs: Stop ends it within one step."""
+    from bertdemo.ui import masking_tab
+
+    visitor = _visitor(tiny_bert)
+    assert masking_tab.reserve_consequence(visitor, REPEATED, 0, 60, 1e-2)[0]["is_valid"]
+    refused = masking_tab.reserve_consequence(visitor, REPEATED, 0, 60, 1e-2)[0]
+    assert not refused["is_valid"] and "already running" in refused["message"]
+    stops = []
+
+    def progress(done_total, **kwargs):
+        if not stops:
+            stops.append(done_total[0])
+            masking_tab.on_stop(visitor)
+
+    _, table, note = masking_tab.on_consequence(visitor, REPEATED, 0, 60, 1e-2, progress=progress)
+    assert "stopped early: article's labelling: stopped" in note or "did not both train" in note
+    assert visitor.store.run_status("s1") is None  # released
+    assert masking_tab.reserve_consequence(visitor, REPEATED, 0, 60, 1e-2)[0]["is_valid"]

@@ -1,5 +1,6 @@
 """SessionStore: each session's own tuned model, LRU eviction under a cap, one run per session."""
 import gc
+import time
 import weakref
 
 import pytest
@@ -110,3 +111,67 @@ def test_no_base_model_gives_the_load_error():
         store.for_session("a")
     with pytest.raises(ValueError, match="at least 1"):
         SessionStore(None, max_tuned=0)
+
+
+def test_drop_frees_everything_a_session_holds(store):
+    """Models of every kind, kept results, downloads and exports, and the run: all at once."""
+    ticket = store.reserve_run("a")
+    store.put_tuned("a", fake_model("a"))
+    store.put_model("a", "classifier", fake_model("a-classifier"))
+    refs = [weakref.ref(store.tuned("a").model), weakref.ref(store.model("a", "classifier").model)]
+    store.keep_result("a", "attention", object(), 300)
+    export = store.session_dir("a") / "bertviz-head-view.html"
+    export.write_text("<html>")
+    store.drop("a")
+    gc.collect()
+    assert ticket.is_set() and not export.exists() and all(ref() is None for ref in refs)
+    assert store.result("a", "attention") is None and store.result_bytes() == 0
+    assert store.model("a", "classifier") is None and "a" not in store
+
+
+def test_models_of_each_kind_have_their_own_cap():
+    store = SessionStore(fake_model("base"), max_tuned=2, max_models={"classifier": 1})
+    store.put_model("a", "classifier", fake_model("a"))
+    store.put_tuned("a", fake_model("a-tuned"))
+    store.put_model("b", "classifier", fake_model("b"))  # evicts a's classifier only
+    assert store.model("a", "classifier") is None and store.was_evicted("a", "classifier")
+    assert store.tuned("a") is not None and not store.was_evicted("a")
+    assert store.model_count("classifier") == 1 and store.tuned_count == 1
+
+
+def test_kept_results_stay_within_their_cap_least_recent_first():
+    store = SessionStore(None, max_result_bytes=1_000)
+    store.keep_result("a", "attention", "a's", 400)
+    store.keep_result("b", "attention", "b's", 400)
+    store.result("a", "attention")  # a used after b
+    store.keep_result("c", "attention", "c's", 400)
+    assert store.result("b", "attention") is None
+    assert store.result("a", "attention") == "a's" and store.result("c", "attention") == "c's"
+
+
+def test_idle_sessions_are_freed_but_not_while_their_run_goes(store):
+    store.keep_result("idle", "attention", "q", 100)
+    store.put_tuned("idle", fake_model("idle"))
+    store.reserve_run("running")
+    store.keep_result("fresh", "attention", "q", 100)
+    later = time.monotonic() + store.max_idle_s + 1
+    store._sessions["fresh"].used = later  # noqa: SLF001 - as if used just now, at `later`
+    assert store.sweep(now=later) == ["idle"]
+    assert store.tuned("idle") is None and store.result("fresh", "attention") == "q"
+    assert store.request_stop("running")
+
+
+def test_a_file_is_made_once_per_owner(store):
+    made = []
+
+    def make(folder):
+        made.append(folder)
+        path = folder / "model.zip"
+        path.write_bytes(b"zip")
+        return path
+
+    first, second = fake_model("1"), fake_model("2")
+    path = store.cached_file("a", "zip", first, make)
+    assert store.cached_file("a", "zip", first, make) == path and len(made) == 1
+    store.cached_file("a", "zip", second, make)
+    assert len(made) == 2

@@ -1,19 +1,26 @@
-"""The attention tab: bertviz head/model views that work offline, and heatmaps read exactly."""
-import atexit
-import shutil
-import tempfile
+"""The attention tab: bertviz head/model views that work offline, and heatmaps read exactly.
+
+What a session keeps between events is its query (the model, by weak reference, and the text),
+not the weights: an option change recomputes them (one forward pass, tens of milliseconds), so an
+idle session costs a few hundred bytes whatever its sentence length. The weights of a 450-token
+MiniLM sentence are 58 MB as float32; the page state used to hold them for an hour.
+"""
+import sys
 import time
-import uuid
-from pathlib import Path
+import weakref
+from dataclasses import dataclass
 
 import gradio as gr
 
-from .. import plots
+from .. import plots, validate
 from ..attention_views import (VENDOR_DIR, VIEWS, Attention, attention, bertviz_html, default_selection,
-                         mask_rows, served_urls, srcdoc_iframe, standalone, view, view_height)
+                               mask_rows, script_urls, srcdoc_iframe, standalone, view, view_height)
 from ..config import Settings
+from ..models import LoadedModel
 from ..sessions import SessionStore
-from .common import friendly_errors, session_id
+from .context import AppContext, Visitor, handler
+
+GRADIO_FILE_ROUTE = "gradio_api/file="  # where Gradio serves files by path (set_static_paths)
 
 EXAMPLES = [
     ["The cat sat on the mat because it was tired.", ""],
@@ -44,41 +51,74 @@ BERT's attention goes to `[CLS]`, `[SEP]` and punctuation, often a "no-op" (Clar
 *What does BERT look at?*). Use the views to explore patterns (heads that track the previous word,
 the object of a verb, coreference), not as proof of why the model chose a word. The bertviz README
 (github.com/jessevig/bertviz) explains its head view and model view."""
-_EXPORT_DIR = Path(tempfile.mkdtemp(prefix="bertdemo-bertviz-"))  # this process's own, not a shared name
-atexit.register(shutil.rmtree, _EXPORT_DIR, ignore_errors=True)
-_EXPORT_MAX_AGE_S = 3600
 _served = False
 
 
-def render(store: SessionStore, settings: Settings) -> None:
+@dataclass(frozen=True)
+class Query:
+    """What a session is looking at: enough to recompute its `Attention` (see the module doc)."""
+
+    model: "weakref.ref[LoadedModel]"
+    text: str
+    text_b: str | None
+
+    @property
+    def nbytes(self) -> int:
+        return sys.getsizeof(self.text) + sys.getsizeof(self.text_b) + 200  # + the record and ref
+
+
+def render(ctx: AppContext) -> None:
     """Build the tab's components and events inside the current Blocks/Tab context."""
     _serve_vendored_scripts()
-    n_layers, n_heads = _model_shape(store)
+    n_layers, n_heads = _model_shape(ctx.store)
+    text, text_b, run = _section_input()
+    viz_inputs, viz_outputs = _section_bertviz(n_layers, n_heads)
+    heatmap_inputs, heatmap = _section_heatmaps(n_layers, n_heads)
+    mask_number, mask_outputs, raw = _section_mask()
+    heatmap_outputs = [heatmap, raw]
+    mask_inputs = [mask_number, heatmap_inputs[4]]  # the mask number and "Hide [CLS]/[SEP]"
+
+    run_inputs = [text, text_b, *viz_inputs, *heatmap_inputs, mask_number]
+    run_outputs = [*viz_outputs, *heatmap_outputs, *mask_outputs]
+    run.click(handler(ctx, on_run), run_inputs, run_outputs, api_name="attention", concurrency_id="model")
+    gr.on([text.submit, text_b.submit], handler(ctx, on_run), run_inputs, run_outputs,
+          api_visibility="private", concurrency_id="model")
+    gr.on([c.change for c in viz_inputs], handler(ctx, on_viz), viz_inputs, viz_outputs,
+          api_visibility="private", trigger_mode="always_last", concurrency_id="model")
+    gr.on([c.change for c in heatmap_inputs], handler(ctx, on_heatmap), heatmap_inputs, heatmap_outputs,
+          api_visibility="private", trigger_mode="always_last", concurrency_id="model")
+    gr.on([c.change for c in mask_inputs], handler(ctx, on_mask), mask_inputs, mask_outputs,
+          api_visibility="private", trigger_mode="always_last", concurrency_id="model")
+
+
+def _section_input():
     with gr.Row():
         text = gr.Textbox(label="Sentence", value=EXAMPLES[0][0], lines=2, scale=3,
                           info="Type a sentence; put [MASK] in it to see what the mask looks at.")
         text_b = gr.Textbox(label="Second sentence (optional)", lines=2, scale=2,
                             info="A sentence pair, as in next-sentence prediction: [CLS] A [SEP] B [SEP].")
     gr.Examples(EXAMPLES, [text, text_b])
-    run = gr.Button("Show attention", variant="primary")
-    state = gr.State(None, time_to_live=3600)  # this visitor's Attention, so options don't re-run it
+    return text, text_b, gr.Button("Show attention", variant="primary")
 
+
+def _section_bertviz(n_layers: int, n_heads: int):
     gr.Markdown("### bertviz")
     with gr.Row():
-        viz_kind = gr.Radio([("Head view", "head"), ("Model view", "model")], value="head",
-                            label="View", scale=1)
-        viz_layers = gr.CheckboxGroup(list(range(n_layers)), label="Layers (none ticked: automatic)",
-                                      scale=2)
-        viz_heads = gr.CheckboxGroup(list(range(n_heads)), label="Heads, model view (none: automatic)",
-                                     scale=2)
-    viz_note = gr.Markdown()
+        kind = gr.Radio([("Head view", "head"), ("Model view", "model")], value="head", label="View",
+                        scale=1)
+        layers = gr.CheckboxGroup(list(range(n_layers)), label="Layers (none ticked: automatic)", scale=2)
+        heads = gr.CheckboxGroup(list(range(n_heads)), label="Heads, model view (none: automatic)", scale=2)
+    note = gr.Markdown()
     viz = gr.HTML(elem_id="bertviz-view")
     download = gr.DownloadButton("Download this view as standalone HTML", value=None, size="sm")
+    return [kind, layers, heads], [viz, download, note]
 
+
+def _section_heatmaps(n_layers: int, n_heads: int):
     gr.Markdown("### Heatmaps")
     with gr.Row():
-        hm_kind = gr.Dropdown([(label, key) for key, label in VIEWS.items()], value="head",
-                              label="Show", scale=2)
+        kind = gr.Dropdown([(label, key) for key, label in VIEWS.items()], value="head", label="Show",
+                           scale=2)
         layer = gr.Slider(0, n_layers - 1, value=n_layers - 1, step=1, label="Layer (from 0)", scale=2)
         head = gr.Slider(0, n_heads - 1, value=0, step=1, label="Head (from 0)", scale=2)
     with gr.Row():
@@ -87,7 +127,11 @@ def render(store: SessionStore, settings: Settings) -> None:
         threshold = gr.Slider(0, 1, value=0, step=0.01, label="Hide weights below")
     heatmap = gr.Plot(label="Attention heatmap")
     gr.Markdown(WORDS_HELP)
+    return [kind, layer, head, words, hide_special, threshold], heatmap
 
+
+def _section_mask():
+    """The [MASK] section, then the accordions: the JSON one shows the heatmap's numbers."""
     gr.Markdown("### What the [MASK] looked at")
     mask_number = gr.Number(label="Mask number (1 = first)", value=1, precision=0, minimum=1)
     mask_note = gr.Markdown()
@@ -98,48 +142,63 @@ def render(store: SessionStore, settings: Settings) -> None:
         raw = gr.JSON()
     with gr.Accordion("What attention weights are, and are not", open=False):
         gr.Markdown(EXPLAINER)
-
-    viz_inputs = [viz_kind, viz_layers, viz_heads]
-    heatmap_inputs = [hm_kind, layer, head, words, hide_special, threshold]
-    mask_inputs = [mask_number, hide_special]
-
-    @friendly_errors
-    def on_run(sentence, sentence_b, kind, layers, heads, hm, lay, hd, wd, hide, thr, number,
-               request: gr.Request):
-        att = attention(store.for_session(session_id(request)), sentence, sentence_b)
-        return (att, *_viz_outputs(att, kind, layers, heads),
-                *_heatmap_outputs(att, hm, lay, hd, wd, hide, thr), *_mask_outputs(att, number, hide))
-
-    @friendly_errors
-    def on_viz(att, kind, layers, heads):
-        return _viz_outputs(att, kind, layers, heads) if att is not None else (gr.skip(),) * 3
-
-    @friendly_errors
-    def on_heatmap(att, hm, lay, hd, wd, hide, thr):
-        return _heatmap_outputs(att, hm, lay, hd, wd, hide, thr) if att is not None else (gr.skip(),) * 2
-
-    @friendly_errors
-    def on_mask(att, number, hide):
-        return _mask_outputs(att, number, hide) if att is not None else (gr.skip(),) * 3
-
-    run_outputs = [state, viz, download, viz_note, heatmap, raw, mask_grid, mask_preds, mask_note]
-    run_inputs = [text, text_b, *viz_inputs, *heatmap_inputs, mask_number]
-    run.click(on_run, run_inputs, run_outputs, api_name="attention", concurrency_id="model")
-    gr.on([text.submit, text_b.submit], on_run, run_inputs, run_outputs, api_visibility="private",
-          concurrency_id="model")
-    gr.on([c.change for c in viz_inputs], on_viz, [state, *viz_inputs], [viz, download, viz_note],
-          api_visibility="private", trigger_mode="always_last")
-    gr.on([c.change for c in heatmap_inputs], on_heatmap, [state, *heatmap_inputs], [heatmap, raw],
-          api_visibility="private", trigger_mode="always_last")
-    gr.on([c.change for c in mask_inputs], on_mask, [state, *mask_inputs],
-          [mask_grid, mask_preds, mask_note], api_visibility="private", trigger_mode="always_last")
+    return mask_number, [mask_grid, mask_preds, mask_note], raw
 
 
 def create_demo(store: SessionStore, settings: Settings) -> gr.Blocks:
     """The tab on its own, for running or testing it alone."""
     with gr.Blocks(title="bertdemo: attention") as demo:
-        render(store, settings)
+        render(AppContext(store, settings))
+
+        def forget_session(request: gr.Request):
+            store.drop(request.session_hash)
+
+        demo.unload(forget_session)
     return demo
+
+
+# ---------------------------------------------------------------- handlers
+
+def on_run(visitor: Visitor, sentence, sentence_b, kind, layers, heads, hm, lay, hd, wd, hide, thr, number):
+    """Compute the attention of a sentence (or pair) and every view of it; keep only the query."""
+    lm = visitor.lm
+    att = attention(lm, sentence, sentence_b)
+    query = Query(weakref.ref(lm), sentence, sentence_b or None)
+    visitor.store.keep_result(visitor.session, "attention", query, query.nbytes)
+    return (*_viz_outputs(visitor, att, kind, layers, heads),
+            *_heatmap_outputs(att, hm, lay, hd, wd, hide, thr), *_mask_outputs(att, number, hide))
+
+
+def on_viz(visitor: Visitor, kind, layers, heads):
+    att = recall(visitor)
+    return _viz_outputs(visitor, att, kind, layers, heads) if att is not None else (gr.skip(),) * 3
+
+
+def on_heatmap(visitor: Visitor, hm, lay, hd, wd, hide, thr):
+    att = recall(visitor)
+    return _heatmap_outputs(att, hm, lay, hd, wd, hide, thr) if att is not None else (gr.skip(),) * 2
+
+
+def on_mask(visitor: Visitor, number, hide):
+    att = recall(visitor)
+    return _mask_outputs(att, number, hide) if att is not None else (gr.skip(),) * 3
+
+
+def recall(visitor: Visitor) -> Attention | None:
+    """This session's last attention, recomputed from its kept query; None before the first run."""
+    query = visitor.store.result(visitor.session, "attention")
+    if query is None:
+        return None
+    lm = query.model()
+    if lm is None:
+        raise ValueError("The model of this view was freed (a tuned model evicted or replaced): "
+                         "press Show attention again.")
+    return attention(lm, query.text, query.text_b)
+
+
+def served_urls() -> dict[str, str]:
+    """The vendored scripts' URLs as this Gradio app serves them (relative to the page)."""
+    return script_urls(GRADIO_FILE_ROUTE)
 
 
 def _serve_vendored_scripts() -> None:
@@ -157,7 +216,7 @@ def _model_shape(store: SessionStore) -> tuple[int, int]:
             getattr(config, "num_attention_heads", None) or getattr(config, "n_heads", None) or 12)
 
 
-def _viz_outputs(att: Attention, kind: str, layers, heads):
+def _viz_outputs(visitor: Visitor, att: Attention, kind: str, layers, heads):
     """The bertviz view in an iframe, the same view as a download, and a line on what is shown."""
     auto_layers, auto_heads = default_selection(att, kind)
     layers = [x for x in layers or [] if x < att.num_layers] or auto_layers
@@ -171,7 +230,7 @@ def _viz_outputs(att: Attention, kind: str, layers, heads):
     note = (f"Layers {_ranges(layers)}{shown_heads} of {att.num_layers} x {att.num_heads}; "
             f"{len(in_page) / 1e3:,.0f} kB built in {ms:.0f} ms. Tick layers/heads to choose others "
             "(fewer keep long inputs responsive).")
-    return frame, _export(standalone(in_page, urls), kind), note
+    return frame, _export(visitor, standalone(in_page, urls), kind), note
 
 
 def _heatmap_outputs(att: Attention, kind, layer, head, words, hide_special, threshold):
@@ -201,13 +260,7 @@ def _mask_outputs(att: Attention, number, hide_special):
 
 
 def _mask_index(number, n_masks: int) -> int:
-    try:
-        value = float(number)
-    except (TypeError, ValueError):
-        value = float("nan")
-    if not (1 <= value <= n_masks and value.is_integer()):
-        raise ValueError(f"Mask number must be a whole number from 1 to {n_masks}.")
-    return int(value) - 1
+    return validate.whole_number(number, "mask number", 1, n_masks) - 1
 
 
 def _ranges(indices: list[int]) -> str:
@@ -222,23 +275,11 @@ def _ranges(indices: list[int]) -> str:
     return ", ".join(parts)
 
 
-def _export(document: str, kind: str) -> str:
-    """Write the standalone HTML for the download button; files older than an hour are removed."""
-    _remove_old_exports()
-    folder = _EXPORT_DIR / uuid.uuid4().hex  # a folder per file keeps a readable file name
-    folder.mkdir()
+def _export(visitor: Visitor, document: str, kind: str) -> str:
+    """Write the standalone HTML for the download button into the session's folder, one file per
+    view kind (Gradio serves a copy): the store deletes it with the session's other files."""
+    folder = visitor.store.session_dir(visitor.session) / "bertviz"
+    folder.mkdir(exist_ok=True)
     path = folder / f"bertviz-{kind}-view.html"
     path.write_text(document, encoding="utf-8")
     return str(path)
-
-
-def _remove_old_exports() -> None:
-    now = time.time()
-    for folder in _EXPORT_DIR.iterdir():
-        try:
-            if now - folder.stat().st_mtime > _EXPORT_MAX_AGE_S:
-                for file in folder.iterdir():
-                    file.unlink()
-                folder.rmdir()
-        except OSError:  # another request removed it first
-            continue

@@ -18,7 +18,7 @@ from ..classification import (DEFAULT_SWEEP_LRS, MAX_TOKENS, Classifier, Classif
                               lr_sweep, parse_examples, train_classifier)
 from ..config import Settings
 from .context import AppContext, Visitor, handler
-from .live_run import queued_probe, show_steps
+from .live_run import show_steps, watch_queue
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets" / "classify"
 EXAMPLE_SETS = {"Topics: sport, cooking, space (45 lines)": "topics.csv",
@@ -53,6 +53,7 @@ ADAPT_MLM_STEPS = 60
 
 def render(ctx: AppContext) -> None:
     """The tab's layout and its events."""
+    watch_queue(ctx.store, RUN_ENDPOINTS)  # a cancelled queued run frees the slot (runs.reserve)
     limits = limits_from(ctx.settings)
     gr.Markdown(RECIPE)
     data = _section_data(limits)
@@ -441,7 +442,7 @@ def _run(visitor: Visitor, job, events: dict, progress, runs_in_job: int = 1):
 
 def _reserve(visitor: Visitor, request: gr.Request | None) -> None:
     """Claim the session's run slot when the request is queued (ValueError if a run is going)."""
-    runs.reserve(visitor.store, visitor.session, queued_probe(request, RUN_ENDPOINTS))
+    runs.reserve(visitor.store, visitor.session)
 
 
 def _request_stop(visitor: Visitor) -> bool:

@@ -1,21 +1,23 @@
 """The fine-tune tab: a short MLM fine-tune on pasted text, live curves, Stop, before/after,
 download, and switching this session's other tabs to the tuned model.
 
-The loop runs in a worker thread and reports through a queue; the event handler is a generator
-that polls it and streams the loss curve and `gr.Progress`. Stop sets the session's flag, which
-the loop checks before every step. One run per session: the validator claims the session's slot
-when the request enters the queue, so a second click is refused at once, not queued behind.
+The run's life (slot, worker thread, Stop, time limit, what a stopped run keeps, the zip) is
+`bertdemo.runs`'; this tab only lays out the form and turns the run's events into the live curve
+and `gr.Progress`. One run per session: the validator reserves the session's slot when the
+request enters the queue, so a second click is refused at once, not queued behind.
 """
+from dataclasses import dataclass, fields
+
 import gradio as gr
 import pandas as pd
 
 from .. import plots, runs
 from ..config import Settings
+from ..sessions import SessionStore
 from ..training import (MASKINGS, History, Limits, SettingError, check_settings, compare_masking,
                         compare_probes, default_probes, finetune, prepare_text)
-from ..sessions import SessionStore
-from .common import friendly_errors, session_id
-from .live_run import limits_from, queued_probe, show_steps
+from .context import AppContext, Visitor, handler
+from .live_run import limits_from, show_steps, watch_queue
 
 EXAMPLE_TEXT = """Paris is the capital of France.
 The Eiffel Tower is a famous landmark.
@@ -34,16 +36,63 @@ in ten is held out for evaluation with **fixed masks**, so the before/after numb
 (with fewer than 4 lines, evaluation uses the training lines themselves: it then measures
 memorising, and the page says so). Masking: *dynamic* draws fresh masks for every batch,
 *static* draws them once and reuses them every epoch (the original BERT)."""
-RUN_ENDPOINTS = {"finetune", "compare_masking", "article_finetune"}  # share one run slot per session
 FORM_FIELD = {"text": 0, "steps": 1, "epochs": 1, "unit": 2, "learning rate": 3, "batch size": 4,
               "block length": 5, "mask probability": 6, "masking": 7, "seed": 8}  # input index
 
 
-def render(store: SessionStore, settings: Settings) -> None:
+@dataclass(frozen=True)
+class RunForm:
+    """The fine-tune form, built once from Gradio's positional inputs (same order as `FORM_FIELD`)."""
+
+    text: str
+    length: float
+    unit: str
+    lr: float
+    batch_size: int
+    block_length: int
+    mask_probability: float
+    masking: str
+    seed: int
+
+    def finetune_args(self, base, limits: Limits) -> dict:
+        """`finetune` keyword arguments; ValueError naming the field at fault (`.setting`).
+        `base` is the session's chosen base model (a tuned model is never tuned further)."""
+        if self.unit not in ("steps", "epochs"):
+            raise SettingError("unit", "Count the training length in 'steps' or 'epochs'.")
+        kwargs = {self.unit: self.length, "lr": self.lr, "batch_size": self.batch_size,
+                  "max_length": self.block_length, "mlm_probability": self.mask_probability,
+                  "masking": self.masking, "seed": self.seed}
+        checked = check_settings(**kwargs, limits=limits)
+        prepare_text(base, self.text, checked["max_length"], limits)  # size, emptiness: refused early
+        return {**kwargs, "limits": limits}
+
+
+def render(ctx: AppContext) -> None:
     """Build the tab's components and events inside the current Blocks/Tab context."""
-    limits = limits_from(settings)
+    watch_queue(ctx.store)
+    limits = limits_from(ctx.settings)
     gr.Markdown(INTRO)
-    active = gr.Markdown(_active_line(store, None))
+    active = gr.Markdown(active_line(ctx.store, None))
+    form, keep_partial, probes, suggest = _section_form(limits)
+    run_btn, stop_btn, compare_btn, status, curve, metrics, probe_table = _section_run()
+    use_tuned_btn, use_base_btn, download_btn, download = _section_model()
+    compare_status, compare_plot = _section_compare()
+
+    heavy = dict(concurrency_limit=ctx.settings.finetune_concurrency, concurrency_id="finetune")
+    run_btn.click(handler(ctx, on_finetune), form + [keep_partial, probes],
+                  [status, curve, metrics, probe_table, active], api_name="finetune",
+                  validator=handler(ctx, validate_run), **heavy)
+    compare_btn.click(handler(ctx, on_compare), form, [compare_status, compare_plot],
+                      api_name="compare_masking", validator=handler(ctx, validate_compare), **heavy)
+    stop_btn.click(handler(ctx, on_stop), None, status, api_name="stop_finetune", queue=False)
+    use_tuned_btn.click(handler(ctx, on_use_tuned), None, active, api_name="use_tuned", queue=False)
+    use_base_btn.click(handler(ctx, on_use_base), None, active, api_name="use_base", queue=False)
+    download_btn.click(handler(ctx, on_download), None, download, api_name="download_tuned",
+                       concurrency_id="model")
+    suggest.click(handler(ctx, on_suggest), form[0], probes, api_name="suggest_probes", queue=False)
+
+
+def _section_form(limits: Limits):
     text = gr.Textbox(label="Your text (one sentence or paragraph per line)", value=EXAMPLE_TEXT,
                       lines=8, max_length=limits.max_chars,
                       info=f"At most {limits.max_chars:,} characters.")
@@ -67,6 +116,10 @@ def render(store: SessionStore, settings: Settings) -> None:
     probes = gr.Textbox(label="Probe sentences, one per line, with [MASK]", lines=3,
                         value="\n".join(default_probes(EXAMPLE_TEXT)))
     suggest = gr.Button("Suggest probes from my text", size="sm")
+    return [text, length, unit, lr, batch, block, probability, masking, seed], keep_partial, probes, suggest
+
+
+def _section_run():
     with gr.Row():
         run_btn = gr.Button("Fine-tune", variant="primary")
         stop_btn = gr.Button("Stop", variant="stop")
@@ -75,136 +128,139 @@ def render(store: SessionStore, settings: Settings) -> None:
     curve = gr.Plot(label="Loss and eval accuracy, live")
     metrics = gr.Dataframe(label="Evaluation on held-out lines, fixed masks", interactive=False)
     probe_table = gr.Dataframe(label="Top-3 fill-mask predictions, before and after", interactive=False)
+    return run_btn, stop_btn, compare_btn, status, curve, metrics, probe_table
+
+
+def _section_model():
     with gr.Row():
         use_tuned_btn = gr.Button("Use my tuned model in all tabs")
         use_base_btn = gr.Button("Back to the base model")
         download_btn = gr.Button("Download my tuned model (.zip)")
     download = gr.File(label="Tuned model: save_pretrained folder + tokenizer, zipped", height=90)
+    return use_tuned_btn, use_base_btn, download_btn, download
+
+
+def _section_compare():
     with gr.Accordion("Static vs dynamic masking, measured on your text", open=False):
         gr.Markdown("Runs the fine-tune twice with the same seed, text, steps and eval masks; only "
                     "the training masks differ. The models are not kept.")
-        compare_status = gr.Markdown()
-        compare_plot = gr.Plot(label="Eval curves, overlaid")
-
-    form = [text, length, unit, lr, batch, block, probability, masking, seed]
-
-    def check_and_reserve(values: tuple, request: gr.Request, n_inputs: int) -> list:
-        """Runs when the request enters the queue: bad input and a second run are refused there,
-        the message beside the field at fault, and the session's run slot is claimed."""
-        verdicts = [gr.validate(True, "")] * n_inputs
-        try:
-            _run_settings(*values, store.base_for(session_id(request)), limits)
-            runs.reserve(store, session_id(request), queued_probe(request, RUN_ENDPOINTS))
-        except ValueError as err:
-            verdicts[FORM_FIELD.get(getattr(err, "setting", "text"), 0)] = gr.validate(False, str(err))
-        return verdicts
-
-    # Gradio passes inputs positionally and finds `request` by its annotation, hence the long
-    # lists; the names are also the public API's parameter names.
-    def validate_run(text, length, unit, lr, batch_size, block_length, mask_probability, masking,
-                     seed, keep_partial, probes, request: gr.Request):
-        return check_and_reserve((text, length, unit, lr, batch_size, block_length,
-                                  mask_probability, masking, seed), request, len(form) + 2)
-
-    def validate_compare(text, length, unit, lr, batch_size, block_length, mask_probability,
-                         masking, seed, request: gr.Request):
-        return check_and_reserve((text, length, unit, lr, batch_size, block_length,
-                                  mask_probability, masking, seed), request, len(form))
-
-    @friendly_errors
-    def on_finetune(text, length, unit, lr, batch_size, block_length, mask_probability, masking,
-                    seed, keep_partial, probes, request: gr.Request, progress=gr.Progress()):
-        sid = session_id(request)
-        base, kwargs = _run_settings(text, length, unit, lr, batch_size, block_length,
-                                     mask_probability, masking, seed, store.base_for(sid), limits)
-        probe_list = _probe_list(probes, text)
-        job = lambda emit, stop: finetune(base, text, on_step=emit, should_stop=stop, **kwargs)  # noqa: E731
-        with runs.start(store, sid, job, max_seconds=limits.max_seconds) as run:
-            steps, evals = [], []
-            for events in run.updates():
-                _collect(events, steps, evals)
-                show_steps(progress, len(steps), _planned(steps))
-                yield (_live_status(steps), plots.finetune_curves(steps, evals, _planned(steps)),
-                       gr.skip(), gr.skip(), gr.skip())
-            tuned, history = run.outcome()
-        note = runs.keep_or_discard(store, sid, tuned, history, keep_partial, limits)
-        rows = compare_probes(base, tuned, probe_list, max_masks=settings.max_masks)
-        yield (_final_status(history, note),
-               plots.finetune_curves(history.steps, history.evals, history.planned_steps),
-               _metrics_frame(history), _probe_frame(rows), _active_line(store, sid))
-
-    @friendly_errors
-    def on_compare(text, length, unit, lr, batch_size, block_length, mask_probability, masking,
-                   seed, request: gr.Request, progress=gr.Progress()):
-        sid = session_id(request)
-        base, kwargs = _run_settings(text, length, unit, lr, batch_size, block_length,
-                                     mask_probability, masking, seed, store.base_for(sid), limits)
-        kwargs.pop("masking")
-        job = lambda emit, stop: compare_masking(base, text, on_step=emit, should_stop=stop, **kwargs)  # noqa: E731
-        with runs.start(store, sid, job, max_seconds=2 * limits.max_seconds) as run:
-            curves = {m: {"steps": [], "evals": []} for m in MASKINGS}
-            for events in run.updates():
-                for event in events:
-                    _collect([event], curves[event["run"]]["steps"], curves[event["run"]]["evals"])
-                both = curves["static"]["steps"] + curves["dynamic"]["steps"]
-                show_steps(progress, len(both), 2 * (_planned(both) or 0))
-                yield "Running static, then dynamic masking…", plots.masking_comparison(curves)
-            histories = run.outcome()
-        curves = {m: {"steps": h.steps, "evals": h.evals} for m, h in histories.items()}
-        yield _compare_status(histories, limits), plots.masking_comparison(curves)
-
-    def on_stop(request: gr.Request):
-        if runs.stop(store, session_id(request)):
-            return "Stopping after the current step…"
-        return "Nothing is running: there is no fine-tune of yours to stop."
-
-    @friendly_errors
-    def on_use_tuned(request: gr.Request):
-        store.use_tuned(session_id(request))
-        return _active_line(store, session_id(request))
-
-    @friendly_errors
-    def on_use_base(request: gr.Request):
-        store.use_base(session_id(request))
-        return _active_line(store, session_id(request))
-
-    @friendly_errors
-    def on_download(request: gr.Request):
-        return str(runs.model_zip(store, session_id(request)))
-
-    @friendly_errors
-    def on_suggest(text):
-        found = default_probes(text)
-        if not found:
-            raise ValueError("No line of your text has 3 to 40 words to make a probe from: "
-                             "write probes by hand, e.g. 'Paris is the [MASK] of France.'")
-        return "\n".join(found)
-
-    heavy = dict(concurrency_limit=settings.finetune_concurrency, concurrency_id="finetune")
-    run_btn.click(on_finetune, form + [keep_partial, probes],
-                  [status, curve, metrics, probe_table, active], api_name="finetune",
-                  validator=validate_run, **heavy)
-    compare_btn.click(on_compare, form, [compare_status, compare_plot], api_name="compare_masking",
-                      validator=validate_compare, **heavy)
-    stop_btn.click(on_stop, None, status, api_name="stop_finetune", queue=False)
-    use_tuned_btn.click(on_use_tuned, None, active, api_name="use_tuned", queue=False)
-    use_base_btn.click(on_use_base, None, active, api_name="use_base", queue=False)
-    download_btn.click(on_download, None, download, api_name="download_tuned", concurrency_id="model")
-    suggest.click(on_suggest, text, probes, api_name="suggest_probes", queue=False)
+        return gr.Markdown(), gr.Plot(label="Eval curves, overlaid")
 
 
 def create_demo(store: SessionStore, settings: Settings) -> gr.Blocks:
     """The tab on its own, for running or testing it alone."""
     with gr.Blocks(title="bertdemo: fine-tune") as demo:
-        render(store, settings)
+        render(AppContext(store, settings))
 
         def forget_session(request: gr.Request):
-            store.drop(session_id(request))
+            store.drop(request.session_hash)
 
         demo.unload(forget_session)
     demo.queue(max_size=settings.queue_size)
     return demo
 
+
+# ---------------------------------------------------------------- handlers
+# Gradio passes inputs positionally; the parameter names are also the public API's.
+
+def validate_run(visitor: Visitor, text, length, unit, lr, batch_size, block_length,
+                 mask_probability, masking, seed, keep_partial, probes):
+    form = RunForm(text, length, unit, lr, batch_size, block_length, mask_probability, masking, seed)
+    return check_and_reserve(visitor, form, n_inputs=len(fields(RunForm)) + 2)
+
+
+def validate_compare(visitor: Visitor, text, length, unit, lr, batch_size, block_length,
+                     mask_probability, masking, seed):
+    form = RunForm(text, length, unit, lr, batch_size, block_length, mask_probability, masking, seed)
+    return check_and_reserve(visitor, form, n_inputs=len(fields(RunForm)))
+
+
+def check_and_reserve(visitor: Visitor, form: RunForm, n_inputs: int) -> list:
+    """Runs when the request enters the queue: bad input and a second run are refused there, the
+    message beside the field at fault, and the session's run slot is reserved (`runs.reserve`)."""
+    verdicts = [gr.validate(True, "")] * n_inputs
+    try:
+        form.finetune_args(visitor.store.base_for(visitor.session), limits_from(visitor.settings))
+        runs.reserve(visitor.store, visitor.session)
+    except ValueError as err:
+        verdicts[FORM_FIELD.get(getattr(err, "setting", "text"), 0)] = gr.validate(False, str(err))
+    return verdicts
+
+
+def on_finetune(visitor: Visitor, text, length, unit, lr, batch_size, block_length, mask_probability,
+                masking, seed, keep_partial, probes, progress=gr.Progress()):
+    form = RunForm(text, length, unit, lr, batch_size, block_length, mask_probability, masking, seed)
+    store, sid, limits = visitor.store, visitor.session, limits_from(visitor.settings)
+    base = store.base_for(sid)
+
+    def job(emit, should_stop):  # inside the run: a refused form still frees the slot
+        kwargs, probe_list = form.finetune_args(base, limits), _probe_list(probes, form.text)
+        return (*finetune(base, form.text, on_step=emit, should_stop=should_stop, **kwargs), probe_list)
+    with runs.start(store, sid, job, max_seconds=limits.max_seconds) as run:
+        steps, evals = [], []
+        for events in run.updates():
+            _collect(events, steps, evals)
+            show_steps(progress, len(steps), _planned(steps))
+            yield (_live_status(steps), plots.finetune_curves(steps, evals, _planned(steps)),
+                   gr.skip(), gr.skip(), gr.skip())
+        tuned, history, probe_list = run.outcome()
+    note = runs.keep_or_discard(store, sid, tuned, history, keep_partial, limits)
+    rows = compare_probes(base, tuned, probe_list, max_masks=visitor.settings.max_masks)
+    yield (_final_status(history, note),
+           plots.finetune_curves(history.steps, history.evals, history.planned_steps),
+           _metrics_frame(history), _probe_frame(rows), active_line(store, sid))
+
+
+def on_compare(visitor: Visitor, text, length, unit, lr, batch_size, block_length, mask_probability,
+               masking, seed, progress=gr.Progress()):
+    form = RunForm(text, length, unit, lr, batch_size, block_length, mask_probability, masking, seed)
+    base, limits = visitor.store.base_for(visitor.session), limits_from(visitor.settings)
+
+    def job(emit, should_stop):
+        kwargs = {k: v for k, v in form.finetune_args(base, limits).items() if k != "masking"}
+        return compare_masking(base, form.text, on_step=emit, should_stop=should_stop, **kwargs)
+    with runs.start(visitor.store, visitor.session, job, max_seconds=2 * limits.max_seconds) as run:
+        curves = {m: {"steps": [], "evals": []} for m in MASKINGS}
+        for events in run.updates():
+            for event in events:
+                _collect([event], curves[event["run"]]["steps"], curves[event["run"]]["evals"])
+            both = curves["static"]["steps"] + curves["dynamic"]["steps"]
+            show_steps(progress, len(both), 2 * (_planned(both) or 0))
+            yield "Running static, then dynamic masking…", plots.masking_comparison(curves)
+        histories = run.outcome()
+    curves = {m: {"steps": h.steps, "evals": h.evals} for m, h in histories.items()}
+    yield _compare_status(histories, limits), plots.masking_comparison(curves)
+
+
+def on_stop(visitor: Visitor) -> str:
+    if runs.stop(visitor.store, visitor.session):
+        return "Stopping after the current step…"
+    return "Nothing is running: there is no fine-tune of yours to stop."
+
+
+def on_use_tuned(visitor: Visitor) -> str:
+    visitor.store.use_tuned(visitor.session)
+    return active_line(visitor.store, visitor.session)
+
+
+def on_use_base(visitor: Visitor) -> str:
+    visitor.store.use_base(visitor.session)
+    return active_line(visitor.store, visitor.session)
+
+
+def on_download(visitor: Visitor) -> str:
+    return str(runs.model_zip(visitor.store, visitor.session))
+
+
+def on_suggest(visitor: Visitor, text) -> str:
+    found = default_probes(text)
+    if not found:
+        raise ValueError("No line of your text has 3 to 40 words to make a probe from: "
+                         "write probes by hand, e.g. 'Paris is the [MASK] of France.'")
+    return "\n".join(found)
+
+
+# ---------------------------------------------------------------- events -> curves
 
 def _collect(events: list[dict], steps: list[dict], evals: list[dict]) -> None:
     for event in events:
@@ -216,19 +272,6 @@ def _planned(steps: list[dict]) -> int | None:
 
 
 # ---------------------------------------------------------------- inputs
-
-def _run_settings(text, length, unit, lr, batch, block, probability, masking, seed,
-                  base, limits: Limits) -> tuple:
-    """(base model, finetune kwargs) from the form; ValueError with a message if anything is off.
-    `base` is the session's chosen base model (a tuned model is never tuned further)."""
-    if unit not in ("steps", "epochs"):
-        raise SettingError("unit", "Count the training length in 'steps' or 'epochs'.")
-    kwargs = {unit: length, "lr": lr, "batch_size": batch, "max_length": block,
-              "mlm_probability": probability, "masking": masking, "seed": seed}
-    checked = check_settings(**kwargs, limits=limits)
-    prepare_text(base, text, checked["max_length"], limits)  # size, emptiness: refused before queueing
-    return base, {**kwargs, "limits": limits}
-
 
 def _probe_list(probes_text: str | None, text: str) -> list[str]:
     probes = [p.strip() for p in (probes_text or "").splitlines() if p.strip()]
@@ -295,7 +338,8 @@ def _compare_status(histories: dict, limits: Limits) -> str:
     return "\n".join(lines)
 
 
-def _active_line(store: SessionStore, sid) -> str:
+def active_line(store: SessionStore, sid) -> str:
+    """Which model the other tabs of this session use, in one line."""
     try:
         base = store.base_for(sid)
     except ValueError as err:

@@ -3,13 +3,12 @@ the limits from the settings, the probe that tells `runs` whether a queued reque
 and turning a run's step events into `gr.Progress`. The run itself lives in `bertdemo.runs`."""
 from __future__ import annotations
 
-from typing import Callable
+import functools
 
 import gradio as gr
 
 from ..config import Settings
 from ..training import Limits
-from .common import session_id
 
 
 def limits_from(settings: Settings) -> Limits:
@@ -17,27 +16,33 @@ def limits_from(settings: Settings) -> Limits:
                   max_seconds=float(settings.finetune_max_seconds))
 
 
-def queued_probe(request: gr.Request | None, api_names: set[str]) -> Callable[[], bool] | None:
-    """`waiting()` for `runs.reserve`: is a request of this session to one of `api_names` still
-    waiting in Gradio's queue or being processed? False once it was cancelled (`/cancel`, or the
-    page's connection lost) before its handler started, so that reservation can be taken over.
+RUN_ENDPOINTS = {"finetune", "compare_masking", "article_finetune"}  # share a session's run slot
 
-    Gradio has no public hook for "a queued job was cancelled", so this reads its queue; if that
-    is not there (no queue, a different Gradio), returns None: the reservation then holds until
-    its handler ends or the session is dropped, as before.
-    """
-    session = session_id(request)
-    app = getattr(getattr(request, "request", None), "app", None)
-    queue = getattr(app.get_blocks(), "_queue", None) if hasattr(app, "get_blocks") else None
-    if session is None or not hasattr(queue, "event_queue_per_concurrency_id"):
-        return None
 
-    def waiting() -> bool:
-        queued = [e for q in list(queue.event_queue_per_concurrency_id.values()) for e in list(q.queue)]
-        running = [e for job in list(queue.active_jobs) if job for e in job]
-        return any(e.session_hash == session and e.alive and getattr(e.fn, "api_name", None) in api_names
-                   for e in queued + running)
-    return waiting
+def watch_queue(store, api_names: set[str] = RUN_ENDPOINTS) -> None:
+    """Give `store` its `queue_probe`: is a request of a session to one of `api_names` still
+    waiting in this app's queue or being processed? Call while rendering (it finds the Blocks
+    being built). With it, a reservation whose request was cancelled (`/cancel`, or the page's
+    connection lost) before its handler started is taken over by the next click (`runs.reserve`).
+    A tab adding a run endpoint adds its name to `api_names`."""
+    blocks = gr.context.Context.root_block
+    names = set(api_names) | getattr(getattr(store, "queue_probe", None), "api_names", set())
+    store.queue_probe = functools.partial(in_queue, blocks, names)
+    store.queue_probe.api_names = names
+
+
+def in_queue(blocks, api_names: set[str], session: str) -> bool:
+    """Whether Gradio's queue of `blocks` holds (or is running) a live request of `session` to one
+    of `api_names`. Gradio has no public hook for "a queued job was cancelled", so this reads its
+    queue; where that is not there (no queue yet, another Gradio) it answers True: the
+    reservation then holds until its handler ends or the session is dropped."""
+    queue = getattr(blocks, "_queue", None)
+    if not hasattr(queue, "event_queue_per_concurrency_id") or not hasattr(queue, "active_jobs"):
+        return True
+    queued = [e for q in list(queue.event_queue_per_concurrency_id.values()) for e in list(q.queue)]
+    running = [e for job in list(queue.active_jobs) if job for e in job]
+    return any(e.session_hash == session and e.alive and getattr(e.fn, "api_name", None) in api_names
+               for e in queued + running)
 
 
 def show_steps(progress, done: int, total: int, desc: str = "fine-tuning") -> None:

@@ -6,11 +6,11 @@ import math
 import gradio as gr
 import pandas as pd
 
-from .. import masking, plots, runs
+from .. import experiments, masking, plots, runs
 from ..config import Settings
 from ..sessions import SessionStore
-from .common import friendly_errors, session_id
-from .live_run import limits_from, queued_probe
+from .context import AppContext, Visitor, handler
+from .live_run import limits_from, watch_queue
 
 EXAMPLES = [
     "Paris is the capital of France.",
@@ -47,9 +47,35 @@ fixed, properly masked copies of the text (with fewer than 4 sentences these are
 sentences themselves). The models are not kept."""
 
 
-def render(store: SessionStore, settings: Settings) -> None:
+def render(ctx: AppContext) -> None:
     """Build the tab's components and events inside the current Blocks/Tab context."""
+    watch_queue(ctx.store)
     gr.Markdown(INTRO)
+    text, seed, rates, sample_btn, resample_btn, sample_out = _section_sample()
+    epochs, copies, epochs_btn, epochs_out = _section_epochs()
+    draws, law_btn, law_out = _section_law()
+    max_length, article_btn, article_out, consequence = _section_article(text)
+    steps, lr, consequence_btn, stop_btn, consequence_out = consequence
+
+    inputs = [text, seed, *rates]
+    sample_btn.click(handler(ctx, on_sample), inputs, sample_out, api_name="mask_sample")
+    text.submit(handler(ctx, on_sample), inputs, sample_out, api_visibility="private")
+    resample_btn.click(_next_seed, seed, seed, api_visibility="private", queue=False).then(
+        handler(ctx, on_sample), inputs, sample_out, api_visibility="private")
+    epochs_btn.click(handler(ctx, on_epochs), inputs + [epochs, copies], epochs_out,
+                     api_name="static_vs_dynamic")
+    law_btn.click(handler(ctx, on_law), inputs + [draws], law_out, api_name="masking_law")
+    article_btn.click(handler(ctx, on_article), inputs + [max_length], article_out,
+                      api_name="article_snippet", concurrency_id="model")
+    # Two fine-tunes: they share the Fine-tune tab's slot, so the server never runs more at once.
+    consequence_btn.click(handler(ctx, on_consequence), [text, seed, steps, lr], consequence_out,
+                          api_name="article_finetune", concurrency_id="finetune",
+                          concurrency_limit=ctx.settings.finetune_concurrency,
+                          validator=handler(ctx, reserve_consequence))
+    stop_btn.click(handler(ctx, on_stop), None, None, api_visibility="private", queue=False)
+
+
+def _section_sample():
     text = gr.Textbox(label="Text", value=EXAMPLES[0], lines=2,
                       info=f"At most {masking.MAX_TEXT_TOKENS} tokens.")
     gr.Examples(EXAMPLES, inputs=text)
@@ -70,7 +96,11 @@ def render(store: SessionStore, settings: Settings) -> None:
     counts = gr.Dataframe(label="This sample against the expected numbers", interactive=False)
     with gr.Accordion("Rows (JSON)", open=False):
         rows_json = gr.JSON()
+    return (text, seed, [p, p_mask, p_random, whole_word], sample_btn, resample_btn,
+            [strip, table, counts, rows_json])
 
+
+def _section_epochs():
     with gr.Accordion("Static vs dynamic masking", open=True):
         gr.Markdown(STATIC_HELP)
         with gr.Row():
@@ -78,10 +108,13 @@ def render(store: SessionStore, settings: Settings) -> None:
             copies = gr.Slider(1, masking.MAX_EPOCHS, value=1, step=1,
                                label="Static: masks drawn in advance (BERT: 10)")
         epochs_btn = gr.Button("Show the epochs")
-        epochs_summary = gr.Markdown()
+        summary = gr.Markdown()
         grid = gr.Plot(label="What the model sees each epoch (colour = outcome)")
         curve = gr.Plot(label="Tokens ever chosen")
+    return epochs, copies, epochs_btn, [summary, grid, curve]
 
+
+def _section_law():
     with gr.Accordion("The law behind it: many samples", open=False):
         gr.Markdown("The same text sampled many times in one collator call: the measured rates, "
                     "with 95% intervals, against the configured ones. *z* is the distance in "
@@ -90,132 +123,115 @@ def render(store: SessionStore, settings: Settings) -> None:
         law_btn = gr.Button("Sample many times")
         law_plot = gr.Plot(label="Measured vs configured rates")
         law_table = gr.Dataframe(interactive=False)
+    return draws, law_btn, [law_plot, law_table]
 
+
+def _section_article(text):
     with gr.Accordion("The article's mask_tokens, side by side", open=False):
         gr.Markdown(ARTICLE_HELP)
         max_length = gr.Slider(8, 64, value=20, step=1, label="max_length (the article uses 20)")
         article_btn = gr.Button("Run the article's mask_tokens")
-        article_table = gr.HTML()
-        article_counts = gr.Dataframe(label="In numbers", interactive=False)
-        article_notes = gr.Markdown()
+        article_out = [gr.HTML(), gr.Dataframe(label="In numbers", interactive=False), gr.Markdown()]
         gr.Markdown(CONSEQUENCE_HELP)
         gr.Examples([[ARTICLE_TEXT]], inputs=text, example_labels=["The article's three sentences"])
-        with gr.Row():
-            consequence_steps = gr.Slider(5, masking.MAX_CONSEQUENCE_STEPS,
-                                          value=masking.MAX_CONSEQUENCE_STEPS, step=1,
-                                          label="Steps per run")
-            consequence_lr = gr.Number(3e-4, label="Learning rate",
-                                       info="The article uses 5e-5; 3e-4 shows the effect within "
-                                            "60 steps.")
-        with gr.Row():
-            consequence_btn = gr.Button("Fine-tune with each labelling")
-            consequence_stop = gr.Button("Stop", variant="stop")
-        consequence_plot = gr.Plot(label="Training loss (own labelling) and eval loss (proper masks)")
-        consequence_table = gr.Dataframe(label="Before and after, on properly masked tokens",
-                                         interactive=False)
-        consequence_note = gr.Markdown()
+        consequence = _section_consequence()
+    return max_length, article_btn, article_out, consequence
 
-    rates = [p, p_mask, p_random, whole_word]
 
-    def tokenizer_for(request):
-        return store.for_session(session_id(request)).tokenizer
-
-    @friendly_errors
-    def on_sample(sentence, seed_value, prob, prob_mask, prob_random, whole, request: gr.Request):
-        """One seeded draw of BERT's masked-LM corruption of a sentence, as
-        DataCollatorForLanguageModeling does it: which tokens are chosen, and whether each chosen
-        one becomes [MASK], a random token or stays unchanged.
-
-        Args:
-            sentence: the text to corrupt (no [MASK] needed), up to the model's length.
-            seed_value: a whole number from 0 to 2**32-1; the same seed gives the same draw.
-            prob: probability that a token is chosen for prediction, above 0 and at most 1 (BERT: 0.15).
-            prob_mask: of the chosen tokens, the share replaced by [MASK], 0 to 1 (BERT: 0.8).
-            prob_random: of the chosen tokens, the share replaced by a random token, 0 to 1 with prob_mask + prob_random at most 1 (BERT: 0.1); the rest stay unchanged.
-            whole: true to choose whole words (all their pieces together) instead of single pieces.
-
-        Returns:
-            the sentence as the model sees it (highlighted), a per-token table, counts against the configured rates, and the raw rows: per token {"token", "chosen", "outcome" ("mask", "random", "keep" or null), "seen", "label" (-100 or the original id), ...}.
-        """
-        rows = masking.mask_sample(tokenizer_for(request), sentence, seed_value, prob, prob_mask,
-                                   prob_random, whole)
-        table_counts = masking.outcome_counts(rows, prob, prob_mask, prob_random, whole)
-        return _strip(rows), _sample_table(rows), _counts_frame(table_counts), rows
-
-    @friendly_errors
-    def on_epochs(sentence, seed_value, prob, prob_mask, prob_random, whole, n_epochs, n_copies,
-                  request: gr.Request):
-        result = masking.static_vs_dynamic(tokenizer_for(request), sentence, n_epochs, seed_value,
-                                           prob, prob_mask, prob_random, whole, n_copies)
-        grids = {mode: result[mode] for mode in ("static", "dynamic")}
-        return (_curve_summary(result["curve"]), plots.outcome_grid(result["tokens"], grids),
-                plots.ever_chosen_curve(result["curve"]))
-
-    @friendly_errors
-    def on_law(sentence, seed_value, prob, prob_mask, prob_random, whole, n_draws, request: gr.Request):
-        rows = masking.masking_law(tokenizer_for(request), sentence, n_draws, seed_value, prob,
-                                   prob_mask, prob_random, whole)
-        return plots.masking_law_bars(rows), _law_frame(rows)
-
-    @friendly_errors
-    def on_article(sentence, seed_value, prob, prob_mask, prob_random, whole, length,
-                   request: gr.Request):
-        lm = store.for_session(session_id(request))
-        loss_fn = masking.model_loss(lm) if length <= lm.max_length else None
-        result = masking.article_comparison(lm.tokenizer, sentence, seed_value, length, prob,
-                                            prob_mask, prob_random, whole, loss_fn=loss_fn)
-        return (_article_table(result), pd.DataFrame(result["counts"]),
-                _article_notes(result, lm.name))
-
-    @friendly_errors
-    def on_consequence(sentence, seed_value, steps, lr, request: gr.Request, progress=gr.Progress()):
-        sid = session_id(request)
-        lm, limits = store.for_session(sid), limits_from(settings)
-
-        def job(emit, should_stop):
-            return masking.labelling_consequence(lm, sentence, steps, seed_value, lr=lr, on_step=emit,
-                                                 should_stop=should_stop, limits=limits)
-        with runs.start(store, sid, job, max_seconds=2 * limits.max_seconds) as run:
-            for events in run.updates():
-                _consequence_progress(progress, [e for e in events if e["kind"] == "step"])
-            result = run.outcome()
-        curves = {LABELS[name]: {"steps": h.steps, "evals": h.evals} for name, h in result.runs.items()}
-        return plots.labelling_curves(curves), _consequence_frame(result), _consequence_note(result)
-
-    def reserve_consequence(sentence, seed_value, steps, lr, request: gr.Request):
-        try:
-            runs.reserve(store, session_id(request), queued_probe(request, {"article_finetune"}))
-        except ValueError as err:
-            return [gr.validate(False, str(err))] + [gr.validate(True, "")] * 3
-        return [gr.validate(True, "")] * 4
-
-    def on_stop(request: gr.Request):
-        runs.stop(store, session_id(request))
-
-    inputs = [text, seed, *rates]
-    sample_out = [strip, table, counts, rows_json]
-    sample_btn.click(on_sample, inputs, sample_out, api_name="mask_sample")
-    text.submit(on_sample, inputs, sample_out, api_visibility="private")
-    resample_btn.click(_next_seed, seed, seed, api_visibility="private", queue=False).then(
-        on_sample, inputs, sample_out, api_visibility="private")
-    epochs_btn.click(on_epochs, inputs + [epochs, copies], [epochs_summary, grid, curve],
-                     api_name="static_vs_dynamic")
-    law_btn.click(on_law, inputs + [draws], [law_plot, law_table], api_name="masking_law")
-    article_btn.click(on_article, inputs + [max_length], [article_table, article_counts, article_notes],
-                      api_name="article_snippet", concurrency_id="model")
-    # Two fine-tunes: they share the Fine-tune tab's slot, so the server never runs more at once.
-    consequence_btn.click(on_consequence, [text, seed, consequence_steps, consequence_lr],
-                          [consequence_plot, consequence_table, consequence_note],
-                          api_name="article_finetune", concurrency_id="finetune",
-                          concurrency_limit=settings.finetune_concurrency, validator=reserve_consequence)
-    consequence_stop.click(on_stop, None, None, api_visibility="private", queue=False)
+def _section_consequence():
+    with gr.Row():
+        steps = gr.Slider(5, experiments.MAX_CONSEQUENCE_STEPS, value=experiments.MAX_CONSEQUENCE_STEPS,
+                          step=1, label="Steps per run")
+        lr = gr.Number(3e-4, label="Learning rate",
+                       info="The article uses 5e-5; 3e-4 shows the effect within 60 steps.")
+    with gr.Row():
+        run_btn = gr.Button("Fine-tune with each labelling")
+        stop_btn = gr.Button("Stop", variant="stop")
+    plot = gr.Plot(label="Training loss (own labelling) and eval loss (proper masks)")
+    table = gr.Dataframe(label="Before and after, on properly masked tokens", interactive=False)
+    return steps, lr, run_btn, stop_btn, [plot, table, gr.Markdown()]
 
 
 def create_demo(store: SessionStore, settings: Settings) -> gr.Blocks:
     """The tab on its own, for running or testing it alone."""
     with gr.Blocks(title="bertdemo: mask sampling") as demo:
-        render(store, settings)
+        render(AppContext(store, settings))
     return demo
+
+
+# ---------------------------------------------------------------- handlers
+
+def on_sample(visitor: Visitor, sentence, seed_value, prob, prob_mask, prob_random, whole):
+    """One seeded draw of BERT's masked-LM corruption of a sentence, as
+    DataCollatorForLanguageModeling does it: which tokens are chosen, and whether each chosen
+    one becomes [MASK], a random token or stays unchanged.
+
+    Args:
+        sentence: the text to corrupt (no [MASK] needed), up to the model's length.
+        seed_value: a whole number from 0 to 2**32-1; the same seed gives the same draw.
+        prob: probability that a token is chosen for prediction, above 0 and at most 1 (BERT: 0.15).
+        prob_mask: of the chosen tokens, the share replaced by [MASK], 0 to 1 (BERT: 0.8).
+        prob_random: of the chosen tokens, the share replaced by a random token, 0 to 1 with prob_mask + prob_random at most 1 (BERT: 0.1); the rest stay unchanged.
+        whole: true to choose whole words (all their pieces together) instead of single pieces.
+
+    Returns:
+        the sentence as the model sees it (highlighted), a per-token table, counts against the configured rates, and the raw rows: per token {"token", "chosen", "outcome" ("mask", "random", "keep" or null), "seen", "label" (-100 or the original id), ...}.
+    """
+    rows = masking.mask_sample(visitor.lm.tokenizer, sentence, seed_value, prob, prob_mask,
+                               prob_random, whole)
+    table_counts = masking.outcome_counts(rows, prob, prob_mask, prob_random, whole)
+    return _strip(rows), _sample_table(rows), _counts_frame(table_counts), rows
+
+
+def on_epochs(visitor: Visitor, sentence, seed_value, prob, prob_mask, prob_random, whole, n_epochs,
+              n_copies):
+    result = masking.static_vs_dynamic(visitor.lm.tokenizer, sentence, n_epochs, seed_value, prob,
+                                       prob_mask, prob_random, whole, n_copies)
+    grids = {mode: result[mode] for mode in ("static", "dynamic")}
+    return (_curve_summary(result["curve"]), plots.outcome_grid(result["tokens"], grids),
+            plots.ever_chosen_curve(result["curve"]))
+
+
+def on_law(visitor: Visitor, sentence, seed_value, prob, prob_mask, prob_random, whole, n_draws):
+    rows = masking.masking_law(visitor.lm.tokenizer, sentence, n_draws, seed_value, prob, prob_mask,
+                               prob_random, whole)
+    return plots.masking_law_bars(rows), _law_frame(rows)
+
+
+def on_article(visitor: Visitor, sentence, seed_value, prob, prob_mask, prob_random, whole, length):
+    lm = visitor.lm
+    loss_fn = experiments.model_loss(lm) if length <= lm.max_length else None
+    result = masking.article_comparison(lm.tokenizer, sentence, seed_value, length, prob, prob_mask,
+                                        prob_random, whole, loss_fn=loss_fn)
+    return _article_table(result), pd.DataFrame(result["counts"]), _article_notes(result, lm.name)
+
+
+def reserve_consequence(visitor: Visitor, sentence, seed_value, steps, lr):
+    """The validator: claims the session's run slot when the request is queued (a second click
+    is refused at once, beside the text)."""
+    try:
+        runs.reserve(visitor.store, visitor.session)
+    except ValueError as err:
+        return [gr.validate(False, str(err))] + [gr.validate(True, "")] * 3
+    return [gr.validate(True, "")] * 4
+
+
+def on_consequence(visitor: Visitor, sentence, seed_value, steps, lr, progress=gr.Progress()):
+    lm, limits = visitor.lm, limits_from(visitor.settings)
+
+    def job(emit, should_stop):
+        return experiments.labelling_consequence(lm, sentence, steps, seed_value, lr=lr, on_step=emit,
+                                                 should_stop=should_stop, limits=limits)
+    with runs.start(visitor.store, visitor.session, job, max_seconds=2 * limits.max_seconds) as run:
+        for events in run.updates():
+            _consequence_progress(progress, [e for e in events if e["kind"] == "step"])
+        result = run.outcome()
+    curves = {LABELS[name]: {"steps": h.steps, "evals": h.evals} for name, h in result.runs.items()}
+    return plots.labelling_curves(curves), _consequence_frame(result), _consequence_note(result)
+
+
+def on_stop(visitor: Visitor) -> None:
+    runs.stop(visitor.store, visitor.session)
 
 
 def _consequence_progress(progress, steps: list[dict]) -> None:
@@ -331,7 +347,7 @@ def _article_notes(result: dict, model_name: str) -> str:
 LABELS = {"article": "article's labelling", "collator": "collator's labelling"}
 
 
-def _consequence_frame(result: masking.Consequence) -> pd.DataFrame:
+def _consequence_frame(result: experiments.Consequence) -> pd.DataFrame:
     """Measures as rows; the base model, then each tuned one, as columns."""
     runs, hidden = result.runs, result.hidden
     names = [run for run in LABELS if run in runs]
@@ -359,7 +375,7 @@ def _consequence_frame(result: masking.Consequence) -> pd.DataFrame:
                          for what, before, after in rows])
 
 
-def _consequence_note(result: masking.Consequence) -> str:
+def _consequence_note(result: experiments.Consequence) -> str:
     """One sentence on what the numbers say, whichever way they went."""
     runs, hidden = result.runs, result.hidden
     if len(runs) < 2 or not all(h.steps for h in runs.values()):

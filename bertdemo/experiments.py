@@ -1,0 +1,118 @@
+"""Experiments that train: what the seed article's labelling does to a fine-tune.
+
+`masking.py` shows how MLM corrupts its input without training anything; the experiments here
+run the trainer (`training.finetune`) on top of it, so the import graph runs one way:
+experiments -> training, masking -> models.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from transformers.data.data_collator import pad_without_fast_tokenizer_warning
+
+from . import validate
+from .masking import LossFn, Rates, article_mask_tokens, check_seed
+from .training import History, Limits, eval_copies, evaluate, finetune, fixed_rows, mlm_collator, prepare_text
+
+MAX_CONSEQUENCE_STEPS = 60  # steps per run of `labelling_consequence` (it runs two)
+_HIDDEN_SEED_OFFSET = 2_000_003  # the all-[MASK] eval masks: a stream apart from training's
+
+
+# ---------------------------------------------------------------- a loss for the hook
+
+def model_loss(lm) -> LossFn:
+    """A `loss_fn` for `article_comparison`: the loss of `lm` as it is (no training) on a batch."""
+    def loss(batch: dict) -> float:
+        if batch["input_ids"].shape[1] > lm.max_length:
+            raise ValueError(f"The padded text is {batch['input_ids'].shape[1]} tokens; {lm.name} "
+                             f"takes at most {lm.max_length}: lower max_length.")
+        with torch.inference_mode():
+            out = lm.model(**{k: v.to(lm.device) for k, v in batch.items()})
+        return float(out.loss)
+    return loss
+
+
+# ---------------------------------------------------------------- the article's labelling, trained
+
+def article_collator(tokenizer, seed: int) -> Callable[[list[dict]], dict]:
+    """A `finetune` collate_fn that labels the article's way, seeded.
+
+    `examples` are `finetune`'s blocks ({"input_ids": [...], ...}); they are padded as
+    `DataCollatorForLanguageModeling` pads them, then go through `article_mask_tokens`, which
+    ignores their special-tokens mask as the article does. Returns (B, T) "input_ids",
+    "attention_mask" and "labels": -100 exactly at the masked tokens, the original id everywhere
+    else (padding included, as in the article).
+    """
+    generator = torch.Generator().manual_seed(check_seed(seed))
+
+    def collate(examples: list[dict]) -> dict:
+        batch = pad_without_fast_tokenizer_warning(
+            tokenizer, [{"input_ids": e["input_ids"]} for e in examples], return_tensors="pt")
+        inputs, labels = article_mask_tokens({"input_ids": batch["input_ids"]}, tokenizer, generator)
+        return {"input_ids": inputs["input_ids"], "attention_mask": batch["attention_mask"],
+                "labels": labels}
+    return collate
+
+
+@dataclass
+class Consequence:
+    """What `labelling_consequence` measured.
+
+    runs: {"article": History, "collator": History}, `bertdemo.finetune`'s: each training loss is
+    its own labelling's; the evals (step 0 = before) are the standard ones, the same for both:
+    masked-token loss/accuracy on fixed 80/10/10 masks, where a model that copies its input still
+    gets the 10% kept tokens right. hidden: {"before", "article", "collator"}, `evaluate` results
+    ({"loss", "accuracy", "perplexity", "masked"}) on fixed masks where *every* chosen token is the
+    mask token: only filling a gap scores there.
+    """
+
+    runs: dict[str, History]
+    hidden: dict[str, dict]
+
+
+def labelling_consequence(lm, texts: str | list[str], steps: int = 30, seed: int = 0,
+                          lr: float = 5e-5, batch_size: int = 8, max_length: int = 128,
+                          on_step: Callable[[dict], None] | None = None,
+                          should_stop: Callable[[], bool] | None = None,
+                          limits: Limits | None = None) -> Consequence:
+    """Two short fine-tunes of `lm` on `texts` with the same seed, data, steps and eval masks:
+    one labelled by the article's `mask_tokens`, one by transformers' collator (15%, 80/10/10).
+
+    The article's training loss scores the *visible* tokens, so it falls fast (copying is easy);
+    the evaluations show what each run learnt about filling masks. Each run evaluates about 4 times
+    (not `finetune`'s 11: each eval runs the model on up to 32 masked copies of the text, more
+    work than a training step on one block). Events carry "run".
+    """
+    steps = validate.whole_number(steps, "Steps", 1, MAX_CONSEQUENCE_STEPS, field="steps")
+    seed = check_seed(seed)
+    limits = limits or Limits()
+    hidden_rows = hidden_eval_rows(lm, texts, max_length, limits, seed)
+    collates = {"article": article_collator(lm.tokenizer, seed),
+                "collator": mlm_collator(lm, 0.15, seed)}  # the article's rate, 15%
+    result = Consequence({}, {"before": _evaluate(lm, lm.model, hidden_rows)})
+    for run, collate in collates.items():
+        def tagged(event, run=run):
+            if on_step is not None:
+                on_step({**event, "run": run})
+        tuned, result.runs[run] = finetune(lm, texts, steps=steps, lr=lr, batch_size=batch_size,
+                                           seed=seed, max_length=max_length, collate_fn=collate,
+                                           eval_every=max(1, steps // 3), on_step=tagged,
+                                           should_stop=should_stop, limits=limits)
+        result.hidden[run] = _evaluate(lm, tuned.model, hidden_rows)
+        if result.runs[run].stopped == "stopped":
+            break
+    return result
+
+
+def hidden_eval_rows(lm, texts, max_length: int, limits: Limits, seed: int) -> list[dict]:
+    """Fixed eval rows of `finetune`'s eval text with every chosen token replaced by the mask
+    token (mask_replace_prob=1), from a seed stream of their own."""
+    data = prepare_text(lm, texts, max_length, limits)
+    collate = Rates(0.15, 1.0, 0.0).collator(lm.tokenizer, seed + _HIDDEN_SEED_OFFSET)
+    return fixed_rows(collate, eval_copies(data.eval, 0.15))
+
+
+def _evaluate(lm, model, rows: list[dict]) -> dict:
+    return evaluate(model, rows, lm.tokenizer.pad_token_id or 0, lm.device)
