@@ -26,6 +26,8 @@ class Settings:
     models: str | None = option(None, "more hub ids or folders visitors may pick, comma separated; "
                                       "nothing else can be loaded from the page", metavar="A,B,...")
     device: str | None = option(None, "cpu, cuda or cuda:N; default: CUDA when present, else CPU")
+    dtype: str = option("float32", "weights' precision: float32, or bfloat16 (half the memory traffic; "
+                                   "speed and fidelity in the README's Benchmarks)")
     host: str = option("127.0.0.1", "address to serve on")
     port: int = option(7860, "port")
     max_masks: int = option(10, "most [MASK]s per sentence")
@@ -49,6 +51,9 @@ class Settings:
     mcp: bool = option(False, "also serve the quick tools (fill-mask, scores, mask sampling, layer "
                               "predictions, saliency) to MCP clients at /gradio_api/mcp/; on in a Space")
     share: bool = option(False, "also serve on a public *.gradio.live link: anyone with it can use the demo")
+    mcp: bool = option(False, "also serve the quick tools (fill-mask, scores, mask sampling, layer "
+                              "predictions, saliency) to MCP clients at /gradio_api/mcp/; on in a "
+                              "Space unless BERTDEMO_MCP=0")
     auth: str | None = option(None, "require this login (kept out of logs)", metavar="USER:PASSWORD",
                               repr=False)
 
@@ -123,7 +128,7 @@ def _parse(raw: str, type_name: str):
 
 
 def _hosting_defaults(environ) -> dict:
-    """Host and port from the hosting platform's conventions; BERTDEMO_HOST/PORT still win.
+    """Host, port and MCP from the hosting platform's conventions; BERTDEMO_* env vars still win.
 
     Gradio reads GRADIO_SERVER_NAME/GRADIO_SERVER_PORT (our Docker image sets them), and a Hugging
     Face Space sets SPACE_ID and serves whatever listens on 0.0.0.0:7860.
