@@ -204,7 +204,9 @@ def parse_examples(content: str, limits: Limits | None = None) -> list[tuple[str
     limits = limits or ClassifyLimits()
     if not isinstance(content, str):
         raise validate.InputError("file", "The file must be text: UTF-8 CSV or TSV.")
-    validate.length_at_most(len(content), limits.max_chars, "file", fix="Upload fewer examples.",
+    # Twice the examples' cap: separators, quotes and a header come on top of texts and labels,
+    # which `check_examples` then caps exactly.
+    validate.length_at_most(len(content), 2 * limits.max_chars, "file", fix="Upload fewer examples.",
                             field="file")
     content = content.lstrip("\ufeff")  # a BOM from Excel is not part of the first cell
     delimiter = "\t" if "\t" in "\n".join(content.splitlines()[:5]) else ","

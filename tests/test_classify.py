@@ -198,7 +198,7 @@ def test_csv_and_tsv_with_an_optional_header(content, expected):
     ("a,b,c\n", "Line 1 has 3 cell"),
     ("ok,fine\nno label here\n", "Line 2 has 1 cell"),
     ('"never closed,sport\n', "not valid CSV"),
-    ("x,y\n" * 20_000, "at most 20,000"),
+    ("x,y\n" * 10_001, "at most 40,000"),
 ])
 def test_malformed_files_get_a_message(content, message):
     with pytest.raises(ValueError, match=message):
@@ -394,8 +394,8 @@ def test_the_tab_loads_bundled_and_uploaded_examples(visitor, tmp_path):
     upload.write_bytes(b"caf\xe9,x\n")
     with pytest.raises(ValueError, match="not UTF-8"):
         tab.on_upload(visitor, str(upload))
-    upload.write_text("a,b\n" * 30_000)
-    with pytest.raises(ValueError, match="bytes; at most 80,000"):
+    upload.write_text("a,b\n" * 50_000)
+    with pytest.raises(ValueError, match="bytes; at most 160,000"):
         tab.on_upload(visitor, str(upload))
     with pytest.raises(ValueError, match="Pick one of"):
         tab.on_example(visitor, "bogus")

@@ -170,7 +170,7 @@ def on_upload(visitor: Visitor, file) -> list[list[str]]:
     path = Path(file if isinstance(file, str) else getattr(file, "name", ""))
     if not path.is_file():
         raise ValueError("No file received: upload a .csv or .tsv file of text,label lines.")
-    most = 4 * limits.max_chars  # UTF-8 takes up to 4 bytes a character
+    most = 8 * limits.max_chars  # parse_examples reads 2 x max_chars characters, of up to 4 UTF-8 bytes
     if path.stat().st_size > most:
         raise ValueError(f"The file has {path.stat().st_size:,} bytes; at most {most:,} are allowed. "
                          "Upload fewer examples.")
