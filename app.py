@@ -16,7 +16,7 @@ from bertdemo.config import Settings, parse_auth
 from bertdemo.models import load_allowed
 from bertdemo.sessions import SessionStore
 from bertdemo.ui import (about_tab, attention_tab, classify_tab, explain_tab, fillmask_tab, finetune_tab,
-                         masking_tab, model_picker, no_model_banner)
+                         masking_tab, mcp_tools, model_picker, no_model_banner)
 from bertdemo.ui.common import hide_paths, refuse_non_finite_numbers
 from bertdemo.ui.context import AppContext, Visitor, handler
 
@@ -37,7 +37,7 @@ def load_store(settings: Settings) -> SessionStore:
                   max_download_bytes=settings.download_max_mb * 2**20)
     try:
         base = load_allowed(settings.model, settings.allowed_models, settings.device,
-                            allow_pickle=settings.allow_pickle)
+                            allow_pickle=settings.allow_pickle, dtype=settings.dtype)
     except ValueError as err:
         log.error("%s", err)
         return SessionStore(None, load_error=hide_paths(str(err) + no_model_banner.how_to_fix(settings)),
@@ -109,11 +109,15 @@ def serve(demo: gr.Blocks, settings: Settings, block: bool = True) -> tuple[str,
                 server_name=settings.host, server_port=settings.port, share=share,
                 auth=parse_auth(settings.auth), auth_message="Log in to use this bertdemo.",
                 max_file_size=MAX_UPLOAD, state_session_capacity=settings.max_sessions,
-                prevent_thread_lock=True, quiet=True)
+                mcp_server=settings.mcp, prevent_thread_lock=True, quiet=True)
     except BaseException:
         sys.stdout.write(gradio_says.getvalue())
         raise
     print(f"* Running on local URL: {local_url}", flush=True)
+    if settings.mcp:
+        tools = mcp_tools.keep_tools(demo)
+        print(f"* MCP server (streamable HTTP): {mcp_tools.mcp_url(local_url)} with tools "
+              f"{', '.join(tools)}", flush=True)
     if share_url:
         print(f"* Public share link: {share_url} — anyone with this link can use the demo"
               + ("" if settings.auth else " (add --auth USER:PASSWORD for a login)"), flush=True)

@@ -26,6 +26,8 @@ class Settings:
     models: str | None = option(None, "more hub ids or folders visitors may pick, comma separated; "
                                       "nothing else can be loaded from the page", metavar="A,B,...")
     device: str | None = option(None, "cpu, cuda or cuda:N; default: CUDA when present, else CPU")
+    dtype: str = option("float32", "weights' precision: float32, or bfloat16 (half the memory traffic; "
+                                   "speed and fidelity in the README's Benchmarks)")
     host: str = option("127.0.0.1", "address to serve on")
     port: int = option(7860, "port")
     max_masks: int = option(10, "most [MASK]s per sentence")
@@ -46,7 +48,12 @@ class Settings:
                                         "sessions' deleted first)")
     download_max_age: int = option(3600, "seconds a download stays available before it is deleted")
     allow_pickle: bool = option(False, "accept checkpoints without safetensors (pickle can run code)")
+    mcp: bool = option(False, "also serve the quick tools (fill-mask, scores, mask sampling, layer "
+                              "predictions, saliency) to MCP clients at /gradio_api/mcp/; on in a Space")
     share: bool = option(False, "also serve on a public *.gradio.live link: anyone with it can use the demo")
+    mcp: bool = option(False, "also serve the quick tools (fill-mask, scores, mask sampling, layer "
+                              "predictions, saliency) to MCP clients at /gradio_api/mcp/; on in a "
+                              "Space unless BERTDEMO_MCP=0")
     auth: str | None = option(None, "require this login (kept out of logs)", metavar="USER:PASSWORD",
                               repr=False)
 
@@ -88,7 +95,7 @@ def flag_parser(defaults: Settings) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="BERT masked-language-modelling demo")
     for f in fields(Settings):
         shown = "" if f.default in (None, False, MISSING) else "; default %(default)s"
-        kind = ({"action": "store_true"} if "bool" in f.type else
+        kind = ({"action": argparse.BooleanOptionalAction} if "bool" in f.type else
                 {"type": _auth_value if f.name == "auth" else _TYPES.get(f.type, str), "metavar": f.metadata["metavar"]})
         parser.add_argument(flag(f), default=getattr(defaults, f.name), dest=f.name,
                             help=f"{f.metadata['help']} (env {env_var(f)}{shown})", **kind)
@@ -121,7 +128,7 @@ def _parse(raw: str, type_name: str):
 
 
 def _hosting_defaults(environ) -> dict:
-    """Host and port from the hosting platform's conventions; BERTDEMO_HOST/PORT still win.
+    """Host, port and MCP from the hosting platform's conventions; BERTDEMO_* env vars still win.
 
     Gradio reads GRADIO_SERVER_NAME/GRADIO_SERVER_PORT (our Docker image sets them), and a Hugging
     Face Space sets SPACE_ID and serves whatever listens on 0.0.0.0:7860.
@@ -131,6 +138,8 @@ def _hosting_defaults(environ) -> dict:
         values["host"] = environ["GRADIO_SERVER_NAME"]
     elif environ.get("SPACE_ID"):
         values["host"] = "0.0.0.0"
+    if environ.get("SPACE_ID"):
+        values["mcp"] = True  # a 2026 Space is expected to offer its tools to agents
     if environ.get("GRADIO_SERVER_PORT"):
         values["port"] = int(environ["GRADIO_SERVER_PORT"])
     return values

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from .training import History
@@ -22,7 +23,7 @@ DATA_FILE = "train.txt"
 
 
 def run_config(history: History, model: str, *, weight_decay: float = 0.01,
-               warmup_ratio: float = 0.1) -> dict:
+               warmup_ratio: float = 0.1, model_note: str | None = None) -> dict:
     """run.json for the run that made `history`, on `model` (a hub id or a folder path).
 
     `weight_decay` and `warmup_ratio` are `finetune`'s arguments of the same names (the demo uses
@@ -45,6 +46,8 @@ def run_config(history: History, model: str, *, weight_decay: float = 0.01,
     }
     if "epochs" in s:
         config["demo"]["epochs_asked"] = s["epochs"]
+    if model_note:
+        config["model_note"] = model_note
     return config
 
 
@@ -74,3 +77,32 @@ def export_run(history: History, model: str, texts: str | list[str], path: str |
         for name, text in training_files(history, model, texts, **config).items():
             archive.writestr(f"train-mlm/{name}", text)
     return path
+
+
+# ---------------------------------------------------------------- a session's last run, for the page
+
+LAST_RUN = "finetune_run"  # the name a session store keeps it under
+
+
+@dataclass(eq=False)
+class FinishedRun:
+    """What an export needs from a finished fine-tune: its history, model reference and text."""
+
+    history: History
+    model: str  # hub id, or the name a visitor sees for a server folder (never its path)
+    text: str
+    model_note: str | None = None  # e.g. "a folder on the demo's server: put your copy's path here"
+
+
+def remember(store, session: str | None, run: FinishedRun) -> None:
+    """Keep the session's last finished run (replacing the earlier one) for `script_zip`."""
+    store.keep_result(session, LAST_RUN, run, nbytes=len(run.text.encode()) + 4096)
+
+
+def script_zip(store, session: str | None) -> Path:
+    """The session's last run as the export zip, made once per run; ValueError if there is none."""
+    run = store.result(session, LAST_RUN)
+    if run is None:
+        raise ValueError("There is no finished fine-tune to export yet: run one first, then export it.")
+    return store.cached_file(session, "training-script", run, lambda folder: export_run(
+        run.history, run.model, run.text, folder / "train-mlm.zip", model_note=run.model_note))

@@ -76,3 +76,20 @@ def test_exported_script_trains_and_saves_a_model_bertdemo_loads(runs, tiny_bert
     moved = [not torch.equal(a, b) for a, b in zip(tuned.model.parameters(), tiny_bert.model.parameters())]
     assert any(moved)  # two optimiser steps changed the weights
     assert bertdemo.fill_mask(tuned, "paris is the [MASK] of france.", 3)  # and it predicts
+
+
+def test_a_sessions_last_run_exports_once_and_only_its_own(runs, tiny_bert):
+    from bertdemo.sessions import SessionStore
+
+    store = SessionStore(tiny_bert)
+    with pytest.raises(ValueError, match="no finished fine-tune"):
+        export.script_zip(store, "s1")
+    export.remember(store, "s1", export.FinishedRun(runs["static"], "bert-base-uncased", TEXT))
+    first = export.script_zip(store, "s1")
+    assert export.script_zip(store, "s1") == first  # made once per run
+    with zipfile.ZipFile(first) as archive:
+        assert json.loads(archive.read("train-mlm/run.json"))["model"] == "bert-base-uncased"
+    with pytest.raises(ValueError, match="no finished fine-tune"):
+        export.script_zip(store, "s2")  # another visitor has nothing to export
+    store.drop("s1")
+    assert not first.exists()

@@ -82,7 +82,17 @@ def create_demo(ctx: AppContext) -> gr.Blocks:
 # ---------------------------------------------------------------- handlers
 
 def on_layers(visitor: Visitor, sentence, mask_number, top_k):
-    """The chosen mask's layers x top-k heatmap, every mask's final-answer rank, the raw entries."""
+    """What the model would predict at a [MASK] after each layer (logit lens: its own MLM head
+    applied to every layer's hidden states), and the final answer's rank per layer.
+
+    Args:
+        sentence: text with one or more [MASK] (any case), e.g. "Paris is the [MASK] of France."; at most the server's mask limit (10 by default) and the model's length (512 tokens for BERT).
+        mask_number: which [MASK] the heatmap shows, 1 = the first; the raw entries cover every mask.
+        top_k: tokens listed per layer, 1 to the server's top-k limit (50 by default).
+
+    Returns:
+        a layers x tokens heatmap (plotly) for the chosen mask, a plot of each mask's final answer's rank per layer, and the raw entries: per mask {"mask", "position", "layer_names", "layers": per layer a list of {"token", "token_id", "score"}, ...}; the last layer equals fill_mask.
+    """
     lm = visitor.lm
     k = validate.whole_number(top_k, "number of tokens per layer", 1, visitor.settings.max_top_k)
     entries = explain.layer_predictions(lm, sentence, k, max_masks=visitor.settings.max_masks)
@@ -93,7 +103,20 @@ def on_layers(visitor: Visitor, sentence, mask_number, top_k):
 
 
 def on_saliency(visitor: Visitor, sentence, target, mask_number, method, steps, layer):
-    """The sentence coloured by attribution, beside the same mask's attention in `layer`."""
+    """Which input words caused a prediction at a [MASK]: attribution of log p(target) to every
+    input token (Captum), beside the same mask's attention in one layer.
+
+    Args:
+        sentence: text with one or more [MASK] (any case), e.g. "Paris is the [MASK] of France.".
+        target: the word to explain; empty explains the model's top prediction. A word the tokenizer splits is explained for its first piece.
+        mask_number: which [MASK] to explain, 1 = the first.
+        method: "integrated_gradients" (baseline: non-special tokens replaced by [PAD]) or "gradient_x_input".
+        steps: integration steps for integrated gradients, 1 to 256 (32 is a good default; more is slower and more exact).
+        layer: the attention layer shown beside the attributions, 0 = the first.
+
+    Returns:
+        a summary line, the tokens coloured by attribution beside the attention (HTML), and the raw result {"tokens", "attributions" (one float per token), "delta" (Captum's convergence delta), "target", ...}.
+    """
     lm = visitor.lm
     result = explain.saliency(lm, sentence, target or None, mask_number, method, steps,
                               max_masks=visitor.settings.max_masks)

@@ -1,0 +1,98 @@
+"""`--mcp`: the demo's quick tools served to agents at Gradio's MCP endpoint, driven here by the
+`mcp` package's own client over streamable HTTP."""
+import ast
+import asyncio
+import socket
+
+import pytest
+
+import bertdemo
+from bertdemo.config import Settings
+
+SENTENCE = "Paris is the [MASK] of France."
+EXPECTED_TOOLS = {"fill_mask", "fill_jointly", "score_candidates", "sentence_score", "mask_sample",
+                  "layer_predictions", "saliency"}
+
+
+def test_mcp_is_off_by_default_on_with_the_env_var_and_in_a_space():
+    import app
+
+    assert Settings.from_env({}).mcp is False
+    assert Settings.from_env({"BERTDEMO_MCP": "1"}).mcp is True
+    assert Settings.from_env({"SPACE_ID": "someone/bertdemo"}).mcp is True
+    assert Settings.from_env({"SPACE_ID": "someone/bertdemo", "BERTDEMO_MCP": "0"}).mcp is False
+    assert app.parse_args(["--mcp"]).mcp is True
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def mcp_url(tiny_bert_dir):
+    """The whole app started as `app.py --model TINY --mcp`; yields its MCP endpoint."""
+    import app
+
+    settings = app.parse_args(["--model", str(tiny_bert_dir), "--device", "cpu", "--mcp",
+                               "--port", str(free_port())])
+    demo = app.build_demo(settings)
+    url, _ = app.serve(demo, settings, block=False)
+    yield url.rstrip("/") + "/gradio_api/mcp/"
+    demo.close()
+
+
+def session_call(url: str, work):
+    """Run `await work(session)` in an initialised MCP client session; returns its result."""
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    async def run():
+        async with streamable_http_client(url) as (read, write, _):
+            async with ClientSession(read, write) as session:
+                await session.initialize()
+                return await work(session)
+    return asyncio.run(run())
+
+
+def test_tools_are_the_quick_stateless_ones(mcp_url):
+    tools = session_call(mcp_url, lambda s: s.list_tools()).tools
+    assert {tool.name for tool in tools} == EXPECTED_TOOLS  # no fine-tune, stop, download, choice
+    schema = next(t for t in tools if t.name == "fill_mask").inputSchema
+    assert set(schema["properties"]) == {"sentence", "k"}
+
+
+def test_fill_mask_tool_gives_the_python_apis_predictions(mcp_url, tiny_bert):
+    async def call(session):
+        return await session.call_tool("fill_mask", {"sentence": SENTENCE, "k": 4})
+    result = session_call(mcp_url, call)
+    assert not result.isError
+    # Gradio sends a multi-output endpoint's result as the text of its Python list of outputs.
+    _plot, predictions, model_line = ast.literal_eval(result.content[0].text)
+    assert predictions == bertdemo.fill_mask(tiny_bert, SENTENCE, 4)
+    assert model_line.startswith("Model: ")
+
+
+def test_a_bad_input_is_a_tool_error_with_the_message(mcp_url):
+    async def call(session):
+        return await session.call_tool("fill_mask", {"sentence": "no mask here", "k": 4})
+    result = session_call(mcp_url, call)
+    assert result.isError and "[MASK]" in result.content[0].text
+
+
+def test_long_actions_cannot_be_called_as_tools(mcp_url):
+    async def call(session):
+        return await session.call_tool("finetune", {"text": "hello"})
+    result = session_call(mcp_url, call)
+    assert result.isError and "Unknown tool" in result.content[0].text
+
+
+
+def test_every_tool_describes_itself_and_each_argument(mcp_url):
+    """Gradio builds the descriptions from the handlers' docstrings ("Args:" lines)."""
+    tools = session_call(mcp_url, lambda s: s.list_tools()).tools
+    for tool in tools:
+        assert len(tool.description) > 40, tool.name
+        for name, spec in tool.inputSchema["properties"].items():
+            assert spec.get("description"), f"{tool.name}: argument {name} has no description"
