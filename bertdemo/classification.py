@@ -182,6 +182,16 @@ def check_options(*, epochs=3, lr=2e-5, batch_size=16, seed=0, freeze_body=False
             "freeze_body": freeze_body}
 
 
+def check_request(examples, *, limits: Limits | None = None, **options) -> tuple[list, dict, Split, int]:
+    """Everything checked before a run starts: (examples, settings, split, steps); raises
+    InputError naming the field at fault. `options` are `check_options`'s."""
+    limits = limits or ClassifyLimits()
+    examples = check_examples(examples, limits)
+    opts = check_options(limits=limits, **options)
+    split = stratified_split(examples, opts["seed"])
+    return examples, opts, split, planned_steps(opts["epochs"], len(split.train), opts["batch_size"], limits)
+
+
 def planned_steps(epochs: int, train_size: int, batch_size: int, limits: Limits) -> int:
     steps = epochs * math.ceil(train_size / batch_size)
     if steps > limits.max_steps:
@@ -311,11 +321,8 @@ def train_classifier(lm: LoadedModel, examples, *, epochs: int = 3, lr: float = 
     torch's global generator, seeded here and restored afterwards).
     """
     limits = limits or ClassifyLimits()
-    examples = check_examples(examples, limits)
-    opts = check_options(epochs=epochs, lr=lr, batch_size=batch_size, seed=seed,
-                         freeze_body=freeze_body, limits=limits)
-    split = stratified_split(examples, opts["seed"])
-    steps = planned_steps(opts["epochs"], len(split.train), opts["batch_size"], limits)
+    examples, opts, split, steps = check_request(examples, epochs=epochs, lr=lr, batch_size=batch_size,
+                                                 seed=seed, freeze_body=freeze_body, limits=limits)
     labels = list(label_counts(examples))
     history = ClassifyHistory(steps, labels, len(split.train), len(split.held_out),
                               settings={**opts, "steps": steps})

@@ -413,6 +413,8 @@ def test_the_validator_puts_the_message_beside_the_field_and_claims_one_run(visi
     assert not bad_table[0]["is_valid"] and "only the label 'animal'" in bad_table[0]["message"]
     bad_lr = check(*good[:2], math.nan, *good[3:], request=request)
     assert [v["is_valid"] for v in bad_lr] == [True, True, False, True, True, True]
+    too_long = check(good[0], 300, *good[2:3], 1, *good[4:], request=request)  # 300 epochs x 6 steps
+    assert not too_long[1]["is_valid"] and "Ask for fewer epochs" in too_long[1]["message"]
     assert all(v["is_valid"] for v in check(*good, request=request))
     again = check(*good, request=request)  # a second run of the same session, while one is queued
     assert not again[0]["is_valid"] and "already" in again[0]["message"]

@@ -14,8 +14,8 @@ import pandas as pd
 
 from .. import plots, runs
 from ..classification import (DEFAULT_SWEEP_LRS, MAX_TOKENS, Classifier, ClassifyHistory, ClassifyLimits,
-                              adapt_then_classify, check_examples, check_options, classify, forgetting,
-                              lr_sweep, parse_examples, train_classifier)
+                              adapt_then_classify, check_request, classify, forgetting, lr_sweep,
+                              parse_examples, train_classifier)
 from ..config import Settings
 from .context import AppContext, Visitor, handler
 from .live_run import queued_probe, show_steps
@@ -185,9 +185,8 @@ def on_train(visitor: Visitor, examples, epochs, learning_rate, batch_size, free
              progress=gr.Progress()):
     """Train on the table; streams (status, curve, before/after, confusion, predictions)."""
     lm, limits = visitor.lm, limits_from(visitor.settings)
-    pairs = check_examples(table_rows(examples), limits)
-    opts = check_options(epochs=epochs, lr=learning_rate, batch_size=batch_size, seed=seed,
-                         freeze_body=freeze_body, limits=limits)
+    pairs, opts, _, _ = check_request(table_rows(examples), epochs=epochs, lr=learning_rate,
+                                      batch_size=batch_size, seed=seed, freeze_body=freeze_body, limits=limits)
     job = lambda emit, stop: train_classifier(lm, pairs, on_step=emit, should_stop=stop,  # noqa: E731
                                               limits=limits, **opts)
     events = {"steps": [], "evals": []}
@@ -235,8 +234,8 @@ def on_download(visitor: Visitor) -> str:
 def on_sweep(visitor: Visitor, examples, epochs, batch_size, seed, progress=gr.Progress()):
     """The learning-rate sweep; streams (status, plot, table)."""
     lm, limits = visitor.lm, limits_from(visitor.settings)
-    pairs = check_examples(table_rows(examples), limits)
-    opts = check_options(epochs=epochs, batch_size=batch_size, seed=seed, limits=limits)
+    pairs, opts, _, _ = check_request(table_rows(examples), epochs=epochs, batch_size=batch_size,
+                                      seed=seed, limits=limits)
     opts.pop("lr")
     job = lambda emit, stop: lr_sweep(lm, pairs, DEFAULT_SWEEP_LRS, on_step=emit,  # noqa: E731
                                       should_stop=stop, limits=limits, **opts)
@@ -255,9 +254,8 @@ def on_adapt(visitor: Visitor, examples, epochs, learning_rate, batch_size, free
     streams (status, plot, table)."""
     base, tuned = visitor.store.base_for(visitor.session), visitor.store.tuned(visitor.session)
     limits = limits_from(visitor.settings)
-    pairs = check_examples(table_rows(examples), limits)
-    opts = check_options(epochs=epochs, lr=learning_rate, batch_size=batch_size, seed=seed,
-                         freeze_body=freeze_body, limits=limits)
+    pairs, opts, _, _ = check_request(table_rows(examples), epochs=epochs, lr=learning_rate,
+                                      batch_size=batch_size, seed=seed, freeze_body=freeze_body, limits=limits)
     job = lambda emit, stop: adapt_then_classify(  # noqa: E731
         base, tuned, pairs, mlm_steps=ADAPT_MLM_STEPS, on_step=emit, should_stop=stop, limits=limits, **opts)
     events: dict = {"steps": [], "evals": []}
@@ -300,9 +298,9 @@ def _verdicts(ctx: AppContext, request, values: dict) -> list:
     verdicts = [gr.validate(True, "")] * len(names)
     try:
         visitor, limits = ctx.visitor(request), limits_from(ctx.settings)
-        check_examples(table_rows(values.pop("examples")), limits)
+        examples = table_rows(values.pop("examples"))
         values["lr"] = values.pop("learning_rate", 2e-5)
-        check_options(limits=limits, **values)
+        check_request(examples, limits=limits, **values)
         _reserve(visitor, request)
     except ValueError as err:
         field = getattr(err, "field", "examples").replace(" ", "_")
