@@ -546,6 +546,10 @@ def lr_sweep(lm: LoadedModel, examples, lrs=DEFAULT_SWEEP_LRS, *,
     "histories": {lr: ClassifyHistory}}. Events carry "run" (the lr). A Stop ends the sweep."""
     limits = settings.get("limits") or ClassifyLimits()
     examples = check_examples(examples, limits)
+    settings.pop("lr", None)  # the sweep sets it
+    if not isinstance(lrs, (list, tuple)) or not lrs or len(lrs) > 8:
+        raise validate.InputError("learning rates", "Give one to eight learning rates to sweep, e.g. "
+                                                    "[2e-5, 5e-5, 2e-4].")
     lrs = [validate.number(lr, "learning rate", 0.0, limits.max_lr, open_low=True) for lr in lrs]
     rows = forgetting_rows(lm, [t for t, _ in examples], settings.get("seed", 0))
     sweep = {"mlm_before": mlm_loss(lm, rows), "points": [], "histories": {}}

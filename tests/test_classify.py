@@ -265,6 +265,19 @@ def test_the_mlm_head_on_an_untrained_copy_of_the_body_scores_like_the_model(tin
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("model", ["tiny_distilbert", "tiny_roberta"])
+def test_other_architectures_classify_and_keep_their_mlm_head_readable(request, model):
+    lm = request.getfixturevalue(model)
+    base = weights(lm.model)
+    classifier, history = bertdemo.train_classifier(lm, keyword_task(8), **dict(FAST, epochs=2))
+    assert history.completed and len(bertdemo.classify(classifier, ["the dog"])[0]) == 2
+    rows = forgetting_rows(lm, [t for t, _ in keyword_task(8)])
+    assert mlm_loss(lm, rows, build_classifier(lm, ["a", "b"])) == pytest.approx(mlm_loss(lm, rows), abs=1e-6)
+    assert mlm_loss(lm, rows, classifier) != mlm_loss(lm, rows)
+    assert same_weights(base, weights(lm.model))
+
+
+@pytest.mark.slow
 def test_a_higher_lr_forgets_more_of_the_mlm(tiny_bert):
     """Forgetting, measured: a tiny BERT first MLM-trained on the task's text (so its head means
     something); classification at a high lr raises its MLM loss more than at a low lr."""
