@@ -306,7 +306,8 @@ def train_classifier(lm: LoadedModel, examples, *, epochs: int = 3, lr: float = 
                      on_step: Callable[[dict], None] | None = None,
                      should_stop: Callable[[], bool] | None = None,
                      limits: Limits | None = None, eval_every: int | None = None,
-                     weight_decay: float = 0.01, warmup_ratio: float = 0.1) -> tuple[Classifier, ClassifyHistory]:
+                     weight_decay: float = 0.01,
+                     warmup_ratio: float = 0.1) -> tuple[Classifier, ClassifyHistory]:
     """Train a sequence classifier on a copy of `lm`'s body; returns (classifier, history).
 
     examples: (text, label) string pairs, at least two labels with two examples each.
@@ -345,7 +346,8 @@ class _Loop:
 
     def __init__(self, classifier: Classifier, split: Split, opts: dict, steps: int,
                  weight_decay: float, warmup_ratio: float):
-        self.classifier, self.model, self.device, self.steps = classifier, classifier.model, classifier.device, steps
+        self.classifier, self.model, self.device = classifier, classifier.model, classifier.device
+        self.steps = steps
         label_id = classifier.model.config.label2id
         train, cut_train = encode(classifier, [t for t, _ in split.train])
         self.held_out, cut_held = encode(classifier, [t for t, _ in split.held_out])
@@ -587,7 +589,8 @@ def adapt_then_classify(base: LoadedModel, adapted: LoadedModel | None, examples
                                 on_step=_tagged(on_step, "adapting"), should_stop=should_stop)
         if mlm.stopped:
             return {}
-    elif base.tokenizer is not adapted.tokenizer and base.tokenizer.get_vocab() != adapted.tokenizer.get_vocab():
+    elif (base.tokenizer is not adapted.tokenizer
+          and base.tokenizer.get_vocab() != adapted.tokenizer.get_vocab()):
         raise ValueError("The adapted model has another vocabulary than the base: adapt the same "
                          "base model you classify with.")
     histories = {}

@@ -249,8 +249,8 @@ def test_more_steps_than_the_cap_say_how_to_fix(tiny_bert):
                                   limits=ClassifyLimits(max_steps=20))
 
 
-@pytest.mark.parametrize("texts, message", [([], "one or more"), ([" "], "empty"), (["ok"] * 101, "at most 100"),
-                                            (None, "one or more")])
+@pytest.mark.parametrize("texts, message", [([], "one or more"), ([" "], "empty"),
+                                            (["ok"] * 101, "at most 100"), (None, "one or more")])
 def test_classify_refuses_bad_texts(trained, texts, message):
     with pytest.raises(ValueError, match=message):
         bertdemo.classify(trained[0], texts)
@@ -264,7 +264,6 @@ def test_the_mlm_head_on_an_untrained_copy_of_the_body_scores_like_the_model(tin
     assert mlm_loss(tiny_bert, rows, copy_of_body) == pytest.approx(mlm_loss(tiny_bert, rows), abs=1e-6)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("model", ["tiny_distilbert", "tiny_roberta"])
 def test_other_architectures_classify_and_keep_their_mlm_head_readable(request, model):
     lm = request.getfixturevalue(model)
@@ -342,7 +341,8 @@ UNSEEN = {
     "cooking": ["Simmer the stew for two hours.", "Season the steak and sear it in a hot pan.",
                 "Mix the flour with the eggs and milk.", "Slice the bread and toast it lightly."],
     "space": ["The spacecraft entered orbit around Venus.", "Astronomers discovered a new planet.",
-              "The launch was delayed by bad weather at the launch pad.", "A black hole sits at the centre of our galaxy."],
+              "The launch was delayed by bad weather at the launch pad.",
+              "A black hole sits at the centre of our galaxy."],
 }
 
 
