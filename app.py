@@ -21,7 +21,7 @@ from bertdemo.ui.common import hide_paths, refuse_non_finite_numbers
 from bertdemo.ui.context import AppContext, Visitor, handler
 
 log = logging.getLogger("bertdemo")
-MAX_UPLOAD = "1mb"  # no component takes files; Gradio's upload route still exists, so cap it
+MAX_UPLOAD = "1mb"  # only the Classify tab's CSV upload takes files (it reads far less); cap the route
 
 
 def parse_args(argv: list[str] | None = None) -> Settings:

@@ -182,6 +182,16 @@ def check_options(*, epochs=3, lr=2e-5, batch_size=16, seed=0, freeze_body=False
             "freeze_body": freeze_body}
 
 
+def check_request(examples, *, limits: Limits | None = None, **options) -> tuple[list, dict, Split, int]:
+    """Everything checked before a run starts: (examples, settings, split, steps); raises
+    InputError naming the field at fault. `options` are `check_options`'s."""
+    limits = limits or ClassifyLimits()
+    examples = check_examples(examples, limits)
+    opts = check_options(limits=limits, **options)
+    split = stratified_split(examples, opts["seed"])
+    return examples, opts, split, planned_steps(opts["epochs"], len(split.train), opts["batch_size"], limits)
+
+
 def planned_steps(epochs: int, train_size: int, batch_size: int, limits: Limits) -> int:
     steps = epochs * math.ceil(train_size / batch_size)
     if steps > limits.max_steps:
@@ -204,7 +214,9 @@ def parse_examples(content: str, limits: Limits | None = None) -> list[tuple[str
     limits = limits or ClassifyLimits()
     if not isinstance(content, str):
         raise validate.InputError("file", "The file must be text: UTF-8 CSV or TSV.")
-    validate.length_at_most(len(content), limits.max_chars, "file", fix="Upload fewer examples.",
+    # Twice the examples' cap: separators, quotes and a header come on top of texts and labels,
+    # which `check_examples` then caps exactly.
+    validate.length_at_most(len(content), 2 * limits.max_chars, "file", fix="Upload fewer examples.",
                             field="file")
     content = content.lstrip("\ufeff")  # a BOM from Excel is not part of the first cell
     delimiter = "\t" if "\t" in "\n".join(content.splitlines()[:5]) else ","
@@ -294,7 +306,8 @@ def train_classifier(lm: LoadedModel, examples, *, epochs: int = 3, lr: float = 
                      on_step: Callable[[dict], None] | None = None,
                      should_stop: Callable[[], bool] | None = None,
                      limits: Limits | None = None, eval_every: int | None = None,
-                     weight_decay: float = 0.01, warmup_ratio: float = 0.1) -> tuple[Classifier, ClassifyHistory]:
+                     weight_decay: float = 0.01,
+                     warmup_ratio: float = 0.1) -> tuple[Classifier, ClassifyHistory]:
     """Train a sequence classifier on a copy of `lm`'s body; returns (classifier, history).
 
     examples: (text, label) string pairs, at least two labels with two examples each.
@@ -309,11 +322,8 @@ def train_classifier(lm: LoadedModel, examples, *, epochs: int = 3, lr: float = 
     torch's global generator, seeded here and restored afterwards).
     """
     limits = limits or ClassifyLimits()
-    examples = check_examples(examples, limits)
-    opts = check_options(epochs=epochs, lr=lr, batch_size=batch_size, seed=seed,
-                         freeze_body=freeze_body, limits=limits)
-    split = stratified_split(examples, opts["seed"])
-    steps = planned_steps(opts["epochs"], len(split.train), opts["batch_size"], limits)
+    examples, opts, split, steps = check_request(examples, epochs=epochs, lr=lr, batch_size=batch_size,
+                                                 seed=seed, freeze_body=freeze_body, limits=limits)
     labels = list(label_counts(examples))
     history = ClassifyHistory(steps, labels, len(split.train), len(split.held_out),
                               settings={**opts, "steps": steps})
@@ -336,7 +346,8 @@ class _Loop:
 
     def __init__(self, classifier: Classifier, split: Split, opts: dict, steps: int,
                  weight_decay: float, warmup_ratio: float):
-        self.classifier, self.model, self.device, self.steps = classifier, classifier.model, classifier.device, steps
+        self.classifier, self.model, self.device = classifier, classifier.model, classifier.device
+        self.steps = steps
         label_id = classifier.model.config.label2id
         train, cut_train = encode(classifier, [t for t, _ in split.train])
         self.held_out, cut_held = encode(classifier, [t for t, _ in split.held_out])
@@ -537,6 +548,10 @@ def lr_sweep(lm: LoadedModel, examples, lrs=DEFAULT_SWEEP_LRS, *,
     "histories": {lr: ClassifyHistory}}. Events carry "run" (the lr). A Stop ends the sweep."""
     limits = settings.get("limits") or ClassifyLimits()
     examples = check_examples(examples, limits)
+    settings.pop("lr", None)  # the sweep sets it
+    if not isinstance(lrs, (list, tuple)) or not lrs or len(lrs) > 8:
+        raise validate.InputError("learning rates", "Give one to eight learning rates to sweep, e.g. "
+                                                    "[2e-5, 5e-5, 2e-4].")
     lrs = [validate.number(lr, "learning rate", 0.0, limits.max_lr, open_low=True) for lr in lrs]
     rows = forgetting_rows(lm, [t for t, _ in examples], settings.get("seed", 0))
     sweep = {"mlm_before": mlm_loss(lm, rows), "points": [], "histories": {}}
@@ -574,7 +589,8 @@ def adapt_then_classify(base: LoadedModel, adapted: LoadedModel | None, examples
                                 on_step=_tagged(on_step, "adapting"), should_stop=should_stop)
         if mlm.stopped:
             return {}
-    elif base.tokenizer is not adapted.tokenizer and base.tokenizer.get_vocab() != adapted.tokenizer.get_vocab():
+    elif (base.tokenizer is not adapted.tokenizer
+          and base.tokenizer.get_vocab() != adapted.tokenizer.get_vocab()):
         raise ValueError("The adapted model has another vocabulary than the base: adapt the same "
                          "base model you classify with.")
     histories = {}

@@ -198,7 +198,7 @@ def test_csv_and_tsv_with_an_optional_header(content, expected):
     ("a,b,c\n", "Line 1 has 3 cell"),
     ("ok,fine\nno label here\n", "Line 2 has 1 cell"),
     ('"never closed,sport\n', "not valid CSV"),
-    ("x,y\n" * 20_000, "at most 20,000"),
+    ("x,y\n" * 10_001, "at most 40,000"),
 ])
 def test_malformed_files_get_a_message(content, message):
     with pytest.raises(ValueError, match=message):
@@ -249,8 +249,8 @@ def test_more_steps_than_the_cap_say_how_to_fix(tiny_bert):
                                   limits=ClassifyLimits(max_steps=20))
 
 
-@pytest.mark.parametrize("texts, message", [([], "one or more"), ([" "], "empty"), (["ok"] * 101, "at most 100"),
-                                            (None, "one or more")])
+@pytest.mark.parametrize("texts, message", [([], "one or more"), ([" "], "empty"),
+                                            (["ok"] * 101, "at most 100"), (None, "one or more")])
 def test_classify_refuses_bad_texts(trained, texts, message):
     with pytest.raises(ValueError, match=message):
         bertdemo.classify(trained[0], texts)
@@ -262,6 +262,18 @@ def test_the_mlm_head_on_an_untrained_copy_of_the_body_scores_like_the_model(tin
     rows = forgetting_rows(tiny_bert, [t for t, _ in keyword_task()])
     copy_of_body = build_classifier(tiny_bert, ["a", "b"])
     assert mlm_loss(tiny_bert, rows, copy_of_body) == pytest.approx(mlm_loss(tiny_bert, rows), abs=1e-6)
+
+
+@pytest.mark.parametrize("model", ["tiny_distilbert", "tiny_roberta"])
+def test_other_architectures_classify_and_keep_their_mlm_head_readable(request, model):
+    lm = request.getfixturevalue(model)
+    base = weights(lm.model)
+    classifier, history = bertdemo.train_classifier(lm, keyword_task(8), **dict(FAST, epochs=2))
+    assert history.completed and len(bertdemo.classify(classifier, ["the dog"])[0]) == 2
+    rows = forgetting_rows(lm, [t for t, _ in keyword_task(8)])
+    assert mlm_loss(lm, rows, build_classifier(lm, ["a", "b"])) == pytest.approx(mlm_loss(lm, rows), abs=1e-6)
+    assert mlm_loss(lm, rows, classifier) != mlm_loss(lm, rows)
+    assert same_weights(base, weights(lm.model))
 
 
 @pytest.mark.slow
@@ -329,7 +341,8 @@ UNSEEN = {
     "cooking": ["Simmer the stew for two hours.", "Season the steak and sear it in a hot pan.",
                 "Mix the flour with the eggs and milk.", "Slice the bread and toast it lightly."],
     "space": ["The spacecraft entered orbit around Venus.", "Astronomers discovered a new planet.",
-              "The launch was delayed by bad weather at the launch pad.", "A black hole sits at the centre of our galaxy."],
+              "The launch was delayed by bad weather at the launch pad.",
+              "A black hole sits at the centre of our galaxy."],
 }
 
 
@@ -394,8 +407,8 @@ def test_the_tab_loads_bundled_and_uploaded_examples(visitor, tmp_path):
     upload.write_bytes(b"caf\xe9,x\n")
     with pytest.raises(ValueError, match="not UTF-8"):
         tab.on_upload(visitor, str(upload))
-    upload.write_text("a,b\n" * 30_000)
-    with pytest.raises(ValueError, match="bytes; at most 80,000"):
+    upload.write_text("a,b\n" * 50_000)
+    with pytest.raises(ValueError, match="bytes; at most 160,000"):
         tab.on_upload(visitor, str(upload))
     with pytest.raises(ValueError, match="Pick one of"):
         tab.on_example(visitor, "bogus")
@@ -413,6 +426,8 @@ def test_the_validator_puts_the_message_beside_the_field_and_claims_one_run(visi
     assert not bad_table[0]["is_valid"] and "only the label 'animal'" in bad_table[0]["message"]
     bad_lr = check(*good[:2], math.nan, *good[3:], request=request)
     assert [v["is_valid"] for v in bad_lr] == [True, True, False, True, True, True]
+    too_long = check(good[0], 300, *good[2:3], 1, *good[4:], request=request)  # 300 epochs x 6 steps
+    assert not too_long[1]["is_valid"] and "Ask for fewer epochs" in too_long[1]["message"]
     assert all(v["is_valid"] for v in check(*good, request=request))
     again = check(*good, request=request)  # a second run of the same session, while one is queued
     assert not again[0]["is_valid"] and "already" in again[0]["message"]

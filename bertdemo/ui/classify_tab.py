@@ -14,8 +14,8 @@ import pandas as pd
 
 from .. import plots, runs
 from ..classification import (DEFAULT_SWEEP_LRS, MAX_TOKENS, Classifier, ClassifyHistory, ClassifyLimits,
-                              adapt_then_classify, check_examples, check_options, classify, forgetting,
-                              lr_sweep, parse_examples, train_classifier)
+                              adapt_then_classify, check_request, classify, forgetting, lr_sweep,
+                              parse_examples, train_classifier)
 from ..config import Settings
 from .context import AppContext, Visitor, handler
 from .live_run import show_steps, watch_queue
@@ -29,7 +29,8 @@ RECIPE = """Turn the masked LM into a **classifier** the way the seed article de
 table is made exactly so), on your own labelled lines. The article's four differences from
 pre-training, as this tab does them:
 1. **Start from the pre-trained weights**: a copy of the model's body (the shared model never changes).
-2. **A task-specific output layer**: a new head with one output per label (`AutoModelForSequenceClassification`).
+2. **A task-specific output layer**: a new head with one output per label
+   (`AutoModelForSequenceClassification`).
 3. **The supervised loss**: cross-entropy on your labels.
 4. **A small learning rate** (2e-5) *to avoid catastrophic forgetting*: measured below, as the
    masked-LM loss of the tuned body on your text, read through the original MLM head.
@@ -171,7 +172,7 @@ def on_upload(visitor: Visitor, file) -> list[list[str]]:
     path = Path(file if isinstance(file, str) else getattr(file, "name", ""))
     if not path.is_file():
         raise ValueError("No file received: upload a .csv or .tsv file of text,label lines.")
-    most = 4 * limits.max_chars  # UTF-8 takes up to 4 bytes a character
+    most = 8 * limits.max_chars  # parse_examples reads 2 x max_chars characters, of up to 4 UTF-8 bytes
     if path.stat().st_size > most:
         raise ValueError(f"The file has {path.stat().st_size:,} bytes; at most {most:,} are allowed. "
                          "Upload fewer examples.")
@@ -186,9 +187,8 @@ def on_train(visitor: Visitor, examples, epochs, learning_rate, batch_size, free
              progress=gr.Progress()):
     """Train on the table; streams (status, curve, before/after, confusion, predictions)."""
     lm, limits = visitor.lm, limits_from(visitor.settings)
-    pairs = check_examples(table_rows(examples), limits)
-    opts = check_options(epochs=epochs, lr=learning_rate, batch_size=batch_size, seed=seed,
-                         freeze_body=freeze_body, limits=limits)
+    pairs, opts, _, _ = check_request(table_rows(examples), epochs=epochs, lr=learning_rate,
+                                      batch_size=batch_size, seed=seed, freeze_body=freeze_body, limits=limits)
     job = lambda emit, stop: train_classifier(lm, pairs, on_step=emit, should_stop=stop,  # noqa: E731
                                               limits=limits, **opts)
     events = {"steps": [], "evals": []}
@@ -201,8 +201,8 @@ def on_train(visitor: Visitor, examples, epochs, learning_rate, batch_size, free
     mlm = forgetting(lm, classifier, [t for t, _ in pairs], history.settings["seed"])
     yield (_final_status(history, lm.name, kept, limits),
            plots.classifier_curves({"": vars(history)}, history.planned_steps),
-           before_after_frame(history, mlm), plots.confusion_heatmap(history.labels, history.confusion),
-           predictions_frame(history))
+           before_after_frame(history, mlm, _head_trained(lm)),
+           plots.confusion_heatmap(history.labels, history.confusion), predictions_frame(history))
 
 
 def on_stop(visitor: Visitor) -> str:
@@ -236,18 +236,18 @@ def on_download(visitor: Visitor) -> str:
 def on_sweep(visitor: Visitor, examples, epochs, batch_size, seed, progress=gr.Progress()):
     """The learning-rate sweep; streams (status, plot, table)."""
     lm, limits = visitor.lm, limits_from(visitor.settings)
-    pairs = check_examples(table_rows(examples), limits)
-    opts = check_options(epochs=epochs, batch_size=batch_size, seed=seed, limits=limits)
+    pairs, opts, _, _ = check_request(table_rows(examples), epochs=epochs, batch_size=batch_size,
+                                      seed=seed, limits=limits)
     opts.pop("lr")
     job = lambda emit, stop: lr_sweep(lm, pairs, DEFAULT_SWEEP_LRS, on_step=emit,  # noqa: E731
                                       should_stop=stop, limits=limits, **opts)
     events: dict = {"steps": [], "evals": []}
     for result in _run(visitor, job, events, progress, runs_in_job=len(DEFAULT_SWEEP_LRS)):
         if result is None:
-            yield f"Training at lr {events['run']:g}… {_live_status(events)}", gr.skip(), gr.skip()
+            yield f"Training at lr {events.get('run') or 0:g}… {_live_status(events)}", gr.skip(), gr.skip()
     points = result["points"]
-    yield (_sweep_status(result, lm.name), plots.forgetting_plot(points, result["mlm_before"]["loss"]),
-           sweep_frame(result))
+    yield (_sweep_status(result, lm.name, _head_trained(lm)),
+           plots.forgetting_plot(points, result["mlm_before"]["loss"]), sweep_frame(result))
 
 
 def on_adapt(visitor: Visitor, examples, epochs, learning_rate, batch_size, freeze_body, seed,
@@ -256,25 +256,24 @@ def on_adapt(visitor: Visitor, examples, epochs, learning_rate, batch_size, free
     streams (status, plot, table)."""
     base, tuned = visitor.store.base_for(visitor.session), visitor.store.tuned(visitor.session)
     limits = limits_from(visitor.settings)
-    pairs = check_examples(table_rows(examples), limits)
-    opts = check_options(epochs=epochs, lr=learning_rate, batch_size=batch_size, seed=seed,
-                         freeze_body=freeze_body, limits=limits)
+    pairs, opts, _, _ = check_request(table_rows(examples), epochs=epochs, lr=learning_rate,
+                                      batch_size=batch_size, seed=seed, freeze_body=freeze_body, limits=limits)
     job = lambda emit, stop: adapt_then_classify(  # noqa: E731
         base, tuned, pairs, mlm_steps=ADAPT_MLM_STEPS, on_step=emit, should_stop=stop, limits=limits, **opts)
     events: dict = {"steps": [], "evals": []}
     for result in _run(visitor, job, events, progress, runs_in_job=3):
         if result is None:
-            doing = ("MLM-adapting a copy of the base on your examples' texts…" if events["run"] == "adapting"
-                     else f"Training the classifier from the {events['run']} body…")
+            doing = (f"Training the classifier from the {events['run']} body…" if events["run"] != "adapting"
+                     else "MLM-adapting a copy of the base on your examples' texts…")
             yield f"{doing} {_live_status(events)}", gr.skip(), gr.skip()
     if not result:
         yield "Stopped while adapting: nothing to compare.", None, None
         return
-    runs = {f"{run} body": vars(h) for run, h in result.items()}
+    curves = {f"{run} body": vars(h) for run, h in result.items()}
     planned = next(iter(result.values())).planned_steps
     adapted_by = ("your tuned model from the Fine-tune tab" if tuned is not None
                   else f"{ADAPT_MLM_STEPS} MLM steps on your examples' texts")
-    yield _adapt_status(result, adapted_by), plots.classifier_curves(runs, planned), adapt_frame(result)
+    yield _adapt_status(result, adapted_by), plots.classifier_curves(curves, planned), adapt_frame(result)
 
 
 # Validators run when a request is queued: bad input is refused at once with the message beside
@@ -301,9 +300,9 @@ def _verdicts(ctx: AppContext, request, values: dict) -> list:
     verdicts = [gr.validate(True, "")] * len(names)
     try:
         visitor, limits = ctx.visitor(request), limits_from(ctx.settings)
-        check_examples(table_rows(values.pop("examples")), limits)
+        examples = table_rows(values.pop("examples"))
         values["lr"] = values.pop("learning_rate", 2e-5)
-        check_options(limits=limits, **values)
+        check_request(examples, limits=limits, **values)
         _reserve(visitor, request)
     except ValueError as err:
         field = getattr(err, "field", "examples").replace(" ", "_")
@@ -338,11 +337,12 @@ def table_rows(table) -> list:
             if not (isinstance(row, list) and all(cell is None or str(cell).strip() == "" for cell in row))]
 
 
-def before_after_frame(history: ClassifyHistory, mlm: dict) -> pd.DataFrame:
+def before_after_frame(history: ClassifyHistory, mlm: dict, head_trained: bool = True) -> pd.DataFrame:
     before, after = history.before, history.after
+    mlm_row = ("MLM loss of the body on your text (original MLM head)" if head_trained else
+               "MLM loss of the body on your text (this model's MLM head is untrained: not meaningful)")
     return pd.DataFrame({
-        "held-out": ["loss (cross-entropy)", "accuracy", "macro-F1",
-                     "MLM loss of the body on your text (original MLM head)"],
+        "held-out": ["loss (cross-entropy)", "accuracy", "macro-F1", mlm_row],
         "before": [f"{before['loss']:.3f}", f"{before['accuracy']:.1%}", f"{before['macro_f1']:.3f}",
                    f"{mlm['before']['loss']:.3f}"],
         "after": [f"{after['loss']:.3f}", f"{after['accuracy']:.1%}", f"{after['macro_f1']:.3f}",
@@ -398,9 +398,19 @@ def _final_status(history: ClassifyHistory, model: str, kept: str, limits: Class
             f"{chance:.0%}).{cut}\n\n{kept}")
 
 
-def _sweep_status(sweep: dict, model: str) -> str:
+def _head_trained(lm) -> bool:
+    """False for a body with a newly initialised MLM head (the bundled MiniLM): its MLM loss
+    measures nothing, before or after."""
+    card = getattr(lm, "card", None)
+    return bool(getattr(card, "head_trained", True))
+
+
+def _sweep_status(sweep: dict, model: str, head_trained: bool = True) -> str:
     done = [p for p in sweep["points"] if not p["stopped"]]
     note = "" if len(done) == len(DEFAULT_SWEEP_LRS) else " Some runs ended early: the sweep is incomplete."
+    if not head_trained:
+        note += (" ⚠️ This model's MLM head is untrained (randomly initialised), so its MLM loss "
+                 "says nothing about forgetting: use a masked LM such as bert-base.")
     return (f"Swept {len(sweep['points'])} learning rate(s) on **{model}**; MLM loss before "
             f"{sweep['mlm_before']['loss']:.3f}.{note}")
 
