@@ -51,6 +51,9 @@ class Settings:
     mcp: bool = option(False, "also serve the quick tools (fill-mask, scores, mask sampling, layer "
                               "predictions, saliency) to MCP clients at /gradio_api/mcp/; on in a Space")
     share: bool = option(False, "also serve on a public *.gradio.live link: anyone with it can use the demo")
+    mcp: bool = option(False, "also serve the quick tools (fill-mask, scores, mask sampling, layer "
+                              "predictions, saliency) to MCP clients at /gradio_api/mcp/; on in a "
+                              "Space unless BERTDEMO_MCP=0")
     auth: str | None = option(None, "require this login (kept out of logs)", metavar="USER:PASSWORD",
                               repr=False)
 
@@ -125,7 +128,7 @@ def _parse(raw: str, type_name: str):
 
 
 def _hosting_defaults(environ) -> dict:
-    """Host and port from the hosting platform's conventions; BERTDEMO_HOST/PORT still win.
+    """Host, port and MCP from the hosting platform's conventions; BERTDEMO_* env vars still win.
 
     Gradio reads GRADIO_SERVER_NAME/GRADIO_SERVER_PORT (our Docker image sets them), and a Hugging
     Face Space sets SPACE_ID and serves whatever listens on 0.0.0.0:7860.

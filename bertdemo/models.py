@@ -233,6 +233,9 @@ def load_allowed(choice, allowlist: list[str], device: str | None = None,
 
 def _load_uncached(name_or_path: str, device: torch.device, allow_pickle: bool,
                    dtype: torch.dtype = torch.float32) -> LoadedModel:
+    # Asked for safetensors a hub repo lacks, transformers would otherwise ask a conversion Space
+    # (safetensors-convert.hf.space) to open a pull request on that repo: never from this app.
+    os.environ.setdefault("DISABLE_SAFETENSORS_CONVERSION", "1")
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=False)
         model, loading_info = AutoModelForMaskedLM.from_pretrained(
@@ -272,8 +275,12 @@ def _load_error_message(name_or_path: str, err: Exception, allow_pickle: bool) -
     folder = Path(name_or_path)
     where = "local folder" if folder.exists() else "Hugging Face Hub id (or local folder)"
     pickle_only = folder.is_dir() and any(folder.glob("*.bin")) and not any(folder.glob("*.safetensors"))
+    no_safetensors = "cannot be loaded with `safetensors`" in str(err)  # transformers' words, hub repos
     hint = (" It has only pickle weights (*.bin): convert them to safetensors, or start the app "
-            "with --allow-pickle if you trust the files." if pickle_only and not allow_pickle else "")
+            "with --allow-pickle if you trust the files." if pickle_only and not allow_pickle else
+            " It has no safetensors weights (model.safetensors), perhaps only pickle ones (*.bin): "
+            "choose a model with safetensors, or start the app with --allow-pickle if you trust its "
+            "author." if no_safetensors and not allow_pickle else "")
     first_line = str(err).strip().splitlines()[0].rstrip(". ") if str(err).strip() else type(err).__name__
     return (f"Could not load a masked-LM model from {name_or_path!r}, tried as a {where}: "
             f"{first_line}.{hint} Without internet access, pass --model /path/to/folder holding "

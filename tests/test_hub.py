@@ -137,3 +137,18 @@ def test_app_with_no_model_flag_serves_bert_base_uncased_from_the_hub(hub, tmp_p
     assert "bert-base-uncased" in model_line
     assert "model.safetensors" in hub.downloaded("bert-base-uncased")
     assert not hub.downloaded("bert-base-uncased") & EXTRAS  # no pickle, TF, ONNX or README
+
+
+def test_loading_a_pickle_only_hub_repo_is_refused_without_asking_a_conversion_bot(hub, tmp_path):
+    """transformers, asked for safetensors a repo lacks, would ask the hub's conversion Space to open
+    a pull request on that repo (its commits and discussions first): bertdemo.load never does."""
+    hub.requests.clear()
+    code = ("import bertdemo\ntry:\n    bertdemo.load('old-org/pickle-bert', device='cpu')\n"
+            "except ValueError as err:\n    print(err)\n")
+    env = {k: v for k, v in hub_env(hub.url, tmp_path / "hf-home").items()
+           if k != "DISABLE_SAFETENSORS_CONVERSION"}
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert "--allow-pickle" in result.stdout and "safetensors" in result.stdout, result.stderr[-2000:]
+    assert "pytorch_model.bin" not in hub.downloaded("old-org/pickle-bert")
+    assert not [path for _, path in hub.requests if "/commits/" in path or "/discussions" in path]

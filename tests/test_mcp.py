@@ -87,3 +87,12 @@ def test_long_actions_cannot_be_called_as_tools(mcp_url):
     result = session_call(mcp_url, call)
     assert result.isError and "Unknown tool" in result.content[0].text
 
+
+
+def test_every_tool_describes_itself_and_each_argument(mcp_url):
+    """Gradio builds the descriptions from the handlers' docstrings ("Args:" lines)."""
+    tools = session_call(mcp_url, lambda s: s.list_tools()).tools
+    for tool in tools:
+        assert len(tool.description) > 40, tool.name
+        for name, spec in tool.inputSchema["properties"].items():
+            assert spec.get("description"), f"{tool.name}: argument {name} has no description"

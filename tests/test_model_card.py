@@ -75,3 +75,42 @@ def test_pickle_only_weights_are_refused_unless_allowed(tmp_path):
     with pytest.raises(ValueError, match="pickle"):
         bertdemo.load(str(folder), device="cpu")
     assert bertdemo.load(str(folder), device="cpu", allow_pickle=True).card.weights == "pickle"
+
+
+# --- in the page: every tab's model line, the /fill_mask output, the model card, the banner -------
+
+def test_every_model_line_and_the_fill_mask_output_say_the_head_is_untrained(headless_dir):
+    from bertdemo.config import Settings
+    from bertdemo.sessions import SessionStore
+    from bertdemo.ui import fillmask_tab
+    from bertdemo.ui.context import Visitor
+    from bertdemo.ui.model_line import model_card, model_line
+
+    lm = bertdemo.load(str(headless_dir), device="cpu")
+    store = SessionStore(lm)
+    for place in ("tab", "picker", "finetune", "banner"):
+        assert UNTRAINED_HEAD in model_line(store, "s1", place), place
+    _, _, line = fillmask_tab.on_predict(Visitor(store, Settings(model=lm.name), "s1"), "The [MASK] sat.", 3)
+    assert line.startswith(f"Model: **{lm.name}** on `cpu`") and UNTRAINED_HEAD in line
+    card = model_card(store, "s1")
+    assert "27,314 parameters" in card and "float32" in card and "cls.predictions.transform.dense.weight" in card
+
+
+def test_a_complete_model_has_no_warning_and_its_card_says_so(tiny_bert):
+    from bertdemo.sessions import SessionStore
+    from bertdemo.ui.model_line import model_card, model_line
+
+    store = SessionStore(tiny_bert)
+    assert model_line(store, "s1") == f"Model: **{tiny_bert.name}** on `cpu`"
+    assert "Every weight of the masked LM was in the checkpoint" in model_card(store, "s1")
+
+
+def test_the_no_model_pages_minilm_button_leads_to_the_warning():
+    from bertdemo.config import Settings
+    from bertdemo.sessions import SessionStore
+    from bertdemo.ui import no_model_banner
+    from bertdemo.ui.context import Visitor
+
+    store = SessionStore(None, load_error="No model")
+    banner, _ = no_model_banner.on_use_minilm(Visitor(store, Settings(device="cpu"), "s1"))
+    assert UNTRAINED_HEAD in banner

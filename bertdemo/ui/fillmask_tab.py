@@ -108,7 +108,15 @@ def create_demo(store, settings: Settings) -> gr.Blocks:
 # ---------------------------------------------------------------- handlers
 
 def on_predict(visitor: Visitor, sentence, k):
-    """Top-k bars per mask, the raw predictions, and the model line (the model may have changed)."""
+    """BERT's top-k predictions for every [MASK] in a sentence, each filled on its own.
+
+    Args:
+        sentence: text with one or more [MASK] (any case), e.g. "Paris is the [MASK] of France."; at most the server's mask limit (10 by default) and the model's length (512 tokens for BERT).
+        k: predictions per mask, a whole number from 1 to the server's top-k limit (50 by default).
+
+    Returns:
+        a bar chart (plotly), the predictions (one list per mask, best first, of {"token", "token_id", "score"} where score is the probability), and the model line (it warns when the model's MLM head is untrained).
+    """
     settings = visitor.settings
     top_k = validate.whole_number(k, "top-k", 1, settings.max_top_k)
     predictions = batcher(settings.max_batch).fill_mask(visitor.lm, sentence, top_k,
@@ -117,12 +125,33 @@ def on_predict(visitor: Visitor, sentence, k):
 
 
 def on_joint(visitor: Visitor, sentence, beam_size) -> pd.DataFrame:
+    """Completions of all [MASK]s together: beam search filling the most confident mask first and
+    re-running the model after each fill, so later words fit earlier ones.
+
+    Args:
+        sentence: text with one or more [MASK] (any case), e.g. "The man went to the [MASK] to buy a [MASK] of milk.".
+        beam_size: completions kept at each step and returned, a whole number from 1 to 5.
+
+    Returns:
+        a table with one row per completion: the filled sentence, its joint log-probability and the order the masks were filled in.
+    """
     beam_size = validate.whole_number(beam_size, "beam size", 1, MAX_BEAM)
     results = fillmask.fill_jointly(visitor.lm, sentence, beam_size, max_masks=visitor.settings.max_masks)
     return pd.DataFrame([_joint_row(r) for r in results], columns=list(JOINT_COLUMNS))
 
 
 def on_candidates(visitor: Visitor, sentence, words_text, number) -> pd.DataFrame:
+    """How likely given words are at one [MASK], whole words included: a word of n pieces is
+    scored by the chain rule over its pieces, not by its first piece alone.
+
+    Args:
+        sentence: text with one or more [MASK] (any case), e.g. "Paris is the [MASK] of France.".
+        words_text: candidate words, comma separated, e.g. "capital, city, heart"; at most the server's limit (10 by default).
+        number: which [MASK] to score at, 1 = the first.
+
+    Returns:
+        a table, best first: word, its pieces, log-probability of the whole word, mean per piece, and the first piece's probability (what pipeline("fill-mask", targets=...) reports).
+    """
     settings = visitor.settings
     index = validate.whole_number(number, "mask number", 1, settings.max_masks, ": 1 for the first [MASK]") - 1
     results = fillmask.score_candidates(visitor.lm, sentence, words_text, index,
@@ -131,7 +160,16 @@ def on_candidates(visitor: Visitor, sentence, words_text, number) -> pd.DataFram
 
 
 def on_sentence_score(visitor: Visitor, sentence):
-    """PLL of the sentence (of its best joint completion when it has masks), and a bar per token."""
+    """How natural a sentence is to the model: its pseudo-log-likelihood (each token masked in
+    turn and scored given the rest, Salazar et al. 2020). With [MASK]s, its best joint completion
+    is scored.
+
+    Args:
+        sentence: the text to score, up to the model's length (512 tokens for BERT).
+
+    Returns:
+        a summary line with the PLL and pseudo-perplexity (higher PLL, lower perplexity: more natural), and a bar chart of each token's log-probability.
+    """
     lm = visitor.lm
     if USER_MASK_RE.search(sentence or ""):
         sentence = fillmask.fill_jointly(lm, sentence, 1, max_masks=visitor.settings.max_masks)[0]["text"]

@@ -122,6 +122,21 @@ def render(store: SessionStore, settings: Settings) -> None:
 
     @friendly_errors
     def on_sample(sentence, seed_value, prob, prob_mask, prob_random, whole, request: gr.Request):
+        """One seeded draw of BERT's masked-LM corruption of a sentence, as
+        DataCollatorForLanguageModeling does it: which tokens are chosen, and whether each chosen
+        one becomes [MASK], a random token or stays unchanged.
+
+        Args:
+            sentence: the text to corrupt (no [MASK] needed), up to the model's length.
+            seed_value: a whole number from 0 to 2**32-1; the same seed gives the same draw.
+            prob: probability that a token is chosen for prediction, above 0 and at most 1 (BERT: 0.15).
+            prob_mask: of the chosen tokens, the share replaced by [MASK], 0 to 1 (BERT: 0.8).
+            prob_random: of the chosen tokens, the share replaced by a random token, 0 to 1 with prob_mask + prob_random at most 1 (BERT: 0.1); the rest stay unchanged.
+            whole: true to choose whole words (all their pieces together) instead of single pieces.
+
+        Returns:
+            the sentence as the model sees it (highlighted), a per-token table, counts against the configured rates, and the raw rows: per token {"token", "chosen", "outcome" ("mask", "random", "keep" or null), "seen", "label" (-100 or the original id), ...}.
+        """
         rows = masking.mask_sample(tokenizer_for(request), sentence, seed_value, prob, prob_mask,
                                    prob_random, whole)
         table_counts = masking.outcome_counts(rows, prob, prob_mask, prob_random, whole)

@@ -51,7 +51,32 @@ def _precision(lm: LoadedModel) -> str:
 
 
 def _warnings(lm: LoadedModel, place: Place) -> list[str]:
-    """What a visitor must know about `lm` wherever its name is shown (e.g. an untrained head)."""
+    """What a visitor must know about `lm` wherever its name is shown: what its checkpoint lacked
+    (its model card's warning, e.g. an MLM head never trained), and the MiniLM's story above the tabs."""
+    found = [f"⚠️ **{lm.card.warning}.**"] if lm.card.warning else []
     if lm.name == MINILM_NAME and place == "banner":
-        return [MINILM_NOTE]
-    return []
+        found.append(MINILM_NOTE)
+    return found
+
+
+def model_card(store, session: str | None = None) -> str:
+    """Markdown of the model card of the model `session`'s tabs use: size, precision, device,
+    weights, and what the checkpoint lacked or had in excess."""
+    try:
+        lm = store.for_session(session)
+    except ValueError as err:
+        return f"⚠️ {err}"
+    card = lm.card
+    lines = [f"**{lm.name}**: {card.summary()}."]
+    if card.head_missing:
+        lines.append(f"⚠️ **{card.warning}.** Not in the checkpoint: "
+                     + ", ".join(f"`{k}`" for k in card.head_missing) + ".")
+    elif card.body_missing:
+        lines.append(f"⚠️ {card.warning}: " + ", ".join(f"`{k}`" for k in card.body_missing[:8]) + ".")
+    else:
+        lines.append("Every weight of the masked LM was in the checkpoint."
+                     if card.weights != "in memory" else "Built or tuned in this server's memory.")
+    if card.unused:
+        lines.append("In the checkpoint but not used by a masked LM: "
+                     + ", ".join(f"`{k}`" for k in card.unused[:8]) + ".")
+    return "\n\n".join(lines)

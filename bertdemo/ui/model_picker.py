@@ -7,7 +7,7 @@ import gradio as gr
 from ..config import Settings
 from ..models import LoadedModel, allowed_choices, allowed_entry, load_allowed
 from .context import AppContext, Visitor, handler
-from .model_line import model_line
+from .model_line import model_card, model_line
 
 log = logging.getLogger("bertdemo")
 
@@ -21,9 +21,17 @@ def render(ctx: AppContext) -> None:
         picker = gr.Dropdown(names, value=names[0], label="Model", info=offers,
                              interactive=len(names) > 1, scale=2)
         note = gr.Markdown(scale=3)
+    with gr.Accordion("Model card: size, precision, what the checkpoint lacked", open=False):
+        card = gr.Markdown(model_card(ctx.store))
     # One load at a time: a model the operator listed can be large, and loading it once is enough.
     picker.input(handler(ctx, on_pick), picker, note, api_name="choose_model", concurrency_id="load_model",
-                 concurrency_limit=1)
+                 concurrency_limit=1).then(handler(ctx, on_card), None, card, api_visibility="private",
+                                           queue=False)
+
+
+def on_card(visitor: Visitor) -> str:
+    """The model card of the model this session's tabs use."""
+    return model_card(visitor.store, visitor.session)
 
 
 def create_demo(store, settings: Settings) -> gr.Blocks:
