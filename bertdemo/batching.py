@@ -20,12 +20,16 @@ class MicroBatcher:
     """Leader/follower batching without a background thread: the first caller to find no batch
     running becomes the leader, waits `max_wait_s` for company, and runs whatever is pending,
     grouped by model, until nothing is. Requests that arrive while a forward runs go together in
-    the next one. A lone request pays `max_wait_s`; a crowd arriving within it shares one forward
-    instead of one alone plus one for the rest. A follower waits at most `timeout_s`."""
+    the next one. A lone request pays `max_wait_s`; while more keep arriving (a crowd, spread
+    over tens of ms by the web server) the leader keeps waiting, up to `max_gather_s`, so the
+    crowd shares one forward instead of one for the first few plus one for the rest.
+    A follower waits at most `timeout_s`."""
 
-    def __init__(self, max_batch: int = 16, max_wait_s: float = 0.005, timeout_s: float = 120.0):
+    def __init__(self, max_batch: int = 16, max_wait_s: float = 0.005, timeout_s: float = 120.0,
+                 max_gather_s: float = 0.05):
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
+        self.max_gather_s = max_gather_s
         self.timeout_s = timeout_s
         self._pending: list[tuple[LoadedModel, fillmask.Encoded, int, Future]] = []
         self._lock = threading.Lock()
@@ -63,8 +67,7 @@ class MicroBatcher:
         instead of waiting for a leader that has gone."""
         batch = []
         try:
-            if self.max_wait_s:
-                time.sleep(self.max_wait_s)  # optionally wait for company
+            self._gather()
             while True:
                 with self._lock:
                     if not self._pending:
@@ -80,6 +83,20 @@ class MicroBatcher:
                 if not future.done():
                     future.set_exception(err)
             raise
+
+    def _gather(self) -> None:
+        """Wait `max_wait_s` for company, again and again while requests keep arriving, until
+        the batch is full or `max_gather_s` has passed."""
+        if not self.max_wait_s:
+            return
+        deadline, seen = time.monotonic() + self.max_gather_s, 1
+        while True:
+            time.sleep(self.max_wait_s)
+            with self._lock:
+                waiting = len(self._pending)
+            if waiting <= seen or waiting >= self.max_batch or time.monotonic() >= deadline:
+                return
+            seen = waiting
 
     @classmethod
     def _run(cls, batch) -> None:

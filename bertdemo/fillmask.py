@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import math
 import re
+import threading
+import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -77,7 +80,9 @@ def fill_encoded(lm: LoadedModel, encs: list[Encoded], top_ks: list[int]) -> lis
     inputs = pad_inputs(lm, [e.inputs for e in encs])
     rows = torch.tensor([b for b, e in enumerate(encs) for _ in e.mask_positions], device=lm.device)
     cols = torch.tensor([p for e in encs for p in e.mask_positions], device=lm.device)
-    probs = logits_at(lm, inputs, rows, cols).softmax(-1)  # (sum of masks, V)
+    logits = logits_at(lm, inputs, rows, cols)  # (sum of masks, V)
+    probs = logits.softmax(-1)
+    _remember_first_steps(lm, encs, logits.log_softmax(-1))
     results, start = [], 0
     for enc, k in zip(encs, top_ks):
         scores, ids = probs[start:start + len(enc.mask_positions)].topk(k, dim=-1)
@@ -123,36 +128,74 @@ def fill_jointly(lm: LoadedModel, text: str, beam_size: int = 3,
     Returns up to `beam_size` completions, best first, each
     {"text": the sentence with masks filled, "log_prob": joint log-probability (chain rule in
     the order filled), "fills": [{"mask": index, "token", "token_id", "log_prob", "step"}]}.
+    The first step reuses what `fill_mask` just computed for the same sentence and model (the
+    page asks for both on each Predict), so a one-mask sentence needs no forward here.
     """
     beam_size = validate.whole_number(beam_size, "beam_size", 1, MAX_BEAM_SIZE)
     enc = encode(lm, text, max_masks=max_masks)
     beams = [(enc.input_ids[0], 0.0, [])]  # (ids (T,), log_prob, fills)
     for step in range(len(enc.mask_positions)):
-        beams = _extend_beams(lm, enc, beams, beam_size, step)
+        known = _first_step(lm, enc) if step == 0 else None
+        beams = _extend_beams(lm, enc, beams, beam_size, step, known)
     return [_completion(lm, text, enc, ids, lp, fills) for ids, lp, fills in beams]
 
 
-def _extend_beams(lm, enc: Encoded, beams, beam_size: int, step: int):
-    """One step of the beam: each beam fills its most confident open mask with its top tokens."""
-    ids = torch.stack([b[0] for b in beams])  # (B, T)
+def _extend_beams(lm, enc: Encoded, beams, beam_size: int, step: int, known=None):
+    """One step of the beam: each beam fills its most confident open mask with its top tokens.
+    `known`: the first step's (top log-probs, ids) per mask, (masks, >= beam_size), if computed."""
     open_cols = [[p for p in enc.mask_positions if b[0][p] == lm.mask_token_id] for b in beams]
-    rows = torch.tensor([r for r, cols in enumerate(open_cols) for _ in cols], device=lm.device)
-    cols = torch.tensor([c for cols in open_cols for c in cols], device=lm.device)
-    inputs = {k: v.expand(len(beams), -1) for k, v in enc.inputs.items() if k != "input_ids"}
-    log_probs = logits_at(lm, {"input_ids": ids, **inputs}, rows, cols).log_softmax(-1)  # (N, V)
-    candidates, start = [], 0
-    for (beam_ids, beam_lp, fills), cols_b in zip(beams, open_cols):
-        block = log_probs[start:start + len(cols_b)]  # (open masks of this beam, V)
-        start += len(cols_b)
-        best = int(block.max(-1).values.argmax())  # the mask the model is surest about
-        top_lp, top_ids = block[best].topk(beam_size)
-        for lp, tok in zip(top_lp.tolist(), top_ids.tolist()):
+    tops = [known] if known is not None else _beam_tops(lm, enc, beams, open_cols, beam_size)
+    candidates = []
+    for (beam_ids, beam_lp, fills), cols_b, (top_lp, top_ids) in zip(beams, open_cols, tops):
+        best = int(top_lp[:, 0].argmax())  # the mask the model is surest about
+        for lp, tok in zip(top_lp[best, :beam_size].tolist(), top_ids[best, :beam_size].tolist()):
             new_ids = beam_ids.clone()
             new_ids[cols_b[best]] = tok
             fill = {"mask": enc.mask_positions.index(cols_b[best]), "token_id": tok,
                     "token": lm.tokenizer.decode([tok]), "log_prob": lp, "step": step}
             candidates.append((new_ids, beam_lp + lp, fills + [fill]))
     return _best_unique(candidates, beam_size)
+
+
+def _beam_tops(lm, enc: Encoded, beams, open_cols, beam_size: int) -> list[tuple]:
+    """One forward for all beams: per beam, (top log-probs, ids) (open masks, beam_size)."""
+    ids = torch.stack([b[0] for b in beams])  # (B, T)
+    rows = torch.tensor([r for r, cols in enumerate(open_cols) for _ in cols], device=lm.device)
+    cols = torch.tensor([c for cols in open_cols for c in cols], device=lm.device)
+    inputs = {k: v.expand(len(beams), -1) for k, v in enc.inputs.items() if k != "input_ids"}
+    log_probs = logits_at(lm, {"input_ids": ids, **inputs}, rows, cols).log_softmax(-1)  # (N, V)
+    tops, start = [], 0
+    for cols_b in open_cols:
+        top = log_probs[start:start + len(cols_b)].topk(beam_size, dim=-1)
+        start += len(cols_b)
+        tops.append((top.values, top.indices))
+    return tops
+
+
+# The first step of a joint fill, as fill_encoded saw it: per model, the last few sentences'
+# top log-probs at their masks. Weak keys: a model that is freed takes its entries with it.
+_first_steps: "weakref.WeakKeyDictionary[torch.nn.Module, OrderedDict]" = weakref.WeakKeyDictionary()
+_first_steps_lock = threading.Lock()
+_FIRST_STEPS_KEPT = 256  # sentences per model; each entry is 2 x masks x MAX_BEAM_SIZE numbers
+
+
+def _remember_first_steps(lm: LoadedModel, encs: list[Encoded], log_probs: torch.Tensor) -> None:
+    top = log_probs.topk(min(MAX_BEAM_SIZE, log_probs.shape[-1]), dim=-1)  # (sum of masks, k)
+    start = 0
+    with _first_steps_lock:
+        kept = _first_steps.setdefault(lm.model, OrderedDict())
+        for enc in encs:
+            n = len(enc.mask_positions)
+            kept[tuple(enc.input_ids[0].tolist())] = (top.values[start:start + n], top.indices[start:start + n])
+            kept.move_to_end(tuple(enc.input_ids[0].tolist()))
+            start += n
+        while len(kept) > _FIRST_STEPS_KEPT:
+            kept.popitem(last=False)
+
+
+def _first_step(lm: LoadedModel, enc: Encoded):
+    with _first_steps_lock:
+        return _first_steps.get(lm.model, {}).get(tuple(enc.input_ids[0].tolist()))
 
 
 def _best_unique(candidates, beam_size: int):

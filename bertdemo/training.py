@@ -372,7 +372,9 @@ def finetune(lm: LoadedModel, texts: str | list[str], *, steps: int | None = Non
     history = History(steps, eval_on_train=data.eval_on_train, train_lines=data.train_lines,
                       eval_lines=data.eval_lines, train_blocks=len(data.train),
                       settings={**opts, "steps": steps})
-    model = copy.deepcopy(lm.model)  # the shared base stays untouched
+    # The shared base stays untouched; a bfloat16 base (--dtype) trains in float32, since
+    # AdamW's small updates vanish in bf16 weights.
+    model = copy.deepcopy(lm.model).float()
     model.requires_grad_(True).train()
     with torch.random.fork_rng(devices=_cuda_indices(lm.device)):
         torch.manual_seed(opts["seed"])  # dropout; restored for everyone else afterwards

@@ -191,3 +191,33 @@ def _assert_same_predictions(result, reference):
            [[p["token_id"] for p in row] for row in reference]
     for row, ref in zip(result, reference):
         assert [p["score"] for p in row] == pytest.approx([p["score"] for p in ref], abs=1e-5)
+
+
+def test_a_crowd_arriving_over_time_shares_one_forward(tiny_bert, monkeypatch):
+    """Requests 40 ms apart, each within the 150 ms wait of the one before: the leader keeps
+    gathering while they come, so all 8 go in one batch (without it: the first 4, then 4)."""
+    batcher, sizes = MicroBatcher(max_wait_s=0.15, max_gather_s=5), []
+    real_run = MicroBatcher._run
+    monkeypatch.setattr(batcher, "_run", lambda batch: (sizes.append(len(batch)), real_run(batch)))
+    results = [None] * 8
+
+    def call(i):
+        results[i] = batcher.fill_mask(tiny_bert, TEXTS[i % len(TEXTS)])
+
+    threads = []
+    for i in range(8):
+        threads.append(threading.Thread(target=call, args=(i,)))
+        threads[-1].start()
+        time.sleep(0.04)
+    for t in threads:
+        t.join(timeout=30)
+    assert sizes == [8]
+    for i, result in enumerate(results):
+        _assert_same_predictions(result, bertdemo.fill_mask(tiny_bert, TEXTS[i % len(TEXTS)]))
+
+
+def test_a_lone_request_waits_only_once(tiny_bert):
+    batcher = MicroBatcher(max_wait_s=0.3, max_gather_s=5)
+    start = time.perf_counter()
+    batcher.fill_mask(tiny_bert, TEXTS[0])
+    assert time.perf_counter() - start < 0.3 + 0.25  # one wait (no one came), not a gather

@@ -5,6 +5,8 @@ prediction's probabilities move by well under 0.02 on the tiny model (measured 0
 may flip only where float32's two best candidates are that close. The tiny model's peaked
 distributions (init range 0.2) make such near-ties rare: measured 43 of 45 masks agree.
 """
+import math
+
 import pytest
 import torch
 
@@ -91,3 +93,13 @@ def test_dtype_flag_reaches_the_model_and_the_page(tiny_bert_dir):
     assert model_line(store, None, "banner").startswith(f"### Using {store.base.name}, in bfloat16")
     _, raw, line = fillmask_tab.on_predict(Visitor(store, settings, "s1"), "Paris is the [MASK].", 3)
     assert len(raw[0]) == 3 and line.endswith("in bfloat16")
+
+
+def test_fine_tuning_a_bf16_base_trains_in_float32(bf16_bert):
+    from bertdemo.training import finetune
+
+    tuned, history = finetune(bf16_bert, "\n".join(tiny_models.SENTENCES * 3), steps=2, batch_size=2,
+                              max_length=16)
+    assert all(p.dtype == torch.float32 for p in tuned.model.parameters())
+    assert all(p.dtype == torch.bfloat16 for p in bf16_bert.model.parameters())  # base untouched
+    assert len(history.steps) == 2 and math.isfinite(history.steps[-1]["loss"])

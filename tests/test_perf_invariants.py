@@ -77,3 +77,32 @@ def test_fast_decoder_keeps_weights_tied_and_state_dict(tiny_bert):
     assert decoder.weight is tiny_bert.model.get_input_embeddings().weight  # still tied
     fresh = type(tiny_bert.model)(tiny_bert.model.config)  # what save_pretrained writes is unchanged
     assert list(tiny_bert.model.state_dict()) == list(fresh.state_dict())
+
+
+# ---------------------------------------------------------------- Predict = fill_mask + fill_jointly
+
+def _count_forwards(lm):
+    calls = []
+    return calls, lm.model.base_model.register_forward_hook(lambda m, i, o: calls.append(1))
+
+
+@pytest.mark.parametrize("text, steps", [("the [MASK] of paris is a tower in france .", 1),
+                                         ("a [MASK] tower is in the [MASK] of berlin .", 2)])
+def test_joint_fill_reuses_the_fill_mask_forward(tiny_bert, text, steps):
+    # Sentences no other test predicts, so nothing is remembered for them yet.
+    calls, hook = _count_forwards(tiny_bert)
+    try:
+        alone = bertdemo.fill_jointly(tiny_bert, text, 3)
+        assert len(calls) == steps
+        bertdemo.fill_mask(tiny_bert, text, 5)  # what the page runs first on Predict
+        calls.clear()
+        after = bertdemo.fill_jointly(tiny_bert, text, 3)
+        assert len(calls) == steps - 1  # the first step came from fill_mask's forward
+        calls.clear()
+        bertdemo.fill_jointly(tiny_bert, text.replace("tower", "city"), 3)
+        assert len(calls) == steps  # another sentence: computed
+    finally:
+        hook.remove()
+    assert [r["text"] for r in after] == [r["text"] for r in alone]
+    assert [[f["token_id"] for f in r["fills"]] for r in after] == [[f["token_id"] for f in r["fills"]] for r in alone]
+    assert [r["log_prob"] for r in after] == pytest.approx([r["log_prob"] for r in alone], abs=1e-5)
