@@ -14,7 +14,9 @@ from ..config import Settings
 from ..training import (MASKINGS, History, Limits, SettingError, check_settings, compare_masking,
                         compare_probes, default_probes, finetune, prepare_text)
 from ..sessions import SessionStore
+from . import export_button
 from .common import friendly_errors, session_id
+from .context import AppContext
 from .live_run import limits_from, queued_probe, show_steps
 
 EXAMPLE_TEXT = """Paris is the capital of France.
@@ -80,6 +82,7 @@ def render(store: SessionStore, settings: Settings) -> None:
         use_base_btn = gr.Button("Back to the base model")
         download_btn = gr.Button("Download my tuned model (.zip)")
     download = gr.File(label="Tuned model: save_pretrained folder + tokenizer, zipped", height=90)
+    export_button.render(AppContext(store, settings))
     with gr.Accordion("Static vs dynamic masking, measured on your text", open=False):
         gr.Markdown("Runs the fine-tune twice with the same seed, text, steps and eval masks; only "
                     "the training masks differ. The models are not kept.")
@@ -127,6 +130,7 @@ def render(store: SessionStore, settings: Settings) -> None:
                 yield (_live_status(steps), plots.finetune_curves(steps, evals, _planned(steps)),
                        gr.skip(), gr.skip(), gr.skip())
             tuned, history = run.outcome()
+        export_button.remember_run(store, sid, settings, base, history, text)
         note = runs.keep_or_discard(store, sid, tuned, history, keep_partial, limits)
         rows = compare_probes(base, tuned, probe_list, max_masks=settings.max_masks)
         yield (_final_status(history, note),
