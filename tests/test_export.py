@@ -122,3 +122,21 @@ def test_remember_run_names_a_hub_model_by_its_id(runs, tiny_bert):
     with zipfile.ZipFile(path) as archive:
         config = json.loads(archive.read("train-mlm/run.json"))
     assert config["model"] == "bert-base-uncased" and "model_note" not in config
+
+
+@pytest.mark.slow
+def test_the_same_script_runs_unchanged_under_torchrun_on_two_processes(runs, tiny_bert_dir, tmp_path):
+    """`torchrun --nproc_per_node 2 train_mlm.py`: one model trained across both processes (CPU,
+    gloo), one save, and the held-out loss before training equals the one-process figure."""
+    import shutil
+
+    folder = export.write_files(runs["dynamic"], str(tiny_bert_dir), TEXT, tmp_path)
+    one = run_script(folder, "--max-steps", "1", "--output-dir", str(tmp_path / "one"))
+    torchrun = shutil.which("torchrun") or pytest.fail("torchrun (installed with torch) not found")
+    result = subprocess.run([torchrun, "--nproc_per_node", "2", "train_mlm.py", "--max-steps", "2"],
+                            cwd=folder, capture_output=True, text=True, timeout=480)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("saved to") == 1  # the main process saves and reports
+    before = [line for line in result.stdout.splitlines() if line.startswith("before:")]
+    assert before == [line for line in one.splitlines() if line.startswith("before:")]
+    assert bertdemo.load(str(folder / "tuned-model"), device="cpu").card.head_trained
