@@ -37,7 +37,7 @@ def load_store(settings: Settings) -> SessionStore:
                   max_download_bytes=settings.download_max_mb * 2**20)
     try:
         base = load_allowed(settings.model, settings.allowed_models, settings.device,
-                            allow_pickle=settings.allow_pickle)
+                            allow_pickle=settings.allow_pickle, dtype=settings.dtype)
     except ValueError as err:
         log.error("%s", err)
         return SessionStore(None, load_error=hide_paths(str(err) + no_model_banner.how_to_fix(settings)),

@@ -26,6 +26,8 @@ class Settings:
     models: str | None = option(None, "more hub ids or folders visitors may pick, comma separated; "
                                       "nothing else can be loaded from the page", metavar="A,B,...")
     device: str | None = option(None, "cpu, cuda or cuda:N; default: CUDA when present, else CPU")
+    dtype: str = option("float32", "weights' precision: float32, or bfloat16 (half the memory traffic; "
+                                   "speed and fidelity in the README's Benchmarks)")
     host: str = option("127.0.0.1", "address to serve on")
     port: int = option(7860, "port")
     max_masks: int = option(10, "most [MASK]s per sentence")
@@ -46,6 +48,8 @@ class Settings:
                                         "sessions' deleted first)")
     download_max_age: int = option(3600, "seconds a download stays available before it is deleted")
     allow_pickle: bool = option(False, "accept checkpoints without safetensors (pickle can run code)")
+    mcp: bool = option(False, "also serve the quick tools (fill-mask, scores, mask sampling, layer "
+                              "predictions, saliency) to MCP clients at /gradio_api/mcp/; on in a Space")
     share: bool = option(False, "also serve on a public *.gradio.live link: anyone with it can use the demo")
     mcp: bool = option(False, "also serve the quick tools (fill-mask, scores, mask sampling, layer "
                               "predictions, saliency) to MCP clients at /gradio_api/mcp/; on in a "
@@ -91,7 +95,7 @@ def flag_parser(defaults: Settings) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="BERT masked-language-modelling demo")
     for f in fields(Settings):
         shown = "" if f.default in (None, False, MISSING) else "; default %(default)s"
-        kind = ({"action": "store_true"} if "bool" in f.type else
+        kind = ({"action": argparse.BooleanOptionalAction} if "bool" in f.type else
                 {"type": _auth_value if f.name == "auth" else _TYPES.get(f.type, str), "metavar": f.metadata["metavar"]})
         parser.add_argument(flag(f), default=getattr(defaults, f.name), dest=f.name,
                             help=f"{f.metadata['help']} (env {env_var(f)}{shown})", **kind)

@@ -143,23 +143,37 @@ def pick_device(device: str | torch.device | None = None) -> torch.device:
     return chosen
 
 
-_cache: dict[tuple[str, str, bool], LoadedModel] = {}
+_cache: dict[tuple[str, str, bool, str], LoadedModel] = {}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # what `load(dtype=...)` accepts
+
+
+def pick_dtype(dtype: str | torch.dtype | None = None) -> torch.dtype:
+    """`None` means float32. bfloat16 halves the weights' memory traffic, which is what bounds a
+    CPU at demo sizes (speed and fidelity: bench/bench_bf16.py); outputs are float32 either way."""
+    if dtype is None:
+        return torch.float32
+    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
+        return dtype
+    if isinstance(dtype, str) and dtype.strip().lower() in DTYPES:
+        return DTYPES[dtype.strip().lower()]
+    raise ValueError(f"Unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}.")
 _cache_lock = threading.Lock()
 
 
 def load(name_or_path: str | os.PathLike = "bert-base-uncased", device: str | None = None,
-         allow_pickle: bool = False) -> LoadedModel:
+         allow_pickle: bool = False, dtype: str | torch.dtype | None = None) -> LoadedModel:
     """Load (once) a masked-LM model and its tokenizer from a hub id or a local folder.
 
-    Repeated calls with the same name and device return the same shared object.
-    Never runs remote code. Only safetensors weights unless `allow_pickle=True`.
+    Repeated calls with the same name, device and dtype return the same shared object.
+    Never runs remote code. Only safetensors weights unless `allow_pickle=True`. `dtype` is
+    "float32" (default) or "bfloat16" (see `pick_dtype`).
     """
     name_or_path = validate.model_name(name_or_path)
-    chosen = pick_device(device)
-    key = (name_or_path, str(chosen), allow_pickle)
+    chosen, weights_dtype = pick_device(device), pick_dtype(dtype)
+    key = (name_or_path, str(chosen), allow_pickle, str(weights_dtype))
     with _cache_lock:  # one load per key even when several users ask at once
         if key not in _cache:
-            _cache[key] = _load_uncached(name_or_path, chosen, allow_pickle)
+            _cache[key] = _load_uncached(name_or_path, chosen, allow_pickle, weights_dtype)
         return _cache[key]
 
 
@@ -206,18 +220,19 @@ _named: dict[tuple, LoadedModel] = {}
 
 
 def load_allowed(choice, allowlist: list[str], device: str | None = None,
-                 allow_pickle: bool = False) -> LoadedModel:
+                 allow_pickle: bool = False, dtype: str | torch.dtype | None = None) -> LoadedModel:
     """`load` for visitors of the page: only models the operator listed, checked before anything
     is downloaded or read, and named by `display_name`. Never runs remote code; pickle-only
     checkpoints are refused unless `allow_pickle`."""
     entry = allowed_entry(choice, allowlist)
     label = {e: shown for shown, e in allowed_choices(allowlist).items()}[entry]
-    lm = load(entry, device, allow_pickle=allow_pickle)
+    lm = load(entry, device, allow_pickle=allow_pickle, dtype=dtype)
     with _cache_lock:  # one object per model, so micro-batching groups its requests together
         return _named.setdefault((id(lm), label), dataclasses.replace(lm, name=label))
 
 
-def _load_uncached(name_or_path: str, device: torch.device, allow_pickle: bool) -> LoadedModel:
+def _load_uncached(name_or_path: str, device: torch.device, allow_pickle: bool,
+                   dtype: torch.dtype = torch.float32) -> LoadedModel:
     # Asked for safetensors a hub repo lacks, transformers would otherwise ask a conversion Space
     # (safetensors-convert.hf.space) to open a pull request on that repo: never from this app.
     os.environ.setdefault("DISABLE_SAFETENSORS_CONVERSION", "1")
@@ -229,6 +244,7 @@ def _load_uncached(name_or_path: str, device: torch.device, allow_pickle: bool) 
             use_safetensors=None if allow_pickle else True,
             attn_implementation="sdpa",  # fast path; attention views ask for eager weights separately
             output_loading_info=True,  # what the checkpoint lacked, for the model card
+            dtype=dtype,
         )
     except (OSError, ValueError, KeyError, EnvironmentError) as err:
         raise ValueError(_load_error_message(name_or_path, err, allow_pickle)) from err

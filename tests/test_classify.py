@@ -416,3 +416,15 @@ def test_the_validator_puts_the_message_beside_the_field_and_claims_one_run(visi
     assert all(v["is_valid"] for v in check(*good, request=request))
     again = check(*good, request=request)  # a second run of the same session, while one is queued
     assert not again[0]["is_valid"] and "already" in again[0]["message"]
+
+
+def test_stop_in_the_tab_ends_the_run_and_frees_the_slot(visitor):
+    from bertdemo.ui import classify_tab as tab
+
+    run = tab.on_train(visitor, table(keyword_task()), 70, 3e-3, 8, False, 0, progress=lambda *a, **k: None)
+    next(run)  # the first live update: the run is going
+    assert tab.on_stop(visitor) == "Stopping after the current step…"
+    status = list(run)[-1][0]
+    assert "**Ended early** because you pressed Stop, after" in status and "of 280 steps" in status
+    assert tab.on_stop(visitor).startswith("Nothing is running")  # the slot was released
+    assert tab.on_classify(visitor, "the dog")["label"].tolist()[0] in {"animal", "place"}  # kept

@@ -350,7 +350,7 @@ def _space_header() -> dict:
 
 def _pinned(package: str) -> str:
     text = (ROOT / "requirements.txt").read_text()
-    return re.search(rf"^{re.escape(package)}==(\S+)", text, re.M).group(1)
+    return re.search(rf"^{re.escape(package)}(?:\[[\w,]+\])?==(\S+)", text, re.M).group(1)  # extras allowed
 
 
 def _dockerfile_steps() -> dict[str, list[str]]:

@@ -60,6 +60,7 @@ def render(ctx: AppContext) -> None:
     """Build the tab inside the current Blocks/Tab context. Static: no model calls, no events."""
     gr.Markdown(MLM_TEXT, latex_delimiters=LATEX)
     gr.Plot(glue_figure(), label="GLUE scores (higher is better)")
+    gr.Markdown("**This is how those numbers are made**: pre-trained body, new head, cross-entropy, small learning rate. Try it on your own labelled lines in the **Classify** tab.")
     with gr.Accordion("The numbers", open=False):
         gr.Markdown(_glue_markdown_table())
     gr.Markdown(GLUE_SOURCES)

@@ -49,8 +49,6 @@ overlays them. The adapted body is your tuned model from the **Fine-tune** tab (
 if you have none, a copy of the base is first MLM-tuned for {steps} steps on your examples' own
 texts (task-adaptive)."""
 ADAPT_MLM_STEPS = 60
-STOPPED = {"stopped": "you pressed Stop", "time limit": "it reached the time limit of {seconds} s",
-           "diverged": "the loss became infinite or NaN (try a smaller learning rate)"}
 
 
 def render(ctx: AppContext) -> None:
@@ -112,10 +110,12 @@ def _section_run() -> dict:
     curve = gr.Plot(label="Training loss and held-out accuracy, live")
     with gr.Row():
         before_after = gr.Dataframe(label="Held-out scores: before (untrained head) and after",
-                                    interactive=False)
+                                    headers=["held-out", "before", "after"], interactive=False,
+                                    column_widths=["60%", "20%", "20%"])
         confusion = gr.Plot(label="Confusion matrix (held-out)", elem_id="classify-confusion")
     predictions = gr.Dataframe(label="Held-out predictions, mistakes first", interactive=False,
-                               wrap=True, max_height=320)
+                               headers=["", "text", "label", "predicted", "probabilities"],
+                               wrap=True, max_height=320, elem_id="classify-predictions")
     return {"train": train, "stop": stop, "outputs": [status, curve, before_after, confusion, predictions]}
 
 
@@ -126,7 +126,9 @@ def _section_use() -> dict:
         with gr.Column(scale=1):
             classify_btn = gr.Button("Classify")
             download = gr.Button("Download the classifier (.zip)")
-    result = gr.Dataframe(label="Predictions of your classifier", interactive=False, wrap=True)
+    result = gr.Dataframe(label="Predictions of your classifier", interactive=False, wrap=True,
+                          headers=["sentence", "label", "probabilities…"],
+                          elem_id="classify-result")
     file = gr.File(label="save_pretrained folder + tokenizer, zipped: AutoModelForSequenceClassification"
                          ".from_pretrained(folder)", height=90)
     return {"sentences": sentences, "classify": classify_btn, "download": download, "result": result,
@@ -196,7 +198,7 @@ def on_train(visitor: Visitor, examples, epochs, learning_rate, batch_size, free
     classifier, history = result
     kept = _keep_or_discard(visitor, classifier, history, limits)
     mlm = forgetting(lm, classifier, [t for t, _ in pairs], history.settings["seed"])
-    yield (_final_status(history, lm.name, kept),
+    yield (_final_status(history, lm.name, kept, limits),
            plots.classifier_curves({"": vars(history)}, history.planned_steps),
            before_after_frame(history, mlm), plots.confusion_heatmap(history.labels, history.confusion),
            predictions_frame(history))
@@ -382,15 +384,12 @@ def _live_status(events: dict) -> str:
     return f"Step {last['step']}/{last['steps']}: loss {last['loss']:.3f}, lr {last['lr']:.1e}"
 
 
-def _ended_early(history: ClassifyHistory, seconds: int) -> str:
-    return STOPPED[history.stopped].format(seconds=seconds) if history.stopped else ""
-
-
-def _final_status(history: ClassifyHistory, model: str, kept: str) -> str:
+def _final_status(history: ClassifyHistory, model: str, kept: str, limits: ClassifyLimits) -> str:
     chance = 1 / len(history.labels)
+    why = runs.ENDED_BECAUSE.get(history.stopped, "").format(seconds=int(limits.max_seconds))
     head = (f"**Done**: {len(history.steps)} steps in {history.seconds:.1f} s" if history.completed
-            else f"**Ended early** after {len(history.steps)} of {history.planned_steps} steps "
-                 f"({history.seconds:.1f} s)")
+            else f"**Ended early** because {why}, after {len(history.steps)} of {history.planned_steps} "
+                 f"steps ({history.seconds:.1f} s)")
     cut = f" {history.truncated} text(s) were cut at {MAX_TOKENS} tokens." if history.truncated else ""
     return (f"{head}, from **{model}**, on {history.train_size} examples; held-out accuracy "
             f"{history.before['accuracy']:.0%} → **{history.after['accuracy']:.0%}** on "

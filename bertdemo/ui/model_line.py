@@ -28,9 +28,9 @@ def model_line(store, session: str | None = None, place: Place = "tab") -> str:
     tuned, using_tuned = store.tuned(session), store.using_tuned(session)
     lm = tuned if using_tuned else base
     if place == "tab":
-        return " ".join([f"Model: **{lm.name}** on `{lm.device}`", *_warnings(lm, place)])
+        return " ".join([f"Model: **{lm.name}** on `{lm.device}`{_precision(lm)}", *_warnings(lm, place)])
     if place == "banner":
-        return "\n".join([f"### Using {lm.name}", *_warnings(lm, place)])
+        return "\n".join([f"### Using {lm.name}{_precision(lm)}", *_warnings(lm, place)])
     tabs = "The other tabs" if place == "finetune" else "Your tabs"
     if using_tuned:
         line = (f"{tabs} use **your tuned model** ({tuned.name}) in this browser session only; "
@@ -43,6 +43,11 @@ def model_line(store, session: str | None = None, place: Place = "tab") -> str:
     else:
         line = f"{tabs} use **{base.name}**."
     return " ".join([line, *_warnings(lm, place)])
+
+
+def _precision(lm: LoadedModel) -> str:
+    """', in bfloat16' when the weights are not float32 (the default), so a visitor knows."""
+    return "" if lm.card.dtype == "float32" else f", in {lm.card.dtype}"
 
 
 def _warnings(lm: LoadedModel, place: Place) -> list[str]:

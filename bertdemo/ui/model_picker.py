@@ -53,7 +53,8 @@ def pick(store, settings: Settings, choice) -> LoadedModel:
     if allowed_entry(choice, settings.allowed_models) == settings.model:
         return store.require_base()
     try:
-        return load_allowed(choice, settings.allowed_models, settings.device, settings.allow_pickle)
+        return load_allowed(choice, settings.allowed_models, settings.device, settings.allow_pickle,
+                            settings.dtype)
     except ValueError as err:
         log.warning("a visitor picked %r: %s", choice, err)  # the log keeps the full paths
         raise
