@@ -93,3 +93,50 @@ def test_a_sessions_last_run_exports_once_and_only_its_own(runs, tiny_bert):
         export.script_zip(store, "s2")  # another visitor has nothing to export
     store.drop("s1")
     assert not first.exists()
+
+
+def test_the_fine_tune_tabs_export_button_gives_the_sessions_last_run(client, tiny_bert_dir):
+    """Through the running app: a fine-tune, then /export_training_script, in one session."""
+    with pytest.raises(Exception, match="no finished fine-tune"):
+        client.predict(api_name="/export_training_script")
+    client.predict(TEXT, 2, "steps", 3e-4, 4, 32, 0.2, "static", 3, False, "", api_name="/finetune")
+    path = client.predict(api_name="/export_training_script")
+    with zipfile.ZipFile(path) as archive:
+        config = json.loads(archive.read("train-mlm/run.json"))
+        assert archive.read("train-mlm/train.txt").decode().splitlines() == TEXT.splitlines()
+    assert (config["steps"], config["masking"], config["seed"], config["block_length"]) == (2, "static", 3, 32)
+    assert config["model"] == tiny_bert_dir.name  # the page's name for a server folder, never its path
+    assert str(tiny_bert_dir) not in json.dumps(config) and "model_note" in config
+
+
+def test_remember_run_names_a_hub_model_by_its_id(runs, tiny_bert):
+    from bertdemo.config import Settings
+    from bertdemo.sessions import SessionStore
+    from bertdemo.ui import export_button
+    from bertdemo.ui.context import Visitor
+
+    store, settings = SessionStore(tiny_bert), Settings(model="bert-base-uncased")
+    hub_named = bertdemo.LoadedModel("bert-base-uncased", tiny_bert.tokenizer, tiny_bert.model, tiny_bert.device)
+    export_button.remember_run(store, "s1", settings, hub_named, runs["dynamic"], TEXT)
+    path = export_button.on_export_script(Visitor(store, settings, "s1"))
+    with zipfile.ZipFile(path) as archive:
+        config = json.loads(archive.read("train-mlm/run.json"))
+    assert config["model"] == "bert-base-uncased" and "model_note" not in config
+
+
+@pytest.mark.slow
+def test_the_same_script_runs_unchanged_under_torchrun_on_two_processes(runs, tiny_bert_dir, tmp_path):
+    """`torchrun --nproc_per_node 2 train_mlm.py`: one model trained across both processes (CPU,
+    gloo), one save, and the held-out loss before training equals the one-process figure."""
+    import shutil
+
+    folder = export.write_files(runs["dynamic"], str(tiny_bert_dir), TEXT, tmp_path)
+    one = run_script(folder, "--max-steps", "1", "--output-dir", str(tmp_path / "one"))
+    torchrun = shutil.which("torchrun") or pytest.fail("torchrun (installed with torch) not found")
+    result = subprocess.run([torchrun, "--nproc_per_node", "2", "train_mlm.py", "--max-steps", "2"],
+                            cwd=folder, capture_output=True, text=True, timeout=480)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("saved to") == 1  # the main process saves and reports
+    before = [line for line in result.stdout.splitlines() if line.startswith("before:")]
+    assert before == [line for line in one.splitlines() if line.startswith("before:")]
+    assert bertdemo.load(str(folder / "tuned-model"), device="cpu").card.head_trained

@@ -157,7 +157,11 @@ def main(argv: list[str] | None = None) -> None:
         lr_scheduler_type=run["lr_schedule"], warmup_steps=round(run["warmup_ratio"] * steps),
         max_grad_norm=run["max_grad_norm"], seed=seed, data_seed=seed,
         eval_strategy="steps", eval_steps=max(1, steps // 10), logging_steps=max(1, steps // 20),
-        save_strategy="no", report_to="none", bf16=torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+        save_strategy="no", report_to="none", bf16=torch.cuda.is_available() and torch.cuda.is_bf16_supported(),
+        use_cpu=not has_accelerator(),  # on CPU-only machines, torchrun then trains one model across processes
+        # Each process's loss is its own batch's mean, averaged by DDP. (With True, transformers
+        # 5.23 reports an eval loss multiplied by the number of processes.)
+        average_tokens_across_devices=False)
     rank = int(os.environ.get("RANK", 0))
     collate = DataCollatorForLanguageModeling(tokenizer, mlm_probability=p, seed=seed + rank)
     eval_collate = DataCollatorForLanguageModeling(tokenizer, mlm_probability=p, seed=seed + EVAL_SEED_OFFSET)
@@ -174,12 +178,19 @@ def main(argv: list[str] | None = None) -> None:
     before = trainer.evaluate()
     trainer.train()
     after = trainer.evaluate()
-    trainer.save_model()
-    tokenizer.save_pretrained(training.output_dir)
-    for name, result in (("before", before), ("after", after)):
-        loss = result["eval_loss"]
-        print(f"{name}: held-out masked-token loss {loss:.3f}, perplexity {math.exp(min(loss, 50)):.2f}")
-    print(f"saved to {training.output_dir}")
+    trainer.save_model()  # by the main process only, as is what follows
+    if trainer.is_world_process_zero():
+        tokenizer.save_pretrained(training.output_dir)
+        for name, result in (("before", before), ("after", after)):
+            loss = result["eval_loss"]
+            print(f"{name}: held-out masked-token loss {loss:.3f}, perplexity {math.exp(min(loss, 50)):.2f}")
+        print(f"saved to {training.output_dir}")
+
+
+def has_accelerator() -> bool:
+    """A GPU (or other torch accelerator) to train on; without one, the CPU."""
+    accelerator = getattr(torch, "accelerator", None)
+    return accelerator.is_available() if accelerator is not None else torch.cuda.is_available()
 
 
 if __name__ == "__main__":

@@ -17,7 +17,9 @@ from ..sessions import SessionStore
 from ..training import (MASKINGS, History, Limits, SettingError, check_settings, compare_masking,
                         compare_probes, default_probes, finetune, prepare_text)
 from .context import AppContext, Visitor, handler
+from . import export_button
 from .live_run import limits_from, show_steps, watch_queue
+from .model_line import model_line
 
 EXAMPLE_TEXT = """Paris is the capital of France.
 The Eiffel Tower is a famous landmark.
@@ -72,10 +74,11 @@ def render(ctx: AppContext) -> None:
     watch_queue(ctx.store)
     limits = limits_from(ctx.settings)
     gr.Markdown(INTRO)
-    active = gr.Markdown(active_line(ctx.store, None))
+    active = gr.Markdown(model_line(ctx.store, None, "finetune"))
     form, keep_partial, probes, suggest = _section_form(limits)
     run_btn, stop_btn, compare_btn, status, curve, metrics, probe_table = _section_run()
     use_tuned_btn, use_base_btn, download_btn, download = _section_model()
+    export_button.render(ctx)
     compare_status, compare_plot = _section_compare()
 
     heavy = dict(concurrency_limit=ctx.settings.finetune_concurrency, concurrency_id="finetune")
@@ -204,11 +207,12 @@ def on_finetune(visitor: Visitor, text, length, unit, lr, batch_size, block_leng
             yield (_live_status(steps), plots.finetune_curves(steps, evals, _planned(steps)),
                    gr.skip(), gr.skip(), gr.skip())
         tuned, history, probe_list = run.outcome()
+    export_button.remember_run(store, sid, visitor.settings, base, history, form.text)
     note = runs.keep_or_discard(store, sid, tuned, history, keep_partial, limits)
     rows = compare_probes(base, tuned, probe_list, max_masks=visitor.settings.max_masks)
     yield (_final_status(history, note),
            plots.finetune_curves(history.steps, history.evals, history.planned_steps),
-           _metrics_frame(history), _probe_frame(rows), active_line(store, sid))
+           _metrics_frame(history), _probe_frame(rows), model_line(store, sid, "finetune"))
 
 
 def on_compare(visitor: Visitor, text, length, unit, lr, batch_size, block_length, mask_probability,
@@ -240,12 +244,12 @@ def on_stop(visitor: Visitor) -> str:
 
 def on_use_tuned(visitor: Visitor) -> str:
     visitor.store.use_tuned(visitor.session)
-    return active_line(visitor.store, visitor.session)
+    return model_line(visitor.store, visitor.session, "finetune")
 
 
 def on_use_base(visitor: Visitor) -> str:
     visitor.store.use_base(visitor.session)
-    return active_line(visitor.store, visitor.session)
+    return model_line(visitor.store, visitor.session, "finetune")
 
 
 def on_download(visitor: Visitor) -> str:
@@ -336,24 +340,6 @@ def _compare_status(histories: dict, limits: Limits) -> str:
     if len(histories) < 2:
         lines.append("\nOnly one run finished: the comparison is incomplete.")
     return "\n".join(lines)
-
-
-def active_line(store: SessionStore, sid) -> str:
-    """Which model the other tabs of this session use, in one line."""
-    try:
-        base = store.base_for(sid)
-    except ValueError as err:
-        return f"⚠️ {err}"
-    if store.using_tuned(sid):
-        return (f"The other tabs use **your tuned model** ({store.tuned(sid).name}) in this "
-                "browser session only. Press “Back to the base model” to undo.")
-    if store.was_evicted(sid):
-        return (f"The other tabs use the base model **{base.name}**. Your tuned model was freed to "
-                f"make room for other visitors' (at most {store.max_tuned} are kept): fine-tune again.")
-    if store.tuned(sid) is not None:
-        return (f"The other tabs use the base model **{base.name}**; your tuned model is ready "
-                "(“Use my tuned model in all tabs”).")
-    return f"The other tabs use the base model **{base.name}**."
 
 
 # ---------------------------------------------------------------- errors
