@@ -2,6 +2,7 @@
 `mcp` package's own client over streamable HTTP."""
 import ast
 import asyncio
+import concurrent.futures
 import socket
 
 import pytest
@@ -53,7 +54,10 @@ def session_call(url: str, work):
             async with ClientSession(read, write) as session:
                 await session.initialize()
                 return await work(session)
-    return asyncio.run(run())
+    # Its own thread: Playwright's sync API (the browser tests' session fixture) keeps an event
+    # loop running in the main thread for the rest of the session, where asyncio.run refuses.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, run()).result()
 
 
 def test_tools_are_the_quick_stateless_ones(mcp_url):
