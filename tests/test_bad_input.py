@@ -57,6 +57,7 @@ ENDPOINTS = {
     "/use_tuned": [],
     "/use_base": [],
     "/download_tuned": [],
+    "/export_training_script": [],  # after /finetune: it exports the session's finished run
     "/layer_predictions": [("text", SENTENCE), ("number", 1), ("number", 3)],
     "/saliency": [("text", SENTENCE), ("text", ""), ("number", 1), ("choice", "gradient_x_input"),
                   ("number", 2), ("number", 0)],
