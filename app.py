@@ -16,7 +16,7 @@ from bertdemo.config import Settings, parse_auth
 from bertdemo.models import load_allowed
 from bertdemo.sessions import SessionStore
 from bertdemo.ui import (about_tab, attention_tab, classify_tab, explain_tab, fillmask_tab, finetune_tab,
-                         masking_tab, mcp_tools, model_picker, no_model_banner)
+                         masking_tab, mcp_tools, model_picker, no_model_banner, sent_values)
 from bertdemo.ui.common import hide_paths, refuse_non_finite_numbers
 from bertdemo.ui.context import AppContext, Visitor, handler
 
@@ -113,6 +113,7 @@ def serve(demo: gr.Blocks, settings: Settings, block: bool = True) -> tuple[str,
     except BaseException:
         sys.stdout.write(gradio_says.getvalue())
         raise
+    sent_values.forget_sent_values(demo)
     print(f"* Running on local URL: {local_url}", flush=True)
     if settings.mcp:
         tools = mcp_tools.keep_tools(demo)

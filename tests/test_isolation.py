@@ -3,6 +3,7 @@ a closed tab frees its run, its tuned model and its files; limits end runs and r
 politely."""
 import contextlib
 import gc
+import json
 import re
 import sys
 import threading
@@ -232,3 +233,23 @@ def test_the_first_viewers_at_once_each_get_the_complete_offline_scripts(monkeyp
     for thread in threads:
         thread.join()
     assert got == [set(attention.VENDORED)] * 8
+
+
+@pytest.mark.slow
+def test_an_idle_session_keeps_no_copy_of_what_it_was_sent(tiny_bert_dir):
+    """Gradio copies every value sent into its session table (for deep links, which this page has
+    not): a long sentence's attention views must not stay in memory after the visitor goes idle."""
+    demo, url, _ = serve(Settings(model=str(tiny_bert_dir), device="cpu", port=None))
+    try:
+        short, long = Client(url, verbose=False), Client(url, verbose=False)
+        short.predict(*ATTENTION, api_name="/attention")
+        long_sentence = " ".join(["the cat sat on the mat ."] * 5 + ["[MASK] ."])  # ~60 tokens
+        sent = long.predict(long_sentence, *ATTENTION[1:], api_name="/attention")
+        kept = {client: len(json.dumps(list(demo.state_holder.session_data[client.session_hash].components),
+                                       default=str))
+                for client in (short, long)}
+        sent_size = len(json.dumps(sent, default=str))
+        assert sent_size > 100_000  # what a copy would add: the views of 60 tokens
+        assert abs(kept[long] - kept[short]) < 2_000, "the session kept what it was sent"
+    finally:
+        demo.close()

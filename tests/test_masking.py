@@ -395,22 +395,31 @@ def test_sample_handler_matches_the_service(tiny_bert):
     assert [t for t, _ in strip[::2]] == [r["token"] for r in rows] and "-100" in table
 
 
-def test_article_labelling_run_can_be_stopped_and_holds_one_slot(tiny_bert):
+def test_article_labelling_run_can_be_stopped_and_holds_one_slot(tiny_bert, monkeypatch):
     """The article-labelling comparison runs through bertdemo.runs: Stop ends it within one step."""
+    from bertdemo import experiments
     from bertdemo.ui import masking_tab
 
     visitor = _visitor(tiny_bert)
     assert masking_tab.reserve_consequence(visitor, REPEATED, 0, 60, 1e-2)[0]["is_valid"]
     refused = masking_tab.reserve_consequence(visitor, REPEATED, 0, 60, 1e-2)[0]
     assert not refused["is_valid"] and "already running" in refused["message"]
-    stops = []
+    # Stop as a visitor would during the article's run. Pressed from the handler's progress, it
+    # could land in the collator's run: the handler reads events every 0.5 s, and the tiny
+    # model's 60 steps may all fit in that first half second.
+    real, stops = experiments.labelling_consequence, []
 
-    def progress(done_total, **kwargs):
-        if not stops:
-            stops.append(done_total[0])
-            masking_tab.on_stop(visitor)
+    def stopped_at_first_step(*args, on_step, **kwargs):
+        def step(event):
+            on_step(event)
+            if event.get("kind") == "step" and not stops:
+                stops.append(event["run"])
+                masking_tab.on_stop(visitor)
+        return real(*args, on_step=step, **kwargs)
 
-    _, table, note = masking_tab.on_consequence(visitor, REPEATED, 0, 60, 1e-2, progress=progress)
+    monkeypatch.setattr(experiments, "labelling_consequence", stopped_at_first_step)
+    _, table, note = masking_tab.on_consequence(visitor, REPEATED, 0, 60, 1e-2, progress=lambda *a, **k: None)
+    assert stops == ["article"]
     assert "stopped early: article's labelling: stopped" in note or "did not both train" in note
     assert visitor.store.run_status("s1") is None  # released
     assert masking_tab.reserve_consequence(visitor, REPEATED, 0, 60, 1e-2)[0]["is_valid"]
