@@ -371,6 +371,7 @@ def comparison_bars(result: dict) -> go.Figure:
     fig.update_layout(barmode="group", height=min(120 + 260 * len(masks), 2400),
                       legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right"),
                       margin=dict(l=10, r=10, t=60, b=10))
+    return fig
 
 
 # ---------------------------------------------------------------- classify (issue 12)

@@ -42,6 +42,7 @@ ENDPOINTS = {
     "/fill_jointly": [("text", SENTENCE), ("number", 2)],
     "/score_candidates": [("text", SENTENCE), ("text", "capital, city"), ("number", 1)],
     "/sentence_score": [("text", TEXT)],
+    "/compare_models": [("text", SENTENCE), ("choice", MODEL), ("number", 3)],
     "/attention": [("text", SENTENCE), ("text", ""), ("choice", "head"), ("choices", []),
                    ("choices", []), ("choice", "head"), ("number", 1), ("number", 0), ("flag", False),
                    ("flag", False), ("number", 0), ("number", 1)],

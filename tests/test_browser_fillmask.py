@@ -95,3 +95,22 @@ def test_without_a_model_the_page_says_how_to_fix_and_the_minilm_button_works(pa
     expect(block(page, "Predictions per mask").locator(".barlayer .point")).to_have_count(5)
     expect(page.get_by_text(f"Model: {MINILM_NAME}")).to_be_visible()  # the tab's model line
     screenshot("no_model_minilm_loaded")
+
+
+def test_compare_shows_both_models_tokens_and_refuses_a_missing_tuned_model(page, app_url, tiny_bert,
+                                                                           tiny_bert_dir, screenshot):
+    page.goto(app_url)
+    page.get_by_label("Sentence with [MASK]s").fill(SENTENCE)
+    page.get_by_text("Compare with another model").click()
+    page.get_by_role("button", name="Compare", exact=True).click()  # B: your fine-tuned model
+    expect(page.get_by_text("No fine-tuned model in this session yet").first).to_be_visible()
+    page.get_by_label("Compare with (B)").click()
+    page.get_by_role("option", name=tiny_bert_dir.name).click()
+    page.get_by_role("button", name="Compare", exact=True).click()
+    expect(page.get_by_text(f"A = {tiny_bert_dir.name}, B = {tiny_bert_dir.name}")).to_be_visible()
+    table = page.locator("div.block", has=page.get_by_text("Tokens of either top-k"))
+    for prediction in bertdemo.fill_mask(tiny_bert, SENTENCE, 5)[0]:
+        expect(table.get_by_role("gridcell", name=prediction["token"], exact=True).first).to_be_visible()
+    bars = block(page, "Probability under A and B, per mask").last  # not the accordion around it
+    expect(bars.locator(".barlayer .point")).to_have_count(2 * 5)  # two models, the same five tokens
+    screenshot("fillmask_compare")

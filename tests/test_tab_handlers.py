@@ -86,6 +86,42 @@ def test_picking_a_model_changes_that_session_only(tiny_bert_dir, tiny_bert, tin
         model_picker.on_pick(ann, "/etc")
 
 
+def test_compare_shows_both_models_predictions_as_two_fill_mask_calls_give_them(tiny_bert_dir, tiny_bert,
+                                                                               tiny_distilbert):
+    settings = Settings(model=str(tiny_bert_dir), models=tiny_distilbert.name, device="cpu")
+    visitor = Visitor(SessionStore(tiny_bert), settings, "ann")
+    distil = pathlib.Path(tiny_distilbert.name).name
+    note, bars, table, score_changes = fillmask_tab.on_compare(visitor, SENTENCE, distil, 4)
+    a, b = bertdemo.fill_mask(tiny_bert, SENTENCE, 4)[0], bertdemo.fill_mask(tiny_distilbert, SENTENCE, 4)[0]
+    shown = {row["token"]: row for row in table.to_dict("records")}
+    for p in a:
+        assert shown[p["token"]]["p (A)"] == pytest.approx(p["score"], abs=1e-5)
+    for p in b:
+        assert shown[p["token"]]["p (B)"] == pytest.approx(p["score"], abs=1e-5)
+        assert shown[p["token"]]["change (B - A)"] == pytest.approx(p["score"] - shown[p["token"]]["p (A)"], abs=1e-5)
+    pll_a = bertdemo.sentence_score(tiny_bert, _best_completion(tiny_bert))["pll"]
+    assert f"{pll_a:.2f} (A)" in note and f"**B** = {distil}" in note and "/" not in note.split("*")[4]
+    assert [trace["name"] for trace in bars.data[:2]] == [pathlib.Path(tiny_bert.name).name, distil]
+    assert score_changes is not None  # BERT and DistilBERT share a vocabulary: same cut
+
+
+def _best_completion(lm) -> str:
+    return bertdemo.fill_jointly(lm, SENTENCE, 1)[0]["text"]
+
+
+def test_compare_with_the_tuned_model_sets_it_against_its_base(store, tiny_bert, tiny_distilbert):
+    visitor = Visitor(store, Settings(model=tiny_bert.name, device="cpu"), "s1")
+    with pytest.raises(ValueError, match="No fine-tuned model in this session yet"):
+        fillmask_tab.on_compare(visitor, SENTENCE, fillmask_tab.TUNED_CHOICE, 3)
+    store.put_tuned("s1", tiny_distilbert)  # stands in for a tuned model: any other model will do
+    store.use_tuned("s1")
+    note, _, table, _ = fillmask_tab.on_compare(visitor, SENTENCE, fillmask_tab.TUNED_CHOICE, 3)
+    top_b = bertdemo.fill_mask(tiny_distilbert, SENTENCE, 3)[0][0]
+    assert next(r for r in table.to_dict("records") if r["token"] == top_b["token"])["p (B)"] == \
+        pytest.approx(top_b["score"], abs=1e-5)
+    assert note.startswith(f"**A** = {pathlib.Path(tiny_bert.name).name}, ")
+
+
 def test_the_model_line_tells_each_state_of_the_tuned_model(store, tiny_bert, tiny_distilbert):
     base = tiny_bert.name
     assert model_line(store, "s1", "finetune") == f"The other tabs use **{base}**."

@@ -1,19 +1,23 @@
-"""The fill-mask tab: top-k bars per mask, joint completion, candidate words, sentence score."""
+"""The fill-mask tab: top-k bars per mask, joint completion, candidate words, sentence score, and
+the same sentence through two models side by side."""
 import functools
 
 import gradio as gr
 import pandas as pd
 from gradio.context import get_render_context
 
-from .. import fillmask, plots, validate
+from .. import explain, fillmask, plots, validate
 from ..batching import MicroBatcher
 from ..config import Settings
-from ..models import USER_MASK_RE
+from ..models import USER_MASK_RE, LoadedModel, allowed_choices, display_name
 from .context import AppContext, Visitor, handler
 from .model_line import model_line
+from .model_picker import pick
 
 MAX_BEAM = 5  # the beam slider's top: each step runs beam x masks rows
 JOINT_COLUMNS = ("sentence", "joint log-prob", "fill order")
+TUNED_CHOICE = "Your fine-tuned model"
+COMPARE_COLUMNS = ("mask", "token", "p (A)", "p (B)", "change (B - A)")
 
 EXAMPLES = [  # the seed article's three sentences first
     "Paris is the [MASK] of France.",
@@ -42,6 +46,7 @@ def render(ctx: AppContext) -> None:
         raw = gr.JSON()
     candidates, mask_number, score_btn, candidate_table = _section_candidates()
     pll_btn, pll_summary, pll_plot = _section_sentence_score()
+    other, compare_btn, compare_outputs = _section_compare(settings)
 
     # Predictions get their own concurrency group, wide enough for the micro-batcher to gather a
     # crowd; the rest share the "model" group with the other tabs' model calls.
@@ -56,6 +61,8 @@ def render(ctx: AppContext) -> None:
                     api_name="score_candidates", concurrency_id="model")
     pll_btn.click(handler(ctx, on_sentence_score), text, [pll_summary, pll_plot], api_name="sentence_score",
                   concurrency_id="model")
+    compare_btn.click(handler(ctx, on_compare), [text, other, top_k], compare_outputs,
+                      api_name="compare_models", concurrency_id="model")
     text.change(_word_segments, text, words, api_visibility="private", queue=False)
     words.select(on_word_click, text, text, api_visibility="private")
     tab = get_render_context()
@@ -96,6 +103,24 @@ def _section_sentence_score():
         summary = gr.Markdown()
         plot = gr.Plot(label="Each token's log-probability")
     return button, summary, plot
+
+
+def _section_compare(settings: Settings):
+    with gr.Accordion("Compare with another model", open=False):
+        gr.Markdown("The sentence above through two models: **A**, the model your tabs use (your "
+                    "base model when B is your fine-tuned one), and **B**, chosen here. Per mask, "
+                    "each model's top-k and every token's change in probability; then both "
+                    "sentence scores.")
+        with gr.Row():
+            other = gr.Dropdown([TUNED_CHOICE, *allowed_choices(settings.allowed_models)], value=TUNED_CHOICE,
+                                label="Compare with (B)", scale=3)
+            button = gr.Button("Compare", scale=1)
+        note = gr.Markdown()
+        bars = gr.Plot(label="Probability under A and B, per mask")
+        table = gr.Dataframe(interactive=False, headers=list(COMPARE_COLUMNS),
+                             label="Tokens of either top-k: probability under each model and the change")
+        score_changes = gr.Plot(label="Sentence score: change in each token's log-probability (B - A)")
+    return other, button, [note, bars, table, score_changes]
 
 
 def create_demo(store, settings: Settings) -> gr.Blocks:
@@ -177,6 +202,58 @@ def on_sentence_score(visitor: Visitor, sentence):
     summary = (f"**{sentence}** — PLL = {result['pll']:.2f}, pseudo-perplexity = "
                f"{result['pseudo_perplexity']:.2f} over {len(result['tokens'])} tokens")
     return summary, plots.token_scores(result["tokens"], result["log_probs"], "PLL by token")
+
+
+def on_compare(visitor: Visitor, sentence, other, k):
+    """The sentence through two models side by side: both top-k per [MASK], each token's change in
+    probability, and both sentence scores (pseudo-log-likelihood).
+
+    Args:
+        sentence: text with one or more [MASK] (any case), e.g. "Paris is the [MASK] of France.".
+        other: model B: "Your fine-tuned model" (this session's, compared with its base model) or a model this server offers (compared with the model this session uses).
+        k: predictions per mask and model, a whole number from 1 to the server's top-k limit (50 by default).
+
+    Returns:
+        a line naming A and B with both sentence scores, grouped bars of each token's probability under A and B per mask, a table (mask, token, p under A, p under B, change), and the per-token change in log-probability of the sentence score (None when the two tokenizers cut the sentence differently).
+    """
+    top_k = validate.whole_number(k, "top-k", 1, visitor.settings.max_top_k)
+    lm, other_lm = _compared_models(visitor, other)
+    max_masks = visitor.settings.max_masks
+    predictions = explain.compare_predictions(lm, other_lm, sentence, top_k, max_masks=max_masks)
+    scores = explain.compare_scores(lm, other_lm, sentence, max_masks=max_masks)
+    for result in (predictions, scores):  # a folder by its name only: no server path in the page
+        result["models"] = [display_name(name) for name in result["models"]]
+    rows = [[m["mask"], c["token"], *(_rounded(c[key]) for key in ("a", "b", "change"))]
+            for m in predictions["masks"] for c in m["changes"]]
+    changes = scores["token_changes"]
+    score_plot = (plots.token_scores(scores["a"]["tokens"], changes, "Change in log p(token | rest), B - A")
+                  if changes is not None else None)
+    return (_compare_note(scores), plots.comparison_bars(predictions),
+            pd.DataFrame(rows, columns=list(COMPARE_COLUMNS)), score_plot)
+
+
+def _compared_models(visitor: Visitor, other) -> tuple[LoadedModel, LoadedModel]:
+    """(A, B): the tuned model against its base, or the session's model against a listed one."""
+    if other == TUNED_CHOICE:
+        tuned = visitor.store.tuned(visitor.session)
+        if tuned is None:
+            raise ValueError("No fine-tuned model in this session yet: fine-tune one in the Fine-tune "
+                             "tab, or compare with a model from the list.")
+        return visitor.store.base_for(visitor.session), tuned
+    return visitor.lm, pick(visitor.store, visitor.settings, other)
+
+
+def _compare_note(scores: dict) -> str:
+    a, b = scores["models"]
+    cut = ("" if scores["token_changes"] is not None
+           else " The two tokenizers cut it differently: no per-token change.")
+    return (f"**A** = {a}, **B** = {b}. Sentence score of *{scores['sentence']}*: PLL "
+            f"{scores['a']['pll']:.2f} (A) vs {scores['b']['pll']:.2f} (B), change "
+            f"{scores['change']:+.2f} (higher is more natural to the model).{cut}")
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 6)
 
 
 def on_show(visitor: Visitor) -> str:
