@@ -1,9 +1,19 @@
 """Many viewers: 16 simultaneous fill-mask requests through the running app vs one request.
 
 Goal: all 16 done within 4x the time of one (micro-batching), results identical to one at a time.
-Also runs the same crowd with batching off (--max-batch 1 equivalent) for comparison.
+Two clients, both on this machine, so both take CPU from the server they measure:
+- `gradio_client`: 16 `Client`s in threads, one session each, kept across rounds (~60 ms of the
+  client's own CPU per request: on 2 cores it weighs as much as the server);
+- light: one asyncio loop sending raw HTTP (`/gradio_api/call/fill_mask`), each request a new
+  visitor with a new session, as a crowd arriving from a shared link (~2 ms of client CPU each).
+Each is also run with batching off (`--max-batch 1`), and the CPU seconds of server and client per
+round are printed, so a ratio can be read for what it is.
 Run: python bench/bench_viewers.py
 """
+import asyncio
+import json
+import os
+import resource
 import statistics
 import sys
 import threading
@@ -13,17 +23,19 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import httpx  # noqa: E402
 from gradio_client import Client  # noqa: E402
 
 from common import bert_base_folder, free_port, serve_app  # noqa: E402
 
 CROWD = 16
+ROUNDS = 7
 TEXTS = ["Paris is the [MASK] of France.", "The man went to the [MASK] to buy milk.",
          "She is a [MASK] at the hospital.", "The [MASK] sat on the mat."]
 
 
 def crowd_seconds(clients: list[Client]) -> tuple[float, list]:
-    """Wall time for every client to get its answer, all sent at once."""
+    """Wall time for every gradio_client to get its answer, all sent at once."""
     barrier, results = threading.Barrier(len(clients) + 1), [None] * len(clients)
 
     def ask(i):
@@ -40,32 +52,95 @@ def crowd_seconds(clients: list[Client]) -> tuple[float, list]:
     return time.perf_counter() - start, results
 
 
-def measure(max_batch: int, folder: str, rounds: int = 5) -> tuple[float, float, list]:
-    """Serve the app in its own process (as in production) and time one request vs a crowd."""
+async def ask_light(http: httpx.AsyncClient, url: str, text: str) -> list:
+    """One /fill_mask call over Gradio's HTTP API (a new session): its predictions."""
+    posted = await http.post(f"{url}gradio_api/call/fill_mask", json={"data": [text, 5]})
+    posted.raise_for_status()
+    event = None
+    async with http.stream("GET", f"{url}gradio_api/call/fill_mask/{posted.json()['event_id']}") as stream:
+        lines = stream.aiter_lines()
+        try:
+            async for line in lines:
+                if line.startswith("event:"):
+                    event = line[6:].strip()
+                elif line.startswith("data:") and event == "error":
+                    raise RuntimeError(f"/fill_mask failed: {line[:300]}")
+                elif line.startswith("data:") and event == "complete":
+                    return json.loads(line[5:])[1]
+        finally:
+            await lines.aclose()  # leaving early: close the line reader before the response
+    raise RuntimeError("the stream ended before the result")
+
+
+def light_crowd_seconds(http: httpx.AsyncClient, url: str, n: int) -> tuple[float, list]:
+    async def crowd():
+        start = time.perf_counter()
+        results = await asyncio.gather(*(ask_light(http, url, TEXTS[i % len(TEXTS)]) for i in range(n)))
+        return time.perf_counter() - start, results
+    return asyncio.get_event_loop().run_until_complete(crowd())
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (from /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def timed(pid: int, run_round) -> dict:
+    """Median wall seconds of ROUNDS calls of `run_round`, with CPU seconds per round."""
+    server, client, walls, results = cpu_seconds(pid), own_cpu_seconds(), [], None
+    for _ in range(ROUNDS):
+        seconds, results = run_round()
+        walls.append(seconds)
+    return {"wall": statistics.median(walls), "server_cpu": (cpu_seconds(pid) - server) / ROUNDS,
+            "client_cpu": (own_cpu_seconds() - client) / ROUNDS, "results": results}
+
+
+def measure(max_batch: int, folder: str) -> dict:
+    """Serve the app in its own process (as in production); time one request vs a crowd with
+    each client."""
     port = free_port()
+    url = f"http://127.0.0.1:{port}/"
     with serve_app(["--model", folder, "--device", "cpu", "--port", str(port),
-                    "--max-batch", str(max_batch)]):
-        clients = [Client(f"http://127.0.0.1:{port}/", verbose=False) for _ in range(CROWD)]
+                    "--max-batch", str(max_batch)]) as proc:
+        clients = [Client(url, verbose=False) for _ in range(CROWD)]
         crowd_seconds(clients[:1]), crowd_seconds(clients)  # warm-up
-        one = statistics.median(crowd_seconds(clients[:1])[0] for _ in range(rounds))
-        crowd_times, results = [], None
-        for _ in range(rounds):
-            seconds, results = crowd_seconds(clients)
-            crowd_times.append(seconds)
-        return one, statistics.median(crowd_times), results
+        out = {"gradio_client": (timed(proc.pid, lambda: crowd_seconds(clients[:1])),
+                                 timed(proc.pid, lambda: crowd_seconds(clients)))}
+        asyncio.set_event_loop(asyncio.new_event_loop())
+        limits = httpx.Limits(max_connections=2 * CROWD, max_keepalive_connections=2 * CROWD)
+        http = httpx.AsyncClient(timeout=120, limits=limits)
+        light_crowd_seconds(http, url, 1), light_crowd_seconds(http, url, CROWD)  # warm-up
+        out["light"] = (timed(proc.pid, lambda: light_crowd_seconds(http, url, 1)),
+                        timed(proc.pid, lambda: light_crowd_seconds(http, url, CROWD)))
+        loop = asyncio.get_event_loop()
+        loop.run_until_complete(http.aclose())
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+    return out
+
+
+def line(name: str, one: dict, crowd: dict) -> str:
+    return (f"{name:<28} one {one['wall'] * 1e3:6.1f} ms, {CROWD} at once {crowd['wall'] * 1e3:7.1f} ms, "
+            f"ratio {crowd['wall'] / one['wall']:5.2f}x | CPU per crowd: server {crowd['server_cpu'] * 1e3:4.0f} ms, "
+            f"client {crowd['client_cpu'] * 1e3:4.0f} ms")
 
 
 def main() -> None:
     folder = str(bert_base_folder())
-    one, crowd, batched = measure(16, folder)
-    one_nb, crowd_nb, unbatched = measure(1, folder)
+    batched, unbatched = measure(16, folder), measure(1, folder)
+    print(f"bert-base-sized model, {CROWD} simultaneous /fill_mask requests vs one (goal <= 4x)")
+    for client in ("gradio_client", "light"):
+        print(line(f"{client}, batched:", *batched[client]))
+        print(line(f"{client}, unbatched:", *unbatched[client]))
     same = all([[p["token_id"] for p in r] for r in a] == [[p["token_id"] for p in r] for r in b]
-               for a, b in zip(batched, unbatched))
-    print(f"bert-base-sized model, {CROWD} simultaneous /fill_mask requests through gradio_client")
-    print(f"batched:   one request {one * 1e3:7.1f} ms, {CROWD} at once {crowd * 1e3:7.1f} ms, "
-          f"ratio {crowd / one:5.2f}x (goal <= 4x)")
-    print(f"unbatched: one request {one_nb * 1e3:7.1f} ms, {CROWD} at once {crowd_nb * 1e3:7.1f} ms, "
-          f"ratio {crowd_nb / one_nb:5.2f}x")
+               for client in ("gradio_client", "light")
+               for a, b in zip(batched[client][1]["results"], unbatched[client][1]["results"]))
     print(f"batched results identical to unbatched (top-k token ids): {same}")
 
 

@@ -42,7 +42,7 @@ class Settings:
     classify_max_examples: int = option(2000, "most labelled examples per classifier run (its other "
                                               "caps are the fine-tune's)")
     queue_size: int = option(64, "most requests waiting in the queue")
-    max_sessions: int = option(1000, "sessions whose page state is kept in memory, ~1-4 MB each "
+    max_sessions: int = option(1000, "sessions whose page state is kept in memory, tens of KB each "
                                      "(the oldest are forgotten)")
     download_max_mb: int = option(2048, "megabytes of downloads kept on disk (least recent "
                                         "sessions' deleted first)")

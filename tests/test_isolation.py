@@ -237,8 +237,9 @@ def test_the_first_viewers_at_once_each_get_the_complete_offline_scripts(monkeyp
 
 @pytest.mark.slow
 def test_an_idle_session_keeps_no_copy_of_what_it_was_sent(tiny_bert_dir):
-    """Gradio copies every value sent into its session table (for deep links, which this page has
-    not): a long sentence's attention views must not stay in memory after the visitor goes idle."""
+    """Gradio copies the page's configuration and every value sent into its session table (for
+    deep links, which this page has not): a long sentence's attention views must not stay in
+    memory after the visitor goes idle, and a new visitor costs no copy of the page."""
     demo, url, _ = serve(Settings(model=str(tiny_bert_dir), device="cpu", port=None))
     try:
         short, long = Client(url, verbose=False), Client(url, verbose=False)
@@ -251,5 +252,7 @@ def test_an_idle_session_keeps_no_copy_of_what_it_was_sent(tiny_bert_dir):
         sent_size = len(json.dumps(sent, default=str))
         assert sent_size > 100_000  # what a copy would add: the views of 60 tokens
         assert abs(kept[long] - kept[short]) < 2_000, "the session kept what it was sent"
+        # Nor a configuration of every component (~0.3 MB of JSON for this page, built per visitor).
+        assert max(kept.values()) < 2_000, "the session copied the page's configuration"
     finally:
         demo.close()
