@@ -228,7 +228,8 @@ def on_compare(visitor: Visitor, sentence, other, k):
     changes = scores["token_changes"]
     score_plot = (plots.token_scores(scores["a"]["tokens"], changes, "Change in log p(token | rest), B - A")
                   if changes is not None else None)
-    return (_compare_note(scores), plots.comparison_bars(predictions),
+    blank = any(None in row for row in rows)
+    return (_compare_note(scores, blank), plots.comparison_bars(predictions),
             pd.DataFrame(rows, columns=list(COMPARE_COLUMNS)), score_plot)
 
 
@@ -243,10 +244,11 @@ def _compared_models(visitor: Visitor, other) -> tuple[LoadedModel, LoadedModel]
     return visitor.lm, pick(visitor.store, visitor.settings, other)
 
 
-def _compare_note(scores: dict) -> str:
+def _compare_note(scores: dict, blank: bool) -> str:
     a, b = scores["models"]
     cut = ("" if scores["token_changes"] is not None
            else " The two tokenizers cut it differently: no per-token change.")
+    cut += " A blank cell: that model's vocabulary has no such token." if blank else ""
     return (f"**A** = {a}, **B** = {b}. Sentence score of *{scores['sentence']}*: PLL "
             f"{scores['a']['pll']:.2f} (A) vs {scores['b']['pll']:.2f} (B), change "
             f"{scores['change']:+.2f} (higher is more natural to the model).{cut}")

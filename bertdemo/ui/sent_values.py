@@ -6,7 +6,7 @@ server's Python time under a crowd of new visitors) and, once they had viewed th
 500-token sentence, ~31 MB kept until 10,000 later sessions pushed it out.
 `forget_sent_values(demo)` makes the sessions of a launched app keep neither.
 
-Gradio has no option for this, so it is done here, in one place, on three names of Gradio 6's
+Gradio has no option for this, so it is done here, in one place, on four names of Gradio 6's
 state_holder (`StateHolder.__getitem__`, `SessionState.__init__`, and the two `_update_*config`
 methods); tests/test_isolation.py::test_an_idle_session_keeps_no_copy_of_what_it_was_sent fails
 if they change.
