@@ -21,9 +21,9 @@ class MicroBatcher:
     running becomes the leader, waits `max_wait_s` for company, and runs whatever is pending,
     grouped by model, until nothing is. Requests that arrive while a forward runs go together in
     the next one. A lone request pays `max_wait_s`; while more keep arriving (a crowd, spread
-    over tens of ms by the web server) the leader keeps waiting, up to `max_gather_s`, so the
-    crowd shares one forward instead of one for the first few plus one for the rest.
-    A follower waits at most `timeout_s`."""
+    over tens of ms by the web server) or are still being tokenized, the leader keeps waiting,
+    up to `max_gather_s`, so the crowd shares one forward instead of one for the first few plus
+    one for the rest. A follower waits at most `timeout_s`."""
 
     def __init__(self, max_batch: int = 16, max_wait_s: float = 0.005, timeout_s: float = 120.0,
                  max_gather_s: float = 0.05):
@@ -34,6 +34,7 @@ class MicroBatcher:
         self._pending: list[tuple[LoadedModel, fillmask.Encoded, int, Future]] = []
         self._lock = threading.Lock()
         self._leader_active = False
+        self._arriving = 0  # callers between entering fill_mask and joining `_pending` (tokenizing)
 
     def fill_mask(self, lm: LoadedModel, text: str, top_k: int = 5,
                   max_masks: int = fillmask.DEFAULT_MAX_MASKS) -> list[list[dict]]:
@@ -41,9 +42,17 @@ class MicroBatcher:
 
         Raises TimeoutError if no result came within `timeout_s` (the request is dropped)."""
         top_k = fillmask.check_top_k(top_k, lm)
-        enc = fillmask.encode(lm, text, max_masks=max_masks)  # bad input fails here, alone
+        with self._lock:
+            self._arriving += 1
+        try:
+            enc = fillmask.encode(lm, text, max_masks=max_masks)  # bad input fails here, alone
+        except BaseException:
+            with self._lock:
+                self._arriving -= 1
+            raise
         item = (lm, enc, top_k, Future())
         with self._lock:
+            self._arriving -= 1
             self._pending.append(item)
             lead = not self._leader_active
             self._leader_active = True
@@ -85,16 +94,19 @@ class MicroBatcher:
             raise
 
     def _gather(self) -> None:
-        """Wait `max_wait_s` for company, again and again while requests keep arriving, until
-        the batch is full or `max_gather_s` has passed."""
+        """Wait `max_wait_s` for company, again and again while requests keep arriving or are
+        still tokenizing (under a crowd, 16 threads share the GIL: one can take 20 ms to join),
+        until the batch is full or `max_gather_s` has passed."""
         if not self.max_wait_s:
             return
         deadline, seen = time.monotonic() + self.max_gather_s, 1
         while True:
             time.sleep(self.max_wait_s)
             with self._lock:
-                waiting = len(self._pending)
-            if waiting <= seen or waiting >= self.max_batch or time.monotonic() >= deadline:
+                waiting, arriving = len(self._pending), self._arriving
+            if waiting >= self.max_batch or time.monotonic() >= deadline:
+                return
+            if waiting <= seen and not arriving:
                 return
             seen = waiting
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForMaskedLM, AutoTokenizer, PreTrainedModel
 
-from . import validate
+from . import lean_forward, validate
 
 log = logging.getLogger("bertdemo")
 
@@ -329,15 +329,20 @@ class RowsLinear(torch.nn.Linear):
 
 def mlm_logits(model, inputs: dict, rows: torch.Tensor, cols: torch.Tensor, **forward_kwargs):
     """Logits (N, V) at the N positions (rows[i], cols[i]) of a (B, T) batch, and the forward's
-    output (for `output_attentions=True` or `output_hidden_states=True` in `forward_kwargs`).
+    output (for `output_attentions=True` or `output_hidden_states=True` in `forward_kwargs`;
+    None when the lean forward ran).
 
-    The head runs only at those positions; an unknown architecture gets a full forward, still
-    correct. No grad mode is set here: training calls it too.
+    The head runs only at those positions; without grad, extra outputs or training, BERT-family
+    encoders also skip padding and run their last layer there only (`lean_forward`). An unknown
+    architecture gets a full forward, still correct. No grad mode is set here: training calls it too.
     """
     head = mlm_head(model)
     if head is None:
         out = model(**inputs, **forward_kwargs)
         return out.logits[rows, cols], out
+    hidden = None if forward_kwargs else lean_forward.hidden_at(model, inputs, rows, cols)
+    if hidden is not None:
+        return head(hidden), None
     out = model.base_model(**inputs, **forward_kwargs)
     return head(out.last_hidden_state[rows, cols]), out
 

@@ -35,7 +35,7 @@ def _run_together(batcher, lm, texts, top_k=5):
 
 def test_batched_equals_unbatched_and_uses_fewer_forwards(tiny_bert):
     forwards = []
-    hook = tiny_bert.model.base_model.register_forward_hook(lambda m, i, o: forwards.append(1))
+    hook = tiny_bert.model.base_model.embeddings.register_forward_hook(lambda m, i, o: forwards.append(1))
     try:
         results, errors = _run_together(MicroBatcher(), tiny_bert, TEXTS * 4)
     finally:
@@ -221,3 +221,26 @@ def test_a_lone_request_waits_only_once(tiny_bert):
     start = time.perf_counter()
     batcher.fill_mask(tiny_bert, TEXTS[0])
     assert time.perf_counter() - start < 0.3 + 0.25  # one wait (no one came), not a gather
+
+
+def test_a_crowd_still_tokenizing_joins_the_same_forward(tiny_bert, monkeypatch):
+    """Under a crowd, 16 threads share the GIL and tokenizing one sentence can take tens of ms:
+    the leader waits for callers still tokenizing instead of leaving with the first few (it
+    used to: 2 then 14, or 8 then 8, each forward costing nearly a full one)."""
+    texts = (TEXTS * 2)[:8]
+    references = [bertdemo.fill_mask(tiny_bert, text) for text in texts]
+    batcher, sizes = MicroBatcher(max_wait_s=0.005, max_gather_s=2), []
+    real_run, real_encode = MicroBatcher._run, fillmask.encode
+    monkeypatch.setattr(batcher, "_run", lambda batch: (sizes.append(len(batch)), real_run(batch)))
+    started = threading.Barrier(8)
+
+    def slow_encode(lm, text, **kwargs):
+        started.wait()  # all 8 are tokenizing; the first to finish leads
+        time.sleep(0.01 + 0.01 * TEXTS.index(text))  # 10-50 ms, each longer than the 5 ms wait
+        return real_encode(lm, text, **kwargs)
+
+    monkeypatch.setattr(fillmask, "encode", slow_encode)
+    results, errors = _run_together(batcher, tiny_bert, texts)
+    assert errors == [None] * 8 and sizes == [8]
+    for result, reference in zip(results, references):
+        _assert_same_predictions(result, reference)

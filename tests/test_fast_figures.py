@@ -26,6 +26,12 @@ def test_prediction_bars(n_masks, k):
     assert _json(plots.prediction_bars(preds)) == _json(reference_plots.prediction_bars(preds))
 
 
+@pytest.mark.parametrize("n_masks, k", [(0, 5), (1, 5), (3, 7)])
+def test_prediction_bars_json_is_what_the_figure_sends(n_masks, k):
+    preds = _predictions(n_masks, k)
+    assert json.loads(plots.prediction_bars_json(preds)) == _json(plots.prediction_bars(preds))
+
+
 def test_token_scores():
     tokens, lps = ["the", "cat", "the", "<i>sat</i>"], [-0.5, -3.25, -0.75, -9.0]
     assert _json(plots.token_scores(tokens, lps, "PLL by token")) == \

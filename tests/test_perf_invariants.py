@@ -6,7 +6,8 @@ import torch
 import transformers
 
 import bertdemo
-from bertdemo.models import RowsLinear, mlm_head, mlm_logits
+from bertdemo import fillmask, lean_forward
+from bertdemo.models import RowsLinear, load_minilm, mlm_head, mlm_logits
 
 
 def test_requests_never_load_models_or_tokenizers(client, monkeypatch):
@@ -83,7 +84,7 @@ def test_fast_decoder_keeps_weights_tied_and_state_dict(tiny_bert):
 
 def _count_forwards(lm):
     calls = []
-    return calls, lm.model.base_model.register_forward_hook(lambda m, i, o: calls.append(1))
+    return calls, lm.model.base_model.embeddings.register_forward_hook(lambda m, i, o: calls.append(1))
 
 
 @pytest.mark.parametrize("text, steps", [("the [MASK] of paris is a tower in france .", 1),
@@ -106,3 +107,85 @@ def test_joint_fill_reuses_the_fill_mask_forward(tiny_bert, text, steps):
     assert [r["text"] for r in after] == [r["text"] for r in alone]
     assert [[f["token_id"] for f in r["fills"]] for r in after] == [[f["token_id"] for f in r["fills"]] for r in alone]
     assert [r["log_prob"] for r in after] == pytest.approx([r["log_prob"] for r in alone], abs=1e-5)
+
+
+# ---------------------------------------------------------------- the lean forward (no padding, last layer at masks)
+
+def _padded_batch_with_masks(lm):
+    """Three sentences of different lengths (so two are padded), masks at the start, the middle
+    and the end, two in one sentence; asked in an order that is not the batch's."""
+    mask = lm.mask_token
+    texts = [f"{mask} is the capital of france .", f"the tower is a famous {mask} in the {mask} of paris .",
+             f"a short {mask}"]
+    inputs = lm.tokenizer(texts, return_tensors="pt", padding=True)
+    rows, cols = (inputs["input_ids"] == lm.mask_token_id).nonzero(as_tuple=True)
+    order = torch.tensor([3, 0, 2, 1])
+    return inputs, rows[order], cols[order]
+
+
+@pytest.mark.parametrize("arch", ["tiny_bert", "tiny_roberta", "minilm"])
+def test_lean_forward_equals_the_full_forward_at_the_asked_positions(arch, request):
+    lm = load_minilm("cpu") if arch == "minilm" else request.getfixturevalue(arch)
+    inputs, rows, cols = _padded_batch_with_masks(lm)
+    assert (inputs["attention_mask"] == 0).any()  # padding is really skipped, not absent
+    with torch.inference_mode():
+        full = lm.model.base_model(**inputs).last_hidden_state[rows, cols]
+        lean = lean_forward.hidden_at(lm.model, inputs, rows, cols)
+        one = lean_forward.hidden_at(lm.model, {k: v[1:2] for k, v in inputs.items()},
+                                     torch.zeros(2, dtype=torch.long), cols[rows == 1])
+    torch.testing.assert_close(lean, full, atol=1e-5, rtol=0)
+    torch.testing.assert_close(one, full[rows == 1], atol=1e-5, rtol=0)
+
+
+def test_lean_forward_steps_aside_where_it_would_be_wrong(tiny_bert, tiny_distilbert):
+    inputs, rows, cols = _padded_batch_with_masks(tiny_bert)
+    padding = (inputs["attention_mask"] == 0).nonzero()[0]
+    with torch.inference_mode():
+        assert lean_forward.hidden_at(tiny_distilbert.model, inputs, rows, cols) is None  # not BERT's layers
+        assert lean_forward.hidden_at(tiny_bert.model, inputs, padding[:1], padding[1:]) is None
+    assert lean_forward.hidden_at(tiny_bert.model, inputs, rows, cols) is None  # grad on: training
+    twin = copy.deepcopy(tiny_bert.model).train()
+    with torch.inference_mode():
+        assert lean_forward.hidden_at(twin, inputs, rows, cols) is None  # dropout on
+
+
+def test_a_padded_batch_runs_the_last_feed_forward_at_its_masks_only(tiny_bert, monkeypatch):
+    """What makes the crowd's batched forward cheaper: rows fed to the first and last layers'
+    feed-forward are the real tokens and the masks, not the padded (B x T) grid."""
+    texts = ["paris is the [MASK] of france .", "the [MASK] tower is a famous [MASK] in the city of paris ."]
+    encs = [fillmask.encode(tiny_bert, t) for t in texts]
+    layers = tiny_bert.model.base_model.encoder.layer
+    watched, seen, linear = {layers[0].output.dense: "first", layers[-1].output.dense: "last"}, {}, lean_forward._linear
+
+    def counting(module, x):
+        if module in watched:
+            seen[watched[module]] = x.shape[0]
+        return linear(module, x)
+
+    monkeypatch.setattr(lean_forward, "_linear", counting)
+    fillmask.fill_encoded(tiny_bert, encs, [3, 3])
+    assert seen == {"first": sum(e.input_ids.shape[1] for e in encs), "last": 3}
+
+
+def test_the_packed_linear_follows_a_weight_changed_in_place(tiny_bert):
+    """The oneDNN twin of a layer is rebuilt when its weight changes (a model trained in place
+    must not be served with its old weights)."""
+    model = copy.deepcopy(tiny_bert.model)
+    dense = model.base_model.encoder.layer[0].intermediate.dense
+    x = torch.randn(5, dense.in_features)
+    with torch.inference_mode():
+        torch.testing.assert_close(lean_forward._linear(dense, x), dense(x), atol=1e-5, rtol=0)
+        dense.weight.mul_(2)
+        dense.bias.add_(1)
+        torch.testing.assert_close(lean_forward._linear(dense, x), dense(x), atol=1e-5, rtol=0)
+
+
+def test_gradio_summarises_its_event_log_once_per_hundred_events(tiny_bert_dir):
+    """Gradio rebuilds a pandas summary of up to 10,000 past events after every event (for a
+    monitoring page this app does not open): 2-13 ms of CPU per request. The app asks for it once
+    per 100 events; this fails if Gradio stops reading the setting where the app puts it."""
+    import app
+    from bertdemo.config import Settings
+
+    demo = app.build_demo(Settings(model=str(tiny_bert_dir), device="cpu"))
+    assert demo._queue.ANAYLTICS_CACHE_FREQUENCY == 100

@@ -1,10 +1,12 @@
 """The tabs' handlers called as plain functions, with no server: a Visitor and the values a
 person types, as the page (or an API script) would send them."""
+import json
 import pathlib
 
 import pytest
 
 import bertdemo
+from bertdemo import plots
 from bertdemo.config import Settings
 from bertdemo.sessions import SessionStore
 from bertdemo.ui import about_tab, fillmask_tab, model_picker
@@ -31,9 +33,10 @@ def ids(predictions):
 # --- fill mask ----------------------------------------------------------------------------------
 
 def test_predict_gives_the_services_predictions_bars_and_the_model_line(visitor, tiny_bert):
-    figure, raw, line = fillmask_tab.on_predict(visitor, "The [MASK] sat on the [MASK].", 4)
+    chart, raw, line = fillmask_tab.on_predict(visitor, "The [MASK] sat on the [MASK].", 4)
     assert ids(raw) == ids(bertdemo.fill_mask(tiny_bert, "The [MASK] sat on the [MASK].", top_k=4))
-    assert sum(len(trace.x) for trace in figure.data) == 2 * 4
+    assert chart.type == "plotly"
+    assert json.loads(chart.plot) == json.loads(plots.prediction_bars(raw).to_json())
     assert line == f"Model: **{tiny_bert.name}** on `cpu`"
 
 

@@ -7,6 +7,7 @@ import math
 import re
 
 import gradio as gr
+from gradio.components.plot import PlotData
 
 log = logging.getLogger("bertdemo")
 # Two or more /segments not glued to a word, URL or relative path: a path on the server.
@@ -72,3 +73,9 @@ def _finite_first(preprocess, label: str):
 
 def session_id(request: gr.Request | None) -> str | None:
     return getattr(request, "session_hash", None) if request is not None else None
+
+
+def plotly_chart(figure_json: str) -> PlotData:
+    """A plotly chart already written as JSON (`plots.*_json`) for a `gr.Plot` output: Gradio
+    sends it as it is, where a `go.Figure` would be copied and encoded again per request."""
+    return PlotData(type="plotly", plot=figure_json)

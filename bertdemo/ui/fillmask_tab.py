@@ -10,6 +10,7 @@ from .. import explain, fillmask, plots, validate
 from ..batching import MicroBatcher
 from ..config import Settings
 from ..models import USER_MASK_RE, LoadedModel, allowed_choices, display_name
+from .common import plotly_chart
 from .context import AppContext, Visitor, handler
 from .model_line import model_line
 from .model_picker import pick
@@ -146,7 +147,7 @@ def on_predict(visitor: Visitor, sentence, k):
     top_k = validate.whole_number(k, "top-k", 1, settings.max_top_k)
     predictions = batcher(settings.max_batch).fill_mask(visitor.lm, sentence, top_k,
                                                          max_masks=settings.max_masks)
-    return plots.prediction_bars(predictions), predictions, on_show(visitor)
+    return plotly_chart(plots.prediction_bars_json(predictions)), predictions, on_show(visitor)
 
 
 def on_joint(visitor: Visitor, sentence, beam_size) -> pd.DataFrame:
