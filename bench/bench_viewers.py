@@ -6,8 +6,10 @@ Two clients, both on this machine, so both take CPU from the server they measure
   client's own CPU per request: on 2 cores it weighs as much as the server);
 - light: one asyncio loop sending raw HTTP (`/gradio_api/call/fill_mask`), each request a new
   visitor with a new session, as a crowd arriving from a shared link (~2 ms of client CPU each).
-Each is also run with batching off (`--max-batch 1`), and the CPU seconds of server and client per
-round are printed, so a ratio can be read for what it is.
+The light client also sends 16 different sentences (`DIFFERENT`): with `TEXTS`, four visitors
+ask each sentence, which the server computes once. Each is also run with batching off
+(`--max-batch 1`), and the CPU seconds of server and client per round are printed, so a ratio
+can be read for what it is.
 Run: python bench/bench_viewers.py
 """
 import asyncio
@@ -29,9 +31,16 @@ from gradio_client import Client  # noqa: E402
 from common import bert_base_folder, free_port, serve_app  # noqa: E402
 
 CROWD = 16
-ROUNDS = 7
+ROUNDS = 9
 TEXTS = ["Paris is the [MASK] of France.", "The man went to the [MASK] to buy milk.",
          "She is a [MASK] at the hospital.", "The [MASK] sat on the mat."]
+# A crowd where nobody asks the same (the server computes a repeated sentence once):
+DIFFERENT = TEXTS + ["He drank a cup of [MASK] every morning.", "The [MASK] was closed on Sunday.",
+                     "We took the [MASK] to the airport.", "My sister plays the [MASK] very well.",
+                     "The river flows into the [MASK].", "They watched a [MASK] at the cinema.",
+                     "I left my keys in the [MASK].", "The children played in the [MASK].",
+                     "Rome is the capital of [MASK].", "The doctor gave him some [MASK].",
+                     "It was a cold and [MASK] night.", "The bird built a [MASK] in the tree."]
 
 
 def crowd_seconds(clients: list[Client]) -> tuple[float, list]:
@@ -72,10 +81,10 @@ async def ask_light(http: httpx.AsyncClient, url: str, text: str) -> list:
     raise RuntimeError("the stream ended before the result")
 
 
-def light_crowd_seconds(http: httpx.AsyncClient, url: str, n: int) -> tuple[float, list]:
+def light_crowd_seconds(http: httpx.AsyncClient, url: str, n: int, texts=TEXTS) -> tuple[float, list]:
     async def crowd():
         start = time.perf_counter()
-        results = await asyncio.gather(*(ask_light(http, url, TEXTS[i % len(TEXTS)]) for i in range(n)))
+        results = await asyncio.gather(*(ask_light(http, url, texts[i % len(texts)]) for i in range(n)))
         return time.perf_counter() - start, results
     return asyncio.get_event_loop().run_until_complete(crowd())
 
@@ -91,14 +100,20 @@ def own_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def timed(pid: int, run_round) -> dict:
-    """Median wall seconds of ROUNDS calls of `run_round`, with CPU seconds per round."""
-    server, client, walls, results = cpu_seconds(pid), own_cpu_seconds(), [], None
+def timed(pid: int, rounds: dict) -> dict:
+    """Median wall seconds of ROUNDS calls of each of `rounds` (name -> fn), the names taking
+    turns so that the machine's drift over a minute hits all alike; CPU seconds per call."""
+    stats = {name: {"walls": [], "server_cpu": 0.0, "client_cpu": 0.0} for name in rounds}
     for _ in range(ROUNDS):
-        seconds, results = run_round()
-        walls.append(seconds)
-    return {"wall": statistics.median(walls), "server_cpu": (cpu_seconds(pid) - server) / ROUNDS,
-            "client_cpu": (own_cpu_seconds() - client) / ROUNDS, "results": results}
+        for name, run_round in rounds.items():
+            server, client = cpu_seconds(pid), own_cpu_seconds()
+            seconds, stats[name]["results"] = run_round()
+            stats[name]["server_cpu"] += (cpu_seconds(pid) - server) / ROUNDS
+            stats[name]["client_cpu"] += (own_cpu_seconds() - client) / ROUNDS
+            stats[name]["walls"].append(seconds)
+    for entry in stats.values():
+        entry["wall"] = statistics.median(entry.pop("walls"))
+    return stats
 
 
 def measure(max_batch: int, folder: str) -> dict:
@@ -110,14 +125,18 @@ def measure(max_batch: int, folder: str) -> dict:
                     "--max-batch", str(max_batch)]) as proc:
         clients = [Client(url, verbose=False) for _ in range(CROWD)]
         crowd_seconds(clients[:1]), crowd_seconds(clients)  # warm-up
-        out = {"gradio_client": (timed(proc.pid, lambda: crowd_seconds(clients[:1])),
-                                 timed(proc.pid, lambda: crowd_seconds(clients)))}
+        got = timed(proc.pid, {"one": lambda: crowd_seconds(clients[:1]),
+                               "crowd": lambda: crowd_seconds(clients)})
+        out = {"gradio_client": (got["one"], got["crowd"])}
         asyncio.set_event_loop(asyncio.new_event_loop())
         limits = httpx.Limits(max_connections=2 * CROWD, max_keepalive_connections=2 * CROWD)
         http = httpx.AsyncClient(timeout=120, limits=limits)
-        light_crowd_seconds(http, url, 1), light_crowd_seconds(http, url, CROWD)  # warm-up
-        out["light"] = (timed(proc.pid, lambda: light_crowd_seconds(http, url, 1)),
-                        timed(proc.pid, lambda: light_crowd_seconds(http, url, CROWD)))
+        light_crowd_seconds(http, url, 1), light_crowd_seconds(http, url, CROWD, DIFFERENT)  # warm-up
+        got = timed(proc.pid, {"one": lambda: light_crowd_seconds(http, url, 1),
+                               "crowd": lambda: light_crowd_seconds(http, url, CROWD),
+                               "different": lambda: light_crowd_seconds(http, url, CROWD, DIFFERENT)})
+        out["light"] = (got["one"], got["crowd"])
+        out["light, all different"] = (got["one"], got["different"])
         loop = asyncio.get_event_loop()
         loop.run_until_complete(http.aclose())
         loop.run_until_complete(loop.shutdown_asyncgens())
@@ -126,7 +145,7 @@ def measure(max_batch: int, folder: str) -> dict:
 
 
 def line(name: str, one: dict, crowd: dict) -> str:
-    return (f"{name:<28} one {one['wall'] * 1e3:6.1f} ms, {CROWD} at once {crowd['wall'] * 1e3:7.1f} ms, "
+    return (f"{name:<34} one {one['wall'] * 1e3:6.1f} ms, {CROWD} at once {crowd['wall'] * 1e3:7.1f} ms, "
             f"ratio {crowd['wall'] / one['wall']:5.2f}x | CPU per crowd: server {crowd['server_cpu'] * 1e3:4.0f} ms, "
             f"client {crowd['client_cpu'] * 1e3:4.0f} ms")
 
@@ -135,11 +154,11 @@ def main() -> None:
     folder = str(bert_base_folder())
     batched, unbatched = measure(16, folder), measure(1, folder)
     print(f"bert-base-sized model, {CROWD} simultaneous /fill_mask requests vs one (goal <= 4x)")
-    for client in ("gradio_client", "light"):
+    for client in ("gradio_client", "light", "light, all different"):
         print(line(f"{client}, batched:", *batched[client]))
         print(line(f"{client}, unbatched:", *unbatched[client]))
     same = all([[p["token_id"] for p in r] for r in a] == [[p["token_id"] for p in r] for r in b]
-               for client in ("gradio_client", "light")
+               for client in ("gradio_client", "light", "light, all different")
                for a, b in zip(batched[client][1]["results"], unbatched[client][1]["results"]))
     print(f"batched results identical to unbatched (top-k token ids): {same}")
 

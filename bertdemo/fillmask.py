@@ -76,20 +76,34 @@ def fill_mask(lm: LoadedModel, text: str, top_k: int = 5,
 
 
 def fill_encoded(lm: LoadedModel, encs: list[Encoded], top_ks: list[int]) -> list[list[list[dict]]]:
-    """`fill_mask` for several already-validated sentences in one padded forward (B, T_max)."""
-    inputs = pad_inputs(lm, [e.inputs for e in encs])
-    rows = torch.tensor([b for b, e in enumerate(encs) for _ in e.mask_positions], device=lm.device)
-    cols = torch.tensor([p for e in encs for p in e.mask_positions], device=lm.device)
-    logits = logits_at(lm, inputs, rows, cols)  # (sum of masks, V)
+    """`fill_mask` for several already-validated sentences in one padded forward (B, T_max).
+    A sentence asked for several times (a crowd pressing Predict on the page's example) is
+    computed once: B counts distinct sentences."""
+    distinct, which = _distinct(encs)  # encs[i] is distinct[which[i]]
+    inputs = pad_inputs(lm, [e.inputs for e in distinct])
+    rows = torch.tensor([b for b, e in enumerate(distinct) for _ in e.mask_positions], device=lm.device)
+    cols = torch.tensor([p for e in distinct for p in e.mask_positions], device=lm.device)
+    logits = logits_at(lm, inputs, rows, cols)  # (masks of the distinct sentences, V)
     probs = logits.softmax(-1)
-    _remember_first_steps(lm, encs, logits.log_softmax(-1))
-    results, start = [], 0
-    for enc, k in zip(encs, top_ks):
-        scores, ids = probs[start:start + len(enc.mask_positions)].topk(k, dim=-1)
-        start += len(enc.mask_positions)
+    _remember_first_steps(lm, distinct, logits.log_softmax(-1))
+    starts = [0]
+    for enc in distinct:
+        starts.append(starts[-1] + len(enc.mask_positions))
+    results = []
+    for d, k in zip(which, top_ks):
+        scores, ids = probs[starts[d]:starts[d + 1]].topk(k, dim=-1)
         results.append([[prediction(lm, i, s) for i, s in zip(row_ids.tolist(), row_scores.tolist())]
                         for row_ids, row_scores in zip(ids, scores)])
     return results
+
+
+def _distinct(encs: list[Encoded]) -> tuple[list[Encoded], list[int]]:
+    """The distinct sentences among `encs` (by token ids: what the forward sees), in order of
+    first appearance, and for each of `encs` the index of its sentence among them."""
+    index: dict[tuple, int] = {}
+    which = [index.setdefault(tuple(e.input_ids[0].tolist()), len(index)) for e in encs]
+    firsts = {d: i for i, d in reversed(list(enumerate(which)))}
+    return [encs[firsts[d]] for d in range(len(index))], which
 
 
 def pad_inputs(lm: LoadedModel, items: list[dict]) -> dict:

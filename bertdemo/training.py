@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 from transformers import DataCollatorForLanguageModeling
 
-from . import lean_forward, validate
+from . import validate
 from .fillmask import fill_mask, mask_word, split_words
 from .models import LoadedModel, mlm_logits
 
@@ -382,7 +382,6 @@ def finetune(lm: LoadedModel, texts: str | list[str], *, steps: int | None = Non
         trainer.run(history, on_step or (lambda event: None), should_stop, limits.max_seconds,
                     eval_every if eval_every is not None else max(1, steps // 10))
     model.eval().requires_grad_(False)
-    lean_forward.forget(model)  # oneDNN twins built by evaluations during training are stale
     return LoadedModel(f"{lm.name} (fine-tuned)", lm.tokenizer, model, lm.device), history
 
 
@@ -418,7 +417,6 @@ class _Trainer:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.params, 1.0)
         self.optimizer.step()
-        lean_forward.forget(self.model)  # fused AdamW changed weights without a version bump
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return loss.item()  # also waits for the GPU, so the step time is honest

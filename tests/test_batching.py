@@ -50,6 +50,28 @@ def test_batched_equals_unbatched_and_uses_fewer_forwards(tiny_bert):
             assert [p["score"] for p in row] == pytest.approx([p["score"] for p in ref], abs=1e-5)
 
 
+def test_a_sentence_asked_by_many_is_computed_once_and_each_gets_its_own_top_k(tiny_bert):
+    """A crowd on a shared link presses Predict on the same example: one row of the forward per
+    distinct sentence, and every caller still gets exactly what it would get alone."""
+    texts = [TEXTS[0], TEXTS[1], TEXTS[0], TEXTS[0].upper(), TEXTS[1]]  # case folds: same tokens
+    top_ks = [5, 2, 3, 7, 2]
+    encs = [fillmask.encode(tiny_bert, t) for t in texts]
+    rows_seen = []
+    hook = tiny_bert.model.base_model.embeddings.register_forward_hook(
+        lambda m, args, kwargs, out: rows_seen.append(kwargs["input_ids"].shape[0]), with_kwargs=True)
+    try:
+        results = fillmask.fill_encoded(tiny_bert, encs, top_ks)
+    finally:
+        hook.remove()
+    assert rows_seen == [2]
+    for text, k, result in zip(texts, top_ks, results):
+        alone = bertdemo.fill_mask(tiny_bert, text, k)
+        assert [[p["token_id"] for p in row] for row in result] == \
+               [[p["token_id"] for p in row] for row in alone]
+        for row, ref in zip(result, alone):
+            assert [p["score"] for p in row] == pytest.approx([p["score"] for p in ref], abs=1e-5)
+
+
 def test_bad_input_fails_only_its_own_request(tiny_bert):
     texts = ["Paris is the [MASK].", "no mask at all", "", "The [MASK] tower."]
     results, errors = _run_together(MicroBatcher(), tiny_bert, texts)

@@ -168,7 +168,7 @@ def test_a_padded_batch_runs_the_last_feed_forward_at_its_masks_only(tiny_bert, 
 
 
 def test_the_packed_linear_follows_a_weight_changed_in_place(tiny_bert):
-    """The oneDNN twin of a layer is rebuilt when its weight changes (a model trained in place
+    """The oneDNN-packed weight of a layer is packed again when its weight changes (a model trained in place
     must not be served with its old weights)."""
     model = copy.deepcopy(tiny_bert.model)
     dense = model.base_model.encoder.layer[0].intermediate.dense
@@ -178,6 +178,25 @@ def test_the_packed_linear_follows_a_weight_changed_in_place(tiny_bert):
         dense.weight.mul_(2)
         dense.bias.add_(1)
         torch.testing.assert_close(lean_forward._linear(dense, x), dense(x), atol=1e-5, rtol=0)
+
+
+def test_a_model_evaluated_while_trained_in_place_is_served_with_its_new_weights(tiny_bert):
+    """Evaluations during fine-tuning take the lean path too; torch's fused AdamW then writes the
+    weights without bumping their version, so a oneDNN-packed copy made by such an evaluation would
+    serve the old weights once the model is frozen and served."""
+    model = copy.deepcopy(tiny_bert.model).requires_grad_(True)
+    inputs, rows, cols = _padded_batch_with_masks(tiny_bert)
+    with torch.no_grad():
+        lean_forward.hidden_at(model, inputs, rows, cols)  # the trainer's evaluation
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.5, fused=True)
+    model.train()
+    model(**inputs).logits.square().mean().backward()
+    optimizer.step()
+    model.eval().requires_grad_(False)  # as `training.finetune` hands the tuned model over
+    with torch.inference_mode():
+        full = model.base_model(**inputs).last_hidden_state[rows, cols]
+        lean = lean_forward.hidden_at(model, inputs, rows, cols)
+    torch.testing.assert_close(lean, full, atol=1e-5, rtol=0)
 
 
 def test_gradio_summarises_its_event_log_once_per_hundred_events(tiny_bert_dir):
