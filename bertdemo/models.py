@@ -320,6 +320,8 @@ class RowsLinear(torch.nn.Linear):
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if lean_forward.packable(self, x):  # served: the weight packed for oneDNN, faster still
+            return lean_forward.packed_linear(self, x)
         if x.dim() != 2 or x.device.type != "cpu":
             return super().forward(x)
         if self.bias is None:
