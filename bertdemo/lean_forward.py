@@ -13,10 +13,9 @@ Only for the architectures whose layers are BERT's (`SUPPORTED`), in eval mode w
 """
 from __future__ import annotations
 
-import weakref
-
 import torch
 import torch.nn.functional as F
+from torch.utils.weak import WeakIdKeyDictionary
 
 # model_type -> these copy BertLayer exactly (attention.self.query/key/value, attention.output,
 # intermediate, output) and embed with positions from `embeddings(input_ids, token_type_ids)`.
@@ -145,8 +144,8 @@ def _feed_forward(layer, mixed: torch.Tensor, residual: torch.Tensor) -> torch.T
     return layer.output.LayerNorm(_linear(layer.output.dense, inner) + attended)
 
 
-# nn.Linear -> ((weight version, address), its weight packed for oneDNN); an entry goes with its module.
-_packed: "weakref.WeakKeyDictionary[torch.nn.Linear, tuple]" = weakref.WeakKeyDictionary()
+# weight -> ((version, address), the weight packed for oneDNN); an entry goes with its weight.
+_packed: "WeakIdKeyDictionary[torch.Tensor, tuple]" = WeakIdKeyDictionary()
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
@@ -154,7 +153,7 @@ def _linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """`module(x)` for x (N, in) -> (N, out), through `packed_linear` where it applies."""
     if packable(module, x):
         return packed_linear(module, x)
-    _packed.pop(module, None)
+    _packed.pop(module.weight, None)
     return module(x)
 
 
@@ -184,12 +183,14 @@ def _trainable(module: torch.nn.Linear) -> bool:
 
 def _packed_weight(module: torch.nn.Linear) -> torch.Tensor:
     """`module`'s weight in oneDNN's blocked layout, packed again if the weight was changed in
-    place or replaced since (`load_state_dict`, `mul_`: both bump the version)."""
+    place or replaced since (`load_state_dict`, `mul_`: both bump the version). Kept per weight
+    tensor, so modules sharing one (the attention tab's eager twin, a decoder tied to the word
+    embeddings) share one packed copy."""
     weight = module.weight
-    stamp = (weight._version, weight.data_ptr(), None if module.bias is None else module.bias._version)
-    entry = _packed.get(module)
+    stamp = (weight._version, weight.data_ptr())
+    entry = _packed.get(weight)
     if entry is None or entry[0] != stamp:
         # 16: the row count oneDNN picks its layout for (a crowd's masks); any count works
         entry = (stamp, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 16))
-        _packed[module] = entry
+        _packed[weight] = entry
     return entry[1]

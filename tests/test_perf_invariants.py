@@ -1,5 +1,6 @@
 """Cheap guards for the speed levers the benchmarks rely on (bench/ measures the speed itself)."""
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -197,6 +198,17 @@ def test_a_model_evaluated_while_trained_in_place_is_served_with_its_new_weights
         full = model.base_model(**inputs).last_hidden_state[rows, cols]
         lean = lean_forward.hidden_at(model, inputs, rows, cols)
     torch.testing.assert_close(lean, full, atol=1e-5, rtol=0)
+
+
+def test_attention_with_masks_adds_no_second_packed_decoder(tiny_bert):
+    """The attention tab's eager twin shares the model's weights, so its LM head reads the same
+    packed decoder: a model used in both tabs holds one packed copy (94 MB for bert-base)."""
+    from bertdemo.attention_views import attention
+    lm = dataclasses.replace(tiny_bert, model=copy.deepcopy(tiny_bert.model))  # weights of its own
+    fillmask.fill_mask(lm, "Paris is the [MASK] of France.")  # packs them, decoder included
+    packed = len(lean_forward._packed)
+    attention(lm, "Paris is the [MASK] of France.")
+    assert len(lean_forward._packed) == packed
 
 
 def test_gradio_summarises_its_event_log_once_per_hundred_events(tiny_bert_dir):
