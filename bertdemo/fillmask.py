@@ -101,9 +101,14 @@ def _distinct(encs: list[Encoded]) -> tuple[list[Encoded], list[int]]:
     """The distinct sentences among `encs` (by token ids: what the forward sees), in order of
     first appearance, and for each of `encs` the index of its sentence among them."""
     index: dict[tuple, int] = {}
-    which = [index.setdefault(tuple(e.input_ids[0].tolist()), len(index)) for e in encs]
-    firsts = {d: i for i, d in reversed(list(enumerate(which)))}
-    return [encs[firsts[d]] for d in range(len(index))], which
+    distinct, which = [], []
+    for enc in encs:
+        key = tuple(enc.input_ids[0].tolist())
+        if key not in index:
+            index[key] = len(distinct)
+            distinct.append(enc)
+        which.append(index[key])
+    return distinct, which
 
 
 def pad_inputs(lm: LoadedModel, items: list[dict]) -> dict:

@@ -4,8 +4,8 @@ Fill-mask reads the last layer at its masks only, and a batch of sentences is pa
 longest. So here every layer runs its linear layers on the real tokens only (no padding rows),
 and the last layer runs its attention output and feed-forward at the asked positions only (its
 keys and values still come from every token). On a CPU in float32 the linear layers go through
-oneDNN with their weights converted once when frozen (`_linear`). Same modules, same weights, same results
-as `model.base_model(**inputs).last_hidden_state[rows, cols]` up to float rounding (~1e-6).
+oneDNN with frozen weights packed once (`_linear`). Same modules, same weights, same results as
+`model.base_model(**inputs).last_hidden_state[rows, cols]` up to float rounding (~1e-6).
 Written by hand because transformers runs every layer at every position, padding included
 (its padding-free path needs flash-attention on a GPU).
 Only for the architectures whose layers are BERT's (`SUPPORTED`), in eval mode without grad;
