@@ -6,6 +6,7 @@ most of a forward pass at short lengths.
 """
 from __future__ import annotations
 
+import functools
 import math
 import re
 import threading
@@ -32,6 +33,11 @@ class Encoded:
     @property
     def input_ids(self) -> torch.Tensor:
         return self.inputs["input_ids"]
+
+    @functools.cached_property
+    def key(self) -> tuple[int, ...]:
+        """The token ids as a tuple: the sentence as the model sees it (equal keys, equal results)."""
+        return tuple(self.input_ids[0].tolist())
 
 
 def check_text(text: str) -> str:
@@ -103,11 +109,10 @@ def _distinct(encs: list[Encoded]) -> tuple[list[Encoded], list[int]]:
     index: dict[tuple, int] = {}
     distinct, which = [], []
     for enc in encs:
-        key = tuple(enc.input_ids[0].tolist())
-        if key not in index:
-            index[key] = len(distinct)
+        if enc.key not in index:
+            index[enc.key] = len(distinct)
             distinct.append(enc)
-        which.append(index[key])
+        which.append(index[enc.key])
     return distinct, which
 
 
@@ -205,8 +210,8 @@ def _remember_first_steps(lm: LoadedModel, encs: list[Encoded], log_probs: torch
         kept = _first_steps.setdefault(lm.model, OrderedDict())
         for enc in encs:
             n = len(enc.mask_positions)
-            kept[tuple(enc.input_ids[0].tolist())] = (top.values[start:start + n], top.indices[start:start + n])
-            kept.move_to_end(tuple(enc.input_ids[0].tolist()))
+            kept[enc.key] = (top.values[start:start + n], top.indices[start:start + n])
+            kept.move_to_end(enc.key)
             start += n
         while len(kept) > _FIRST_STEPS_KEPT:
             kept.popitem(last=False)
@@ -214,7 +219,7 @@ def _remember_first_steps(lm: LoadedModel, encs: list[Encoded], log_probs: torch
 
 def _first_step(lm: LoadedModel, enc: Encoded):
     with _first_steps_lock:
-        return _first_steps.get(lm.model, {}).get(tuple(enc.input_ids[0].tolist()))
+        return _first_steps.get(lm.model, {}).get(enc.key)
 
 
 def _best_unique(candidates, beam_size: int):
