@@ -13,7 +13,7 @@ import tempfile
 import gradio as gr
 
 from bertdemo.config import Settings, parse_auth
-from bertdemo.models import load_allowed
+from bertdemo.engine import Engine
 from bertdemo.sessions import SessionStore
 from bertdemo.ui import (about_tab, attention_tab, classify_tab, explain_tab, fillmask_tab, finetune_tab,
                          masking_tab, mcp_tools, model_picker, no_model_banner, sent_values)
@@ -30,14 +30,14 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     return Settings.from_flags(argv)
 
 
-def load_store(settings: Settings) -> SessionStore:
+def load_store(settings: Settings, engine: Engine) -> SessionStore:
     """Load the base model; if that fails the app still starts and says why in the page (where a
     folder is named by its own name only: the log has the full path)."""
     limits = dict(max_tuned=settings.finetune_max_models,
                   max_download_bytes=settings.download_max_mb * 2**20)
     try:
-        base = load_allowed(settings.model, settings.allowed_models, settings.device,
-                            allow_pickle=settings.allow_pickle, dtype=settings.dtype)
+        base = engine.load_allowed(settings.model, settings.allowed_models, settings.device,
+                                   allow_pickle=settings.allow_pickle, dtype=settings.dtype)
     except ValueError as err:
         log.error("%s", err)
         return SessionStore(None, load_error=hide_paths(str(err) + no_model_banner.how_to_fix(settings)),
@@ -45,9 +45,12 @@ def load_store(settings: Settings) -> SessionStore:
     return SessionStore(base, **limits)
 
 
-def build_demo(settings: Settings, store: SessionStore | None = None) -> gr.Blocks:
-    """Compose the tabs into one Blocks app called `demo`."""
-    ctx = AppContext(store or load_store(settings), settings)
+def build_demo(settings: Settings, store: SessionStore | None = None,
+               engine: Engine | None = None) -> gr.Blocks:
+    """Compose the tabs into one Blocks app called `demo`. The engine holds every model served and
+    what their requests share; `store`, what each visitor holds (both made here when not given)."""
+    engine = engine or Engine(max_batch=settings.max_batch)
+    ctx = AppContext(store or load_store(settings, engine), settings, engine)
     age = settings.download_max_age  # Gradio's copies of downloads: checked every minute or so
     with gr.Blocks(title="bertdemo: BERT masked-language modelling",
                    delete_cache=(max(1, min(60, age)), age)) as demo:

@@ -1,17 +1,17 @@
 """Attention weights: one forward pass, the views people read (head, means, rollout, words), bertviz HTML.
 
 The shared model runs with sdpa, which returns no weights. `eager_twin` gives an eager-attention
-twin that shares every parameter tensor with it, so there is one copy of the weights for both.
+twin that shares every parameter tensor with it, so there is one copy of the weights for both
+(made once per model, kept in the model's `caches`).
 """
 from __future__ import annotations
 
 import base64
 import copy
+import functools
 import html
 import json
 import re
-import threading
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -85,27 +85,24 @@ class Attention:
 
 # ---------------------------------------------------------------- the forward pass
 
-_twins: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-_twins_lock = threading.Lock()
-
-
-def eager_twin(model: torch.nn.Module) -> torch.nn.Module:
-    """`model` with eager attention, sharing all parameter and buffer tensors (no second weights copy).
+def eager_twin(lm: LoadedModel) -> torch.nn.Module:
+    """`lm.model` with eager attention, sharing all parameter and buffer tensors (no second copy
+    of the weights); made once per model (`lm.caches`).
 
     Why a twin: attention modules read `config._attn_implementation` on every call and all of them
     share one config, so switching the shared model to eager would race with other users' requests.
-    The twin has its own module tree and config over the same tensors; made once per model.
+    The twin has its own module tree and config over the same tensors.
     """
-    if getattr(model.config, "_attn_implementation", None) == "eager":
-        return model
-    with _twins_lock:
-        twin = _twins.get(model)
-        if twin is None:
-            shared = {id(t): t for t in (*model.parameters(), *model.buffers())}
-            twin = copy.deepcopy(model, memo=shared)
-            twin.set_attn_implementation("eager")
-            _twins[model] = twin
-        return twin
+    if getattr(lm.model.config, "_attn_implementation", None) == "eager":
+        return lm.model
+    return lm.caches.twin(lm.model, _make_eager_twin)
+
+
+def _make_eager_twin(model: torch.nn.Module) -> torch.nn.Module:
+    shared = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    twin = copy.deepcopy(model, memo=shared)
+    twin.set_attn_implementation("eager")
+    return twin
 
 
 @torch.inference_mode()
@@ -116,10 +113,10 @@ def attention(lm: LoadedModel, text: str, text_b: str | None = None, top_k: int 
     also gives the top-k predictions at each mask. Raises ValueError for empty or over-long text.
     """
     inputs, meta = _encode(lm, text, text_b)
-    model = eager_twin(lm.model)
     positions = meta.pop("mask_positions")
     cols = torch.tensor(positions, dtype=torch.long, device=lm.device)
-    logits, out = mlm_logits(model, inputs, torch.zeros_like(cols), cols, output_attentions=True)
+    logits, out = mlm_logits(eager_twin(lm), inputs, torch.zeros_like(cols), cols,
+                             packed=lm.caches.packed, output_attentions=True)
     if not out.attentions:
         raise ValueError(f"{lm.name} returns no attention weights, so there is nothing to show.")
     weights = torch.cat(out.attentions).float().cpu().numpy()  # (L, H, T, T)
@@ -395,15 +392,11 @@ def standalone(document: str, script_urls: dict[str, str]) -> str:
     return document
 
 
+@functools.cache  # the files are part of the installed app: read them once
 def data_urls() -> dict[str, str]:
-    """The vendored scripts as data: URLs, for a standalone file (cached after the first call)."""
-    if len(_data_urls) < len(VENDORED):  # filled in one step: concurrent first callers never see a part
-        _data_urls.update({name: "data:text/javascript;base64," + base64.b64encode(path.read_bytes()).decode()
-                           for name, path in VENDORED.items()})
-    return _data_urls
-
-
-_data_urls: dict[str, str] = {}
+    """The vendored scripts as data: URLs, for a standalone file. Do not modify the result."""
+    return {name: "data:text/javascript;base64," + base64.b64encode(path.read_bytes()).decode()
+            for name, path in VENDORED.items()}
 
 
 def script_urls(file_route: str) -> dict[str, str]:

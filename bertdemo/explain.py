@@ -69,7 +69,7 @@ def _top_k(lm: LoadedModel, ids: torch.Tensor, scores: torch.Tensor) -> list[dic
 
 
 def _require_head(lm: LoadedModel):
-    head = mlm_head(lm.model)
+    head = mlm_head(lm.model, lm.caches.packed)
     if head is None:
         raise ValueError(f"{lm.name} does not expose its MLM head, so it cannot be applied to each "
                          "layer: choose a BERT, DistilBERT or RoBERTa-style model.")
@@ -139,7 +139,7 @@ def _attribute(score, inputs, baseline, token_id: int, method: str, steps: int) 
 
 def _mask_log_probs(lm: LoadedModel, position: int):
     """f(embeddings (B, T, H)) -> log-probabilities (B, V) at `position`, the head only there."""
-    head = mlm_head(lm.model)
+    head = mlm_head(lm.model, lm.caches.packed)
 
     def score(embeds: torch.Tensor) -> torch.Tensor:
         if head is None:  # an unknown architecture: its full output, still correct

@@ -9,9 +9,6 @@ from __future__ import annotations
 import functools
 import math
 import re
-import threading
-import weakref
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -67,7 +64,7 @@ def encode(lm: LoadedModel, text: str, *, min_masks: int = 1,
 @torch.inference_mode()
 def logits_at(lm: LoadedModel, inputs: dict, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
     """Float32 logits (N, V) at the N positions (rows[i], cols[i]) of a (B, T) batch."""
-    return mlm_logits(lm.model, inputs, rows, cols)[0].float()
+    return mlm_logits(lm.model, inputs, rows, cols, packed=lm.caches.packed)[0].float()
 
 
 def fill_mask(lm: LoadedModel, text: str, top_k: int = 5,
@@ -196,30 +193,20 @@ def _beam_tops(lm, enc: Encoded, beams, open_cols, beam_size: int) -> list[tuple
     return tops
 
 
-# The first step of a joint fill, as fill_encoded saw it: per model, the last few sentences'
-# top log-probs at their masks. Weak keys: a model that is freed takes its entries with it.
-_first_steps: "weakref.WeakKeyDictionary[torch.nn.Module, OrderedDict]" = weakref.WeakKeyDictionary()
-_first_steps_lock = threading.Lock()
-_FIRST_STEPS_KEPT = 256  # sentences per model; each entry is 2 x masks x MAX_BEAM_SIZE numbers
-
-
 def _remember_first_steps(lm: LoadedModel, encs: list[Encoded], log_probs: torch.Tensor) -> None:
+    """Keep, per sentence, the top log-probs and ids at its masks ((masks, MAX_BEAM_SIZE) each):
+    the first step of its joint fill (`lm.caches`, the model's recent results)."""
     top = log_probs.topk(min(MAX_BEAM_SIZE, log_probs.shape[-1]), dim=-1)  # (sum of masks, k)
     start = 0
-    with _first_steps_lock:
-        kept = _first_steps.setdefault(lm.model, OrderedDict())
-        for enc in encs:
-            n = len(enc.mask_positions)
-            kept[enc.key] = (top.values[start:start + n], top.indices[start:start + n])
-            kept.move_to_end(enc.key)
-            start += n
-        while len(kept) > _FIRST_STEPS_KEPT:
-            kept.popitem(last=False)
+    for enc in encs:
+        n = len(enc.mask_positions)
+        lm.caches.remember(lm.model, ("first step", enc.key), (top.values[start:start + n],
+                                                               top.indices[start:start + n]))
+        start += n
 
 
 def _first_step(lm: LoadedModel, enc: Encoded):
-    with _first_steps_lock:
-        return _first_steps.get(lm.model, {}).get(enc.key)
+    return lm.caches.recall(lm.model, ("first step", enc.key))
 
 
 def _best_unique(candidates, beam_size: int):

@@ -7,11 +7,15 @@ keys and values still come from every token). On a CPU in float32 the linear lay
 oneDNN with frozen weights packed once (`_linear`). Same modules, same weights, same results as
 `model.base_model(**inputs).last_hidden_state[rows, cols]` up to float rounding (~1e-6).
 Written by hand because transformers runs every layer at every position, padding included
-(its padding-free path needs flash-attention on a GPU).
+(its padding-free path needs flash-attention on a GPU). The packed weights live in a
+`PackedWeights` the caller passes (an engine's, shared by the models it serves): none is kept here.
 Only for the architectures whose layers are BERT's (`SUPPORTED`), in eval mode without grad;
 `hidden_at` returns None for anything else and the caller takes the usual forward.
 """
 from __future__ import annotations
+
+import functools
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -32,11 +36,14 @@ def supports(model) -> bool:
             and config._attn_implementation in ("eager", "sdpa"))
 
 
-def hidden_at(model, inputs: dict, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor | None:
+def hidden_at(model, inputs: dict, rows: torch.Tensor, cols: torch.Tensor,
+              packed: "PackedWeights | None" = None) -> torch.Tensor | None:
     """Last hidden states (N, H) at the N positions (rows[i], cols[i]) of a (B, T) batch, or None
-    when `model` is not `supports`-ed or a position asked for is padding."""
+    when `model` is not `supports`-ed or a position asked for is padding. Linear layers read their
+    weights from `packed` where it applies (`linear`); None: plain `module(x)`."""
     if not supports(model):
         return None
+    kernel = functools.partial(linear, packed=packed)
     base = model.base_model
     ids = inputs["input_ids"]
     batch, length = ids.shape
@@ -47,8 +54,8 @@ def hidden_at(model, inputs: dict, rows: torch.Tensor, cols: torch.Tensor) -> to
     hidden = tokens.real(hidden.reshape(batch * length, -1))  # (real tokens, H)
     layers = base.encoder.layer
     for layer in layers[:-1]:
-        hidden = _layer(layer, hidden, tokens)
-    return _last_layer(layers[-1], hidden, tokens, rows, cols)
+        hidden = _layer(layer, hidden, tokens, kernel)
+    return _last_layer(layers[-1], hidden, tokens, rows, cols, kernel)
 
 
 class _Tokens:
@@ -94,36 +101,41 @@ def _merge_heads(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(1, 2).reshape(x.shape[0], x.shape[2], -1)
 
 
-def _keys_values(attention, hidden: torch.Tensor, tokens: _Tokens) -> tuple[torch.Tensor, torch.Tensor]:
+Linear = Callable[[torch.nn.Linear, torch.Tensor], torch.Tensor]  # (module, x (N, in)) -> (N, out)
+
+
+def _keys_values(attention, hidden: torch.Tensor, tokens: _Tokens,
+                 linear: Linear) -> tuple[torch.Tensor, torch.Tensor]:
     """Keys and values (B, heads, T, d) from the real tokens' hidden states (real tokens, H)."""
     n = attention.num_attention_heads
-    return (_heads(tokens.padded(_linear(attention.key, hidden)), n),
-            _heads(tokens.padded(_linear(attention.value, hidden)), n))
+    return (_heads(tokens.padded(linear(attention.key, hidden)), n),
+            _heads(tokens.padded(linear(attention.value, hidden)), n))
 
 
-def _layer(layer, hidden: torch.Tensor, tokens: _Tokens) -> torch.Tensor:
+def _layer(layer, hidden: torch.Tensor, tokens: _Tokens, linear: Linear) -> torch.Tensor:
     """One BertLayer on the real tokens (real tokens, H) -> (real tokens, H)."""
     attention = layer.attention.self
-    keys, values = _keys_values(attention, hidden, tokens)
-    queries = _heads(tokens.padded(_linear(attention.query, hidden)), attention.num_attention_heads)
+    keys, values = _keys_values(attention, hidden, tokens, linear)
+    queries = _heads(tokens.padded(linear(attention.query, hidden)), attention.num_attention_heads)
     mixed = F.scaled_dot_product_attention(queries, keys, values, attn_mask=tokens.key_mask,
                                            scale=attention.scaling)
-    return _feed_forward(layer, tokens.real(_merge_heads(mixed).reshape(-1, hidden.shape[-1])), hidden)
+    mixed = tokens.real(_merge_heads(mixed).reshape(-1, hidden.shape[-1]))
+    return _feed_forward(layer, mixed, hidden, linear)
 
 
 def _last_layer(layer, hidden: torch.Tensor, tokens: _Tokens, rows: torch.Tensor,
-                cols: torch.Tensor) -> torch.Tensor:
+                cols: torch.Tensor, linear: Linear) -> torch.Tensor:
     """The last BertLayer at the N asked positions only: (real tokens, H) -> (N, H).
     Each sentence's asked positions are its queries, padded to the most any sentence has."""
     attention = layer.attention.self
-    keys, values = _keys_values(attention, hidden, tokens)
+    keys, values = _keys_values(attention, hidden, tokens, linear)
     asked = hidden[tokens.index_of(rows, cols)]  # (N, H)
     slot = _slot_in_row(rows, tokens.batch)
     queries = asked.new_zeros(tokens.batch, int(slot.max()) + 1 if len(slot) else 0, asked.shape[-1])
-    queries[rows, slot] = _linear(attention.query, asked)
+    queries[rows, slot] = linear(attention.query, asked)
     mixed = F.scaled_dot_product_attention(_heads(queries, attention.num_attention_heads), keys, values,
                                            attn_mask=tokens.key_mask, scale=attention.scaling)
-    return _feed_forward(layer, _merge_heads(mixed)[rows, slot], asked)
+    return _feed_forward(layer, _merge_heads(mixed)[rows, slot], asked, linear)
 
 
 def _slot_in_row(rows: torch.Tensor, batch: int) -> torch.Tensor:
@@ -136,25 +148,72 @@ def _slot_in_row(rows: torch.Tensor, batch: int) -> torch.Tensor:
     return slot
 
 
-def _feed_forward(layer, mixed: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+def _feed_forward(layer, mixed: torch.Tensor, residual: torch.Tensor, linear: Linear) -> torch.Tensor:
     """Attention output projection, then the feed-forward, each with residual and LayerNorm
     (BertSelfOutput, BertIntermediate, BertOutput; dropout is off in eval mode)."""
-    attended = layer.attention.output.LayerNorm(_linear(layer.attention.output.dense, mixed) + residual)
-    inner = layer.intermediate.intermediate_act_fn(_linear(layer.intermediate.dense, attended))
-    return layer.output.LayerNorm(_linear(layer.output.dense, inner) + attended)
+    attended = layer.attention.output.LayerNorm(linear(layer.attention.output.dense, mixed) + residual)
+    inner = layer.intermediate.intermediate_act_fn(linear(layer.intermediate.dense, attended))
+    return layer.output.LayerNorm(linear(layer.output.dense, inner) + attended)
 
 
-# weight -> ((version, address), the weight packed for oneDNN); an entry goes with its weight.
-_packed: "WeakIdKeyDictionary[torch.Tensor, tuple]" = WeakIdKeyDictionary()
+# ---------------------------------------------------------------- linear layers, packed for oneDNN
+
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
-def _linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+class PackedWeights:
+    """Linear weights packed for oneDNN, one copy per weight tensor: modules that share a weight
+    (the attention tab's eager twin, a decoder tied to the word embeddings) share its packed copy,
+    and an entry goes with its weight. `models.ModelCaches` holds one (an engine's, shared by the
+    models it serves)."""
+
+    def __init__(self):
+        self._entries: "WeakIdKeyDictionary[torch.Tensor, tuple]" = WeakIdKeyDictionary()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def weight(self, module: torch.nn.Linear) -> torch.Tensor:
+        """`module`'s weight in oneDNN's blocked layout, packed again if the weight was changed in
+        place or replaced since (`load_state_dict`, `mul_`: both bump the version)."""
+        weight = module.weight
+        stamp = (weight._version, weight.data_ptr())
+        entry = self._entries.get(weight)
+        if entry is None or entry[0] != stamp:
+            # 16: the row count oneDNN picks its layout for (a crowd's masks); any count works
+            entry = (stamp, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 16))
+            self._entries[weight] = entry
+        return entry[1]
+
+    def forget(self, module: torch.nn.Linear) -> None:
+        self._entries.pop(module.weight, None)
+
+
+def linear(module: torch.nn.Linear, x: torch.Tensor, packed: PackedWeights | None = None) -> torch.Tensor:
     """`module(x)` for x (N, in) -> (N, out), through `packed_linear` where it applies."""
-    if packable(module, x):
-        return packed_linear(module, x)
-    _packed.pop(module.weight, None)
+    if packed is not None and packable(module, x):
+        return packed_linear(module, x, packed)
+    if packed is not None:
+        packed.forget(module)
     return module(x)
+
+
+def rows_linear(module: torch.nn.Linear, x: torch.Tensor, packed: PackedWeights | None = None) -> torch.Tensor:
+    """`module(x)` for a large weight and few rows, x (N, in) -> (N, out): the LM head's decoder.
+
+    Through `packed_linear` where it applies (a served model); else, on CPU, as (W @ x.T).T: for
+    a few rows and a large weight, the x @ W.T kernel that `F.linear` runs on CPU is 1.5-4x slower
+    (measured on the 30522 x 768 decoder at N = 2-256 rows, equal at N = 1). Same sums up to float
+    rounding (~1e-6 on logits); autograd works through it, so training uses it too. Other inputs
+    (the full (B, T, H) forward, CUDA) take `module(x)`.
+    """
+    if packed is not None and packable(module, x):
+        return packed_linear(module, x, packed)
+    if x.dim() != 2 or x.device.type != "cpu":
+        return module(x)
+    if module.bias is None:
+        return (module.weight @ x.T).T.contiguous()
+    return torch.addmm(module.bias[:, None], module.weight, x.T).T.contiguous()
 
 
 def packable(module: torch.nn.Linear, x: torch.Tensor) -> bool:
@@ -168,29 +227,14 @@ def packable(module: torch.nn.Linear, x: torch.Tensor) -> bool:
             and not (x.requires_grad and torch.is_grad_enabled()) and not _trainable(module))
 
 
-def packed_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """`module(x)` for x (N, in) -> (N, out) through oneDNN with the weight packed once (the
-    kernel torch.compile's CPU freezing uses). Measured on bert-base: a forward of one sentence
-    takes 30-40% less time than with `F.linear` (which repacks the weight on every call), of 16
-    sentences ~25% less, and the 30522 x 768 decoder at 1-16 rows 25-45% less than `W @ h.T`.
-    Costs a second copy of the weights used (430 MB for bert-base's encoder and decoder)."""
-    return torch.ops.mkldnn._linear_pointwise(x, _packed_weight(module), module.bias, "none", [], "")
+def packed_linear(module: torch.nn.Linear, x: torch.Tensor, packed: PackedWeights) -> torch.Tensor:
+    """`module(x)` for x (N, in) -> (N, out) through oneDNN with the weight packed once in `packed`
+    (the kernel torch.compile's CPU freezing uses). Measured on bert-base: a forward of one
+    sentence takes 30-40% less time than with `F.linear` (which repacks the weight on every call),
+    of 16 sentences ~25% less, and the 30522 x 768 decoder at 1-16 rows 25-45% less than
+    `W @ h.T`. Costs a second copy of the weights used (430 MB for bert-base's encoder and decoder)."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed.weight(module), module.bias, "none", [], "")
 
 
 def _trainable(module: torch.nn.Linear) -> bool:
     return module.weight.requires_grad or (module.bias is not None and module.bias.requires_grad)
-
-
-def _packed_weight(module: torch.nn.Linear) -> torch.Tensor:
-    """`module`'s weight in oneDNN's blocked layout, packed again if the weight was changed in
-    place or replaced since (`load_state_dict`, `mul_`: both bump the version). Kept per weight
-    tensor, so modules sharing one (the attention tab's eager twin, a decoder tied to the word
-    embeddings) share one packed copy."""
-    weight = module.weight
-    stamp = (weight._version, weight.data_ptr())
-    entry = _packed.get(weight)
-    if entry is None or entry[0] != stamp:
-        # 16: the row count oneDNN picks its layout for (a crowd's masks); any count works
-        entry = (stamp, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 16))
-        _packed[weight] = entry
-    return entry[1]

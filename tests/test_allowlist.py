@@ -45,26 +45,26 @@ def test_the_list_is_the_model_then_the_models_flag_or_env(monkeypatch):
 
 @pytest.mark.parametrize("choice", ["bert-base-uncased", "some-org/any-model", "/etc/passwd", "..",
                                     "../tiny-bert0", "", "   ", None, 7, ["x"]])
-def test_anything_not_listed_is_refused_before_anything_is_read(tiny_bert_dir, choice, monkeypatch):
+def test_anything_not_listed_is_refused_before_anything_is_read(engine, tiny_bert_dir, choice, monkeypatch):
     monkeypatch.setattr(models, "load", must_not_load)
     with pytest.raises(ValueError, match=f"this server offers: {tiny_bert_dir.name}"):
-        models.load_allowed(choice, [str(tiny_bert_dir)], "cpu")
+        engine.load_allowed(choice, [str(tiny_bert_dir)], "cpu")
 
 
-def test_a_model_folder_on_the_server_that_is_not_listed_is_refused(tiny_bert_dir, tiny_distilbert,
+def test_a_model_folder_on_the_server_that_is_not_listed_is_refused(engine, tiny_bert_dir, tiny_distilbert,
                                                                       monkeypatch):
     monkeypatch.setattr(models, "load", must_not_load)
     for other in [tiny_distilbert.name, Path(tiny_distilbert.name).name]:
         with pytest.raises(ValueError, match="not in the list this server offers"):
-            models.load_allowed(other, [str(tiny_bert_dir)], "cpu")
+            engine.load_allowed(other, [str(tiny_bert_dir)], "cpu")
 
 
-def test_listed_models_load_by_folder_name_or_entry_as_one_object(tiny_bert_dir, tiny_distilbert):
+def test_listed_models_load_by_folder_name_or_entry_as_one_object(engine, tiny_bert_dir, tiny_distilbert):
     allowlist = [str(tiny_bert_dir), tiny_distilbert.name]
     folder = Path(tiny_distilbert.name).name
-    lm = models.load_allowed(folder, allowlist, "cpu")
+    lm = engine.load_allowed(folder, allowlist, "cpu")
     assert lm.name == folder and lm.model is tiny_distilbert.model  # loaded once, shared read-only
-    assert models.load_allowed(tiny_distilbert.name, allowlist, "cpu") is lm
+    assert engine.load_allowed(tiny_distilbert.name, allowlist, "cpu") is lm
 
 
 def test_folders_of_the_same_name_are_told_apart():
@@ -75,7 +75,7 @@ def test_folders_of_the_same_name_are_told_apart():
 
 # --- what a listed model may do ---------------------------------------------------------------
 
-def test_custom_code_of_a_listed_model_never_runs(tmp_path):
+def test_custom_code_of_a_listed_model_never_runs(engine, tmp_path):
     folder = tiny_models.save_tiny_bert(tmp_path / "custom-code")
     marker = tmp_path / "code-ran"
     config = json.loads((folder / "config.json").read_text())
@@ -88,19 +88,19 @@ def test_custom_code_of_a_listed_model_never_runs(tmp_path):
         "class EvilConfig(BertConfig):\n    model_type = 'evil-bert'\n"
         "class EvilModel(BertForMaskedLM):\n    config_class = EvilConfig\n")
     with pytest.raises(ValueError, match="custom code"):
-        models.load_allowed(str(folder), [str(folder)], "cpu")
+        engine.load_allowed(str(folder), [str(folder)], "cpu")
     assert not marker.exists()
 
 
-def test_a_pickle_only_checkpoint_needs_the_operators_consent(tmp_path, tiny_bert):
+def test_a_pickle_only_checkpoint_needs_the_operators_consent(engine, tmp_path, tiny_bert):
     folder = tmp_path / "pickle-only"
     shutil.copytree(tiny_bert.name, folder)
     state = BertForMaskedLM.from_pretrained(folder).state_dict()
     (folder / "model.safetensors").unlink()
     torch.save(state, folder / "pytorch_model.bin")
     with pytest.raises(ValueError, match=r"only pickle weights .*--allow-pickle"):
-        models.load_allowed("pickle-only", [str(folder)], "cpu")
-    lm = models.load_allowed("pickle-only", [str(folder)], "cpu", allow_pickle=True)
+        engine.load_allowed("pickle-only", [str(folder)], "cpu")
+    lm = engine.load_allowed("pickle-only", [str(folder)], "cpu", allow_pickle=True)
     got, want = bertdemo.fill_mask(lm, SENTENCE, 5), bertdemo.fill_mask(tiny_bert, SENTENCE, 5)
     assert ids(got) == ids(want)
     assert [p["score"] for p in got[0]] == pytest.approx([p["score"] for p in want[0]], abs=1e-6)

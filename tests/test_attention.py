@@ -46,8 +46,8 @@ def test_weights_equal_output_attentions(arch, texts, request):
 
 def test_one_copy_of_weights_and_shared_model_stays_sdpa(tiny_bert):
     bertdemo.attention(tiny_bert, PAIR[0])
-    twin = eager_twin(tiny_bert.model)
-    assert twin is not tiny_bert.model and eager_twin(tiny_bert.model) is twin  # made once
+    twin = eager_twin(tiny_bert)
+    assert twin is not tiny_bert.model and eager_twin(tiny_bert) is twin  # made once
     ours = dict(tiny_bert.model.named_parameters()) | dict(tiny_bert.model.named_buffers())
     theirs = dict(twin.named_parameters()) | dict(twin.named_buffers())
     assert ours.keys() == theirs.keys()

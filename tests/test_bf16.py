@@ -19,8 +19,8 @@ MAX_PROB_DIFF = 0.02  # 5x the measured 0.004
 
 
 @pytest.fixture(scope="module")
-def bf16_bert(tiny_bert_dir):
-    return bertdemo.load(str(tiny_bert_dir), device="cpu", dtype="bfloat16")
+def bf16_bert(engine, tiny_bert_dir):
+    return engine.load(str(tiny_bert_dir), device="cpu", dtype="bfloat16")
 
 
 def _masked_variants() -> list[str]:
@@ -38,10 +38,10 @@ def _probs(lm, text) -> torch.Tensor:
     return fillmask.logits_at(lm, enc.inputs, rows, torch.tensor(enc.mask_positions)).softmax(-1)[0]
 
 
-def test_bf16_loads_as_its_own_shared_model(bf16_bert, tiny_bert, tiny_bert_dir):
+def test_bf16_loads_as_its_own_shared_model(engine, bf16_bert, tiny_bert, tiny_bert_dir):
     assert all(p.dtype == torch.bfloat16 for p in bf16_bert.model.parameters())
     assert bf16_bert is not tiny_bert and next(tiny_bert.model.parameters()).dtype == torch.float32
-    assert bertdemo.load(str(tiny_bert_dir), device="cpu", dtype="bfloat16") is bf16_bert
+    assert engine.load(str(tiny_bert_dir), device="cpu", dtype="bfloat16") is bf16_bert
     assert bf16_bert.card.dtype == "bfloat16" and "bfloat16" in bf16_bert.card.summary()
 
 
@@ -78,7 +78,7 @@ def test_dtype_names():
     assert pick_dtype(" BFloat16 ") == pick_dtype(torch.bfloat16) == torch.bfloat16
 
 
-def test_dtype_flag_reaches_the_model_and_the_page(tiny_bert_dir):
+def test_dtype_flag_reaches_the_model_and_the_page(engine, tiny_bert_dir):
     import app
     from bertdemo.config import Settings
     from bertdemo.ui import fillmask_tab
@@ -87,11 +87,11 @@ def test_dtype_flag_reaches_the_model_and_the_page(tiny_bert_dir):
 
     settings = Settings.from_flags(["--model", str(tiny_bert_dir), "--device", "cpu", "--dtype", "bfloat16"])
     assert settings.dtype == "bfloat16" and Settings().dtype == "float32"
-    store = app.load_store(settings)
+    store = app.load_store(settings, engine)
     assert next(store.base.model.parameters()).dtype == torch.bfloat16
     assert model_line(store, "s1") == f"Model: **{store.base.name}** on `cpu`, in bfloat16"
     assert model_line(store, None, "banner").startswith(f"### Using {store.base.name}, in bfloat16")
-    _, raw, line = fillmask_tab.on_predict(Visitor(store, settings, "s1"), "Paris is the [MASK].", 3)
+    _, raw, line = fillmask_tab.on_predict(Visitor(store, settings, "s1", engine), "Paris is the [MASK].", 3)
     assert len(raw[0]) == 3 and line.endswith("in bfloat16")
 
 

@@ -21,11 +21,11 @@ FT_TEXT = "Paris is the capital of France.\nThe Eiffel Tower is a famous landmar
 
 
 @pytest.fixture(scope="module")
-def files_app(tiny_bert_dir):
+def files_app(engine, tiny_bert_dir):
     """The app with downloads kept for 1 second, and its store."""
     settings = Settings(model=str(tiny_bert_dir), device="cpu", port=None, download_max_age=1)
-    store = app.load_store(settings)
-    demo = app.build_demo(settings, store)
+    store = app.load_store(settings, engine)
+    demo = app.build_demo(settings, store, engine)
     url, _ = app.serve(demo, settings, block=False)
     yield url, store
     demo.close()

@@ -33,14 +33,14 @@ def test_fill_mask_equals_pipeline(arch, text, request):
             assert p["score"] == pytest.approx(r["score"], abs=1e-5)
 
 
-def test_load_once_per_name_and_device(tiny_bert_dir, tiny_bert):
-    assert bertdemo.load(str(tiny_bert_dir), device="cpu") is tiny_bert
+def test_an_engine_loads_once_per_name_and_device(engine, tiny_bert_dir, tiny_bert):
+    assert engine.load(str(tiny_bert_dir), device="cpu") is tiny_bert
     assert not any(p.requires_grad for p in tiny_bert.model.parameters())
 
 
-def test_load_takes_a_path_as_transformers_does(tiny_bert_dir, tiny_bert):
+def test_load_takes_a_path_as_transformers_does(engine, tiny_bert_dir, tiny_bert):
     """`pathlib.Path` (any os.PathLike) is a folder like its string: the same cached model."""
-    assert bertdemo.load(tiny_bert_dir, device="cpu") is tiny_bert
+    assert engine.load(tiny_bert_dir, device="cpu") is tiny_bert
     with pytest.raises(ValueError, match="No model given"):
         bertdemo.load(" ", device="cpu")
 
@@ -65,7 +65,8 @@ def test_load_refuses_pickle_only_checkpoint(tiny_bert, tmp_path):
 
 def test_head_runs_only_at_masked_positions(tiny_bert, monkeypatch):
     seen = []
-    handle = tiny_bert.model.cls.register_forward_hook(lambda m, i, o: seen.append(i[0].shape))
+    head = tiny_bert.model.cls.predictions.transform  # the head's first step
+    handle = head.register_forward_hook(lambda m, i, o: seen.append(i[0].shape))
     try:
         bertdemo.fill_mask(tiny_bert, "the [MASK] is a famous [MASK] of paris .")
     finally:

@@ -22,6 +22,7 @@ import bertdemo
 import tiny_models
 from bertdemo.attention_views import view
 from bertdemo.config import Settings
+from bertdemo.engine import Engine
 from bertdemo.models import LoadedModel
 from bertdemo.sessions import SessionStore
 
@@ -59,8 +60,9 @@ def same_heatmap(matrix, lm) -> bool:
 
 
 def serve(settings: Settings):
-    store = app.load_store(settings)
-    demo = app.build_demo(settings, store)
+    engine = Engine(max_batch=settings.max_batch)
+    store = app.load_store(settings, engine)
+    demo = app.build_demo(settings, store, engine)
     url, _ = app.serve(demo, settings, block=False)
     return demo, url, store
 
@@ -220,7 +222,7 @@ def test_the_first_viewers_at_once_each_get_the_complete_offline_scripts(monkeyp
     """The soak found it: the scripts' data: URLs were cached one by one, so a viewer arriving
     while the first was still filling the cache found it half full and got an error."""
     attention = sys.modules["bertdemo.attention_views"]  # the package's `attention` is the function
-    monkeypatch.setattr(attention, "_data_urls", {})
+    attention.data_urls.cache_clear()  # as when the server starts
     start, got = threading.Barrier(8), []
 
     def first_view():

@@ -9,7 +9,7 @@ import transformers
 import bertdemo
 import tiny_models
 from bertdemo import fillmask, lean_forward
-from bertdemo.models import RowsLinear, load_allowed, load_minilm, mlm_head, mlm_logits
+from bertdemo.models import mlm_head, mlm_logits
 
 
 def test_requests_never_load_models_or_tokenizers(client, monkeypatch):
@@ -27,7 +27,7 @@ def test_requests_never_load_models_or_tokenizers(client, monkeypatch):
 def test_attention_reuses_one_eager_twin_per_model(tiny_bert):
     from bertdemo.attention_views import eager_twin
 
-    assert eager_twin(tiny_bert.model) is eager_twin(tiny_bert.model)
+    assert eager_twin(tiny_bert) is eager_twin(tiny_bert)
 
 
 def test_prediction_path_stays_on_sdpa(tiny_bert):
@@ -47,8 +47,7 @@ def test_head_at_rows_equals_the_models_own_forward(arch, request):
         for n in (1, 2, 3, 16):
             rows = torch.arange(n) % len(texts)
             cols = torch.arange(n) % inputs["input_ids"].shape[1]
-            logits, _ = mlm_logits(lm.model, inputs, rows, cols)
-            assert type(lm.model.get_output_embeddings()) is RowsLinear
+            logits, _ = mlm_logits(lm.model, inputs, rows, cols, packed=lm.caches.packed)
             assert logits.is_contiguous() and logits.shape == (n, lm.model.config.vocab_size)
             torch.testing.assert_close(logits, full[rows, cols], atol=1e-5, rtol=0)
 
@@ -58,11 +57,10 @@ def test_rows_linear_values_and_gradients_equal_linear(bias):
     torch.manual_seed(0)
     plain = torch.nn.Linear(48, 700, bias=bias)
     fast = copy.deepcopy(plain)
-    fast.__class__ = RowsLinear
     for n in (1, 3, 40):
         x = torch.randn(n, 48, requires_grad=True)
         x_ref = x.detach().clone().requires_grad_()
-        out, ref = fast(x), plain(x_ref)
+        out, ref = lean_forward.rows_linear(fast, x), plain(x_ref)
         torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
         grad = torch.randn_like(ref)
         out.backward(grad)
@@ -74,9 +72,9 @@ def test_rows_linear_values_and_gradients_equal_linear(bias):
 
 
 def test_fast_decoder_keeps_weights_tied_and_state_dict(tiny_bert):
-    mlm_head(tiny_bert.model)
+    mlm_head(tiny_bert.model, tiny_bert.caches.packed)
     decoder = tiny_bert.model.get_output_embeddings()
-    assert type(decoder) is RowsLinear
+    assert type(decoder) is torch.nn.Linear  # the model is left as transformers made it
     assert decoder.weight is tiny_bert.model.get_input_embeddings().weight  # still tied
     fresh = type(tiny_bert.model)(tiny_bert.model.config)  # what save_pretrained writes is unchanged
     assert list(tiny_bert.model.state_dict()) == list(fresh.state_dict())
@@ -126,15 +124,15 @@ def _padded_batch_with_masks(lm):
 
 
 @pytest.mark.parametrize("arch", ["tiny_bert", "tiny_roberta", "minilm"])
-def test_lean_forward_equals_the_full_forward_at_the_asked_positions(arch, request):
-    lm = load_minilm("cpu") if arch == "minilm" else request.getfixturevalue(arch)
+def test_lean_forward_equals_the_full_forward_at_the_asked_positions(arch, request, engine):
+    lm = engine.load_minilm("cpu") if arch == "minilm" else request.getfixturevalue(arch)
     inputs, rows, cols = _padded_batch_with_masks(lm)
     assert (inputs["attention_mask"] == 0).any()  # padding is really skipped, not absent
     with torch.inference_mode():
         full = lm.model.base_model(**inputs).last_hidden_state[rows, cols]
-        lean = lean_forward.hidden_at(lm.model, inputs, rows, cols)
+        lean = lean_forward.hidden_at(lm.model, inputs, rows, cols, lm.caches.packed)
         one = lean_forward.hidden_at(lm.model, {k: v[1:2] for k, v in inputs.items()},
-                                     torch.zeros(2, dtype=torch.long), cols[rows == 1])
+                                     torch.zeros(2, dtype=torch.long), cols[rows == 1], lm.caches.packed)
     torch.testing.assert_close(lean, full, atol=1e-5, rtol=0)
     torch.testing.assert_close(one, full[rows == 1], atol=1e-5, rtol=0)
 
@@ -157,14 +155,14 @@ def test_a_padded_batch_runs_the_last_feed_forward_at_its_masks_only(tiny_bert, 
     texts = ["paris is the [MASK] of france .", "the [MASK] tower is a famous [MASK] in the city of paris ."]
     encs = [fillmask.encode(tiny_bert, t) for t in texts]
     layers = tiny_bert.model.base_model.encoder.layer
-    watched, seen, linear = {layers[0].output.dense: "first", layers[-1].output.dense: "last"}, {}, lean_forward._linear
+    watched, seen, linear = {layers[0].output.dense: "first", layers[-1].output.dense: "last"}, {}, lean_forward.linear
 
-    def counting(module, x):
+    def counting(module, x, packed=None):
         if module in watched:
             seen[watched[module]] = x.shape[0]
-        return linear(module, x)
+        return linear(module, x, packed)
 
-    monkeypatch.setattr(lean_forward, "_linear", counting)
+    monkeypatch.setattr(lean_forward, "linear", counting)
     fillmask.fill_encoded(tiny_bert, encs, [3, 3])
     assert seen == {"first": sum(e.input_ids.shape[1] for e in encs), "last": 3}
 
@@ -172,24 +170,25 @@ def test_a_padded_batch_runs_the_last_feed_forward_at_its_masks_only(tiny_bert, 
 def test_the_packed_linear_follows_a_weight_changed_in_place(tiny_bert):
     """The oneDNN-packed weight of a layer is packed again when its weight changes (a model trained in place
     must not be served with its old weights)."""
-    model = copy.deepcopy(tiny_bert.model)
+    model, packed = copy.deepcopy(tiny_bert.model), lean_forward.PackedWeights()
     dense = model.base_model.encoder.layer[0].intermediate.dense
     x = torch.randn(5, dense.in_features)
     with torch.inference_mode():
-        torch.testing.assert_close(lean_forward._linear(dense, x), dense(x), atol=1e-5, rtol=0)
+        torch.testing.assert_close(lean_forward.linear(dense, x, packed), dense(x), atol=1e-5, rtol=0)
+        assert len(packed) == 1
         dense.weight.mul_(2)
         dense.bias.add_(1)
-        torch.testing.assert_close(lean_forward._linear(dense, x), dense(x), atol=1e-5, rtol=0)
+        torch.testing.assert_close(lean_forward.linear(dense, x, packed), dense(x), atol=1e-5, rtol=0)
 
 
 def test_a_model_evaluated_while_trained_in_place_is_served_with_its_new_weights(tiny_bert):
     """Evaluations during fine-tuning take the lean path too; torch's fused AdamW then writes the
     weights without bumping their version, so a oneDNN-packed copy made by such an evaluation would
     serve the old weights once the model is frozen and served."""
-    model = copy.deepcopy(tiny_bert.model).requires_grad_(True)
+    model, packed = copy.deepcopy(tiny_bert.model).requires_grad_(True), lean_forward.PackedWeights()
     inputs, rows, cols = _padded_batch_with_masks(tiny_bert)
     with torch.no_grad():
-        lean_forward.hidden_at(model, inputs, rows, cols)  # the trainer's evaluation
+        lean_forward.hidden_at(model, inputs, rows, cols, packed)  # an evaluation during training
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.5, fused=True)
     model.train()
     model(**inputs).logits.square().mean().backward()
@@ -197,7 +196,7 @@ def test_a_model_evaluated_while_trained_in_place_is_served_with_its_new_weights
     model.eval().requires_grad_(False)  # as `training.finetune` hands the tuned model over
     with torch.inference_mode():
         full = model.base_model(**inputs).last_hidden_state[rows, cols]
-        lean = lean_forward.hidden_at(model, inputs, rows, cols)
+        lean = lean_forward.hidden_at(model, inputs, rows, cols, packed)
     torch.testing.assert_close(lean, full, atol=1e-5, rtol=0)
 
 
@@ -207,20 +206,20 @@ def test_attention_with_masks_adds_no_second_packed_decoder(tiny_bert):
     from bertdemo.attention_views import attention
     lm = dataclasses.replace(tiny_bert, model=copy.deepcopy(tiny_bert.model))  # weights of its own
     fillmask.fill_mask(lm, "Paris is the [MASK] of France.")  # packs them, decoder included
-    packed = len(lean_forward._packed)
+    packed = len(lm.caches.packed)
     attention(lm, "Paris is the [MASK] of France.")
-    assert len(lean_forward._packed) == packed
+    assert len(lm.caches.packed) == packed
 
 
 def test_a_served_model_is_packed_before_its_first_visitor(tmp_path):
-    """The page's models are loaded through `load_allowed`, which packs their weights for oneDNN
-    then: the first visitor's prediction packs nothing (it would cost ~0.3 s on bert-base)."""
-    folder = str(tiny_models.save_tiny_bert(tmp_path / "fresh", seed=5))  # a model no test has used
-    lm = load_allowed(folder, [folder], device="cpu")
-    packed = len(lean_forward._packed)
+    """The page's models are loaded through `Engine.load_allowed`, which packs their weights for
+    oneDNN then: the first visitor's prediction packs nothing (it would cost ~0.3 s on bert-base)."""
+    folder = str(tiny_models.save_tiny_bert(tmp_path / "fresh", seed=5))
+    lm = bertdemo.Engine().load_allowed(folder, [folder], device="cpu")  # an engine of its own
+    packed = len(lm.caches.packed)
     assert packed > 0
     fillmask.fill_mask(lm, "Paris is the [MASK] of France.")
-    assert len(lean_forward._packed) == packed
+    assert len(lm.caches.packed) == packed
 
 
 def test_gradio_summarises_its_event_log_once_per_hundred_events(tiny_bert_dir):

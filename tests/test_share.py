@@ -23,7 +23,8 @@ from bertdemo.__main__ import download
 from bertdemo.__main__ import main as bertdemo_cli
 from bertdemo import models
 from bertdemo.config import DEFAULT_MODEL, Settings
-from bertdemo.models import MINILM_NAME, load_minilm, minilm_path
+from bertdemo.engine import Engine
+from bertdemo.models import MINILM_NAME, minilm_path
 from bertdemo.ui.no_model_banner import MINILM_BUTTON
 
 ROOT = Path(__file__).parent.parent
@@ -177,7 +178,7 @@ def test_minilm_fallback_has_the_real_pretrained_body():
 
     saved = load_file(minilm_path() / "model.safetensors")
     key = next(k for k in saved if k.endswith("encoder.layer.0.attention.self.query.weight"))
-    lm = load_minilm("cpu")
+    lm = Engine().load_minilm("cpu")
     assert lm.name == MINILM_NAME
     assert torch.equal(lm.model.bert.encoder.layer[0].attention.self.query.weight, saved[key])
 
@@ -185,8 +186,9 @@ def test_minilm_fallback_has_the_real_pretrained_body():
 def test_without_the_minilm_package_no_button_is_offered(monkeypatch):
     monkeypatch.setattr(models, "minilm_path", lambda: None)
     settings = Settings(model="bertdemo-tests/no-such-model", device="cpu")
-    store = app.load_store(settings)
-    demo = app.build_demo(settings, store)
+    engine = Engine()
+    store = app.load_store(settings, engine)
+    demo = app.build_demo(settings, store, engine)
     buttons = [b for b in demo.blocks.values() if isinstance(b, gr.Button) and b.value == MINILM_BUTTON]
     assert buttons and not buttons[0].visible
     assert "MiniLM" not in store.load_error and "--model" in store.load_error
@@ -194,7 +196,7 @@ def test_without_the_minilm_package_no_button_is_offered(monkeypatch):
 
 def test_local_folder_with_hub_offline_loads(tiny_bert_dir, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    store = app.load_store(app.parse_args(["--model", str(tiny_bert_dir), "--device", "cpu"]))
+    store = app.load_store(app.parse_args(["--model", str(tiny_bert_dir), "--device", "cpu"]), Engine())
     assert store.base is not None and store.load_error is None
 
 

@@ -77,10 +77,10 @@ def test_a_too_long_sentence_says_how_long_and_the_limit(visitor):
 
 # --- model picker and the model line ------------------------------------------------------------
 
-def test_picking_a_model_changes_that_session_only(tiny_bert_dir, tiny_bert, tiny_distilbert):
+def test_picking_a_model_changes_that_session_only(engine, tiny_bert_dir, tiny_bert, tiny_distilbert):
     store = SessionStore(tiny_bert)
     settings = Settings(model=str(tiny_bert_dir), models=tiny_distilbert.name, device="cpu")
-    ann, bob = Visitor(store, settings, "ann"), Visitor(store, settings, "bob")
+    ann, bob = Visitor(store, settings, "ann", engine), Visitor(store, settings, "bob", engine)
     distil = pathlib.Path(tiny_distilbert.name).name
     assert model_picker.on_pick(ann, distil) == f"Your tabs use **{distil}**."
     assert ann.lm.model is tiny_distilbert.model and bob.lm is tiny_bert

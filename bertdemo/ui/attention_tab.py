@@ -51,7 +51,6 @@ BERT's attention goes to `[CLS]`, `[SEP]` and punctuation, often a "no-op" (Clar
 *What does BERT look at?*). Use the views to explore patterns (heads that track the previous word,
 the object of a verb, coreference), not as proof of why the model chose a word. The bertviz README
 (github.com/jessevig/bertviz) explains its head view and model view."""
-_served = False
 
 
 @dataclass(frozen=True)
@@ -202,11 +201,9 @@ def served_urls() -> dict[str, str]:
 
 
 def _serve_vendored_scripts() -> None:
-    """Let the app serve assets/vendor (require.js, d3, jQuery) so bertviz needs no CDN."""
-    global _served
-    if not _served:
-        gr.set_static_paths([VENDOR_DIR])
-        _served = True
+    """Let the app serve assets/vendor (require.js, d3, jQuery) so bertviz needs no CDN. Gradio
+    keeps one list of such folders for the process; naming this one again changes nothing."""
+    gr.set_static_paths([VENDOR_DIR])
 
 
 def _model_shape(store: SessionStore) -> tuple[int, int]:

@@ -1,7 +1,8 @@
-"""What a tab's handlers get: the app (store + settings) and the visitor of one request.
+"""What a tab's handlers get: the app (session store, settings, engine) and the visitor of one request.
 
 A handler is a module-level function `on_x(visitor, *inputs)` taking plain values and returning
-plain values or figures, so a test calls it with `Visitor(store, settings, "some-session")`.
+plain values or figures, so a test calls it with `Visitor(store, settings, "some-session")`
+(with an engine of its own, unless it passes one).
 `handler(ctx, on_x)` turns it into the function Gradio wires: same public parameter names (they
 are the API's), the request read for the session id, service errors turned into messages.
 """
@@ -14,28 +15,41 @@ from dataclasses import dataclass
 import gradio as gr
 
 from ..config import Settings
+from ..engine import Engine
 from ..models import LoadedModel
+from ..sessions import SessionStore
 from .common import friendly_errors, session_id
 
 
 @dataclass(frozen=True)
 class AppContext:
-    """Everything the tabs share: the session store and the operator's settings."""
+    """Everything the tabs share: the session store (what each visitor holds), the operator's
+    settings, and the engine (the models served and their caches, the micro-batcher)."""
 
-    store: object  # bertdemo.sessions' store (typed loosely: the redesign renames it)
+    store: SessionStore
     settings: Settings
+    engine: Engine = None  # None: one of its own, sized by the settings
+
+    def __post_init__(self):
+        if self.engine is None:
+            object.__setattr__(self, "engine", Engine(max_batch=self.settings.max_batch))
 
     def visitor(self, request: gr.Request | None) -> "Visitor":
-        return Visitor(self.store, self.settings, session_id(request))
+        return Visitor(self.store, self.settings, session_id(request), self.engine)
 
 
 @dataclass(frozen=True)
 class Visitor:
     """One browser session as a handler sees it."""
 
-    store: object
+    store: SessionStore
     settings: Settings
     session: str | None
+    engine: Engine = None  # None: one of its own (a test's), sized by the settings
+
+    def __post_init__(self):
+        if self.engine is None:
+            object.__setattr__(self, "engine", Engine(max_batch=self.settings.max_batch))
 
     @property
     def lm(self) -> LoadedModel:

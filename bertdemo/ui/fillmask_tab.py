@@ -1,13 +1,10 @@
 """The fill-mask tab: top-k bars per mask, joint completion, candidate words, sentence score, and
 the same sentence through two models side by side."""
-import functools
-
 import gradio as gr
 import pandas as pd
 from gradio.context import get_render_context
 
 from .. import explain, fillmask, plots, validate
-from ..batching import MicroBatcher
 from ..config import Settings
 from ..models import USER_MASK_RE, LoadedModel, allowed_choices, display_name
 from .common import plotly_chart
@@ -145,8 +142,7 @@ def on_predict(visitor: Visitor, sentence, k):
     """
     settings = visitor.settings
     top_k = validate.whole_number(k, "top-k", 1, settings.max_top_k)
-    predictions = batcher(settings.max_batch).fill_mask(visitor.lm, sentence, top_k,
-                                                         max_masks=settings.max_masks)
+    predictions = visitor.engine.batcher.fill_mask(visitor.lm, sentence, top_k, max_masks=settings.max_masks)
     return plotly_chart(plots.prediction_bars_json(predictions)), predictions, on_show(visitor)
 
 
@@ -242,7 +238,7 @@ def _compared_models(visitor: Visitor, other) -> tuple[LoadedModel, LoadedModel]
             raise ValueError("No fine-tuned model in this session yet: fine-tune one in the Fine-tune "
                              "tab, or compare with a model from the list.")
         return visitor.store.base_for(visitor.session), tuned
-    return visitor.lm, pick(visitor.store, visitor.settings, other)
+    return visitor.lm, pick(visitor, other)
 
 
 def _compare_note(scores: dict, blank: bool) -> str:
@@ -272,13 +268,6 @@ def on_word_click(sentence, evt: gr.SelectData) -> str:
         return fillmask.mask_word(sentence, int(index))
     except ValueError:
         return sentence
-
-
-@functools.cache
-def batcher(max_batch: int) -> MicroBatcher:
-    """One micro-batcher per batch size, shared by every visitor: that is what lets their
-    concurrent requests share a forward pass."""
-    return MicroBatcher(max_batch=max_batch)
 
 
 def _word_segments(sentence: str) -> list[tuple[str, str | None]]:

@@ -5,7 +5,7 @@ import logging
 import gradio as gr
 
 from ..config import Settings
-from ..models import LoadedModel, allowed_choices, allowed_entry, load_allowed
+from ..models import LoadedModel, allowed_choices, allowed_entry
 from .context import AppContext, Visitor, handler
 from .model_line import model_card, model_line
 
@@ -43,18 +43,19 @@ def create_demo(store, settings: Settings) -> gr.Blocks:
 
 def on_pick(visitor: Visitor, choice) -> str:
     """Make `choice` this session's base model; returns the line saying what the tabs use now."""
-    visitor.store.choose_base(visitor.session, pick(visitor.store, visitor.settings, choice))
+    visitor.store.choose_base(visitor.session, pick(visitor, choice))
     return model_line(visitor.store, visitor.session, place="picker")
 
 
-def pick(store, settings: Settings, choice) -> LoadedModel:
+def pick(visitor: Visitor, choice) -> LoadedModel:
     """The model `choice` names, if the operator offers it. The app's own model is the store's
     (so its load error is reported, not retried on every visitor's pick)."""
+    settings = visitor.settings
     if allowed_entry(choice, settings.allowed_models) == settings.model:
-        return store.require_base()
+        return visitor.store.require_base()
     try:
-        return load_allowed(choice, settings.allowed_models, settings.device, settings.allow_pickle,
-                            settings.dtype)
+        return visitor.engine.load_allowed(choice, settings.allowed_models, settings.device,
+                                           settings.allow_pickle, settings.dtype)
     except ValueError as err:
         log.warning("a visitor picked %r: %s", choice, err)  # the log keeps the full paths
         raise

