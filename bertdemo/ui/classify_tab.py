@@ -159,11 +159,11 @@ def _section_adapt() -> dict:
 
 # ---------------------------------------------------------------- handlers
 
-def on_example(visitor: Visitor, example: str) -> list[list[str]]:
+def on_example(visitor: Visitor, example_set: str) -> list[list[str]]:
     """The bundled example set's rows."""
-    if example not in EXAMPLE_SETS:
+    if example_set not in EXAMPLE_SETS:
         raise ValueError(f"Pick one of the bundled example sets: {', '.join(EXAMPLE_SETS)}.")
-    return example_rows(example)
+    return example_rows(example_set)
 
 
 def on_upload(visitor: Visitor, file) -> list[list[str]]:
