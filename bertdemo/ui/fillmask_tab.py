@@ -20,7 +20,7 @@ JOINT_COLUMNS = ("sentence", "joint log-prob", "fill order")
 TUNED_CHOICE = "Your fine-tuned model"
 COMPARE_COLUMNS = ("mask", "token", "p (A)", "p (B)", "change (B - A)")
 
-EXAMPLES = [  # the seed article's three sentences first
+EXAMPLES = [  # the article's three sentences first
     "Paris is the [MASK] of France.",
     "The Eiffel [MASK] is a famous landmark.",
     "La Tour Eiffel est située à [MASK].",

@@ -100,7 +100,7 @@ def _section_form(limits: Limits):
                       lines=8, max_length=limits.max_chars,
                       info=f"At most {limits.max_chars:,} characters.")
     gr.Examples([[EXAMPLE_TEXT], [ARTICLE_TEXT]], inputs=text,
-                example_labels=["Paris, 8 lines", "The seed article's 3 sentences"])
+                example_labels=["Paris, 8 lines", "The article's 3 sentences"])
     with gr.Row():
         length = gr.Number(label="Training length", value=30, minimum=0,
                            info=f"Steps (at most {limits.max_steps}) or epochs.")

@@ -1,5 +1,5 @@
 """The mask-sampling tab: how MLM corrupts its input, static vs dynamic masking, the 80/10/10 law,
-and the seed article's `mask_tokens` next to transformers' collator."""
+and the article's `mask_tokens` next to transformers' collator."""
 import html
 import math
 
@@ -31,9 +31,10 @@ sentence had 10 masks over 40 epochs: set *masks drawn in advance* to 10). **Dyn
 (RoBERTa) draws a fresh mask each time: epoch *e* uses seed + *e*. The curve measures, over thousands
 of copies of the text, the share of tokens chosen at least once after *n* epochs: static stays at
 1 − (1 − p)^min(n, copies), which is *p* with one mask; dynamic follows 1 − (1 − p)^n."""
-ARTICLE_HELP = """The seed article's `mask_tokens` (kept verbatim in `bertdemo.masking.article_mask_tokens`)
-on the same text, tokenized its way (`padding="max_length", max_length=20, truncation=True`), next to
-the collator. What it gets wrong: it sets the labels of the **masked** tokens to `-100`, so the loss is
+ARTICLE_HELP = """The `mask_tokens` of the article *Fine-Tuning BERT with Masked Language Modeling: A
+Comprehensive Guide* (kept verbatim in `bertdemo.masking.article_mask_tokens`) on the same text,
+tokenized its way (`padding="max_length", max_length=20, truncation=True`), next to the collator.
+What it gets wrong: it sets the labels of the **masked** tokens to `-100`, so the loss is
 computed on the tokens the model can see (copying them is enough); it can mask `[CLS]`, `[SEP]` and
 `[PAD]` and scores them; and every chosen token becomes `[MASK]` (no 80/10/10). With the same seed
 both usually pick the same positions (both compare uniform draws with 0.15), so the rows differ in
