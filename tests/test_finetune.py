@@ -227,7 +227,7 @@ ARTICLE_PROBES = {"Paris is the [MASK] of France.": "capital",
 
 @pytest.mark.slow
 def test_minilm_learns_the_articles_three_sentences():
-    """Real MiniLM-L6 body with an untrained MLM head, fine-tuned on the seed article's sentences.
+    """Real MiniLM-L6 body with an untrained MLM head, fine-tuned on the article's sentences.
 
     lr 3e-4 and mask probability 0.3 rather than the article's 5e-5 and 0.15: the head starts
     random and has only ~100 masked tokens to learn from (at 5e-5, 100 steps teach 'capital'
