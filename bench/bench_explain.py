@@ -1,6 +1,6 @@
 """Inside a prediction: saliency and layer predictions against one fill_mask, side by side.
 
-Goals (issue 13), on a bert-base-sized random-weight model with the real vocab, 20-token
+Goals, on a bert-base-sized random-weight model with the real vocab, 20-token
 sentence, one [MASK], 2 CPU threads:
 - saliency, integrated gradients with 32 steps: under 2 s;
 - layer_predictions: one forward plus (layers + 1) x masks head rows, so close to one fill_mask.

@@ -1,4 +1,4 @@
-"""Text classification on the masked LM's body: the seed article's downstream recipe, measured.
+"""Text classification on the masked LM's body: the article's downstream recipe, measured.
 
 The article's four differences from pre-training, in code:
 1. start from the pre-trained weights: the classifier's body is a *copy* of the model's body

@@ -1,4 +1,4 @@
-"""Experiments that train: what the seed article's labelling does to a fine-tune.
+"""Experiments that train: what the article's labelling does to a fine-tune.
 
 `masking.py` shows how MLM corrupts its input without training anything; the experiments here
 run the trainer (`training.finetune`) on top of it, so the import graph runs one way:

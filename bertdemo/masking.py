@@ -342,7 +342,8 @@ def _wilson(count: int, n: int, z: float = 1.96) -> tuple[float, float]:
 # ---------------------------------------------------------------- the article's snippet
 
 def article_mask_tokens(inputs, tokenizer, generator: torch.Generator | None = None):
-    """The seed article's `mask_tokens`, kept verbatim (BUGGY, for comparison only).
+    """The `mask_tokens` of the article *Fine-Tuning BERT with Masked Language Modeling: A
+    Comprehensive Guide*, kept verbatim (BUGGY, for comparison only).
 
     Its bugs: the labels of the *masked* tokens are set to -100, so the loss scores the visible
     tokens (the model learns to copy); [CLS]/[SEP]/[PAD] can be masked; no 80/10/10. The only

@@ -2,7 +2,7 @@
 
 The builders on a request's path (predictions, PLL, attention, live fine-tune curves) write the
 figure as plain dicts and skip plotly's per-property validation (`fast_figure`), which cost
-most of a request's time for a crowd (issue 14); tests/test_fast_figures.py checks each against the
+most of a request's time for a crowd; tests/test_fast_figures.py checks each against the
 same chart built through plotly's validated API.
 """
 from __future__ import annotations
@@ -100,7 +100,7 @@ def _unique_labels(labels: list[str]) -> list[str]:
     return out
 
 
-# ---------------------------------------------------------------- masking (issue 4)
+# ---------------------------------------------------------------- masking
 
 OUTCOME_COLORS = {"mask": "#f59e0b", "random": "#ef4444", "keep": "#22c55e"}  # orange, red, green
 _NOT_CHOSEN = "#eef0f3"
@@ -329,7 +329,7 @@ def labelling_curves(runs: dict[str, dict]) -> go.Figure:
     return fig
 
 
-# ---------------------------------------------------------------- inside a prediction (issue 13)
+# ---------------------------------------------------------------- inside a prediction
 
 def layer_heatmap(entry: dict, title: str) -> go.Figure:
     """Layers x top-k for one mask (`explain.layer_predictions`' entry): each cell names the
@@ -390,7 +390,7 @@ def comparison_bars(result: dict) -> go.Figure:
     return fig
 
 
-# ---------------------------------------------------------------- classify (issue 12)
+# ---------------------------------------------------------------- classify
 
 _RUN_COLORS = ["#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a"]
 

@@ -1,7 +1,7 @@
 """Everything one browser session (a visitor) holds, and the one policy that frees it.
 
-Per session: the base model it picked, its models by kind ("tuned" from the fine-tune, issue 12's
-"classifier", ...), which of them its tabs use, its run slot (`runs.Ticket`), small results kept
+Per session: the base model it picked, its models by kind ("tuned" from the fine-tune, "classifier"
+from the Classify tab, ...), which of them its tabs use, its run slot (`runs.Ticket`), small results kept
 between events (e.g. the attention tab's last query), and a temp folder for its downloads and
 exports. Keyed by Gradio's session hash; a script's `gradio_client` session is one too.
 

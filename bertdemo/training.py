@@ -214,7 +214,7 @@ def mlm_collator(lm: LoadedModel, mlm_probability: float = 0.15,
     """transformers' own MLM collator (80/10/10 corruption, labels -100 except at masked tokens),
     with its own seeded generator so runs repeat. Any callable with the same shape
     (`examples -> {"input_ids", "attention_mask", "labels"}`) can be passed to `finetune` as
-    `collate_fn`, e.g. the seed article's buggy `mask_tokens`."""
+    `collate_fn`, e.g. the article's buggy `mask_tokens`."""
     return DataCollatorForLanguageModeling(lm.tokenizer, mlm_probability=mlm_probability, seed=seed)
 
 
@@ -356,7 +356,7 @@ def finetune(lm: LoadedModel, texts: str | list[str], *, steps: int | None = Non
     should_stop(): asked before each step; True ends the run there (history.stopped="stopped", or
     its `.reason` when it has one, as `runs.StopCheck` has: "time limit").
     collate_fn: replaces the standard MLM collator for training (the eval masks stay standard),
-    e.g. to train with the seed article's labelling; same input/output as `mlm_collator`.
+    e.g. to train with the article's labelling; same input/output as `mlm_collator`.
     The run also ends at `limits.max_seconds` ("time limit") or on a non-finite loss ("diverged").
     The same seed, data and settings give the same history (on the same machine and threads, and
     with no other fine-tune running in the process at the same time: dropout uses torch's global

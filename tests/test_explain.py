@@ -1,4 +1,4 @@
-"""Inside a prediction (issue 13): logit lens, Captum attributions, two models side by side.
+"""Inside a prediction: logit lens, Captum attributions, two models side by side.
 
 Parity against references wherever one exists: `fill_mask` for the last layer, the model's own
 embeddings + head for the first, a direct forward for f(x) and f(baseline), finite differences for

@@ -227,7 +227,7 @@ ARTICLE_PROBES = {"Paris is the [MASK] of France.": "capital",
 
 @pytest.mark.slow
 def test_minilm_learns_the_articles_three_sentences():
-    """Real MiniLM-L6 body with an untrained MLM head, fine-tuned on the seed article's sentences.
+    """Real MiniLM-L6 body with an untrained MLM head, fine-tuned on the article's sentences.
 
     lr 3e-4 and mask probability 0.3 rather than the article's 5e-5 and 0.15: the head starts
     random and has only ~100 masked tokens to learn from (at 5e-5, 100 steps teach 'capital'
@@ -337,9 +337,9 @@ def test_download_gives_a_zip_of_the_tuned_model(tuning_app):
 @pytest.mark.slow
 @pytest.mark.parametrize("change, field, message", [
     (dict(text=""), "text", "empty"), (dict(text="a" * 2_001), "text", "at most 2,000"),
-    (dict(steps=0), "length", "steps"), (dict(steps=21), "length", "at most 20"),
-    (dict(steps=10**12), "length", "at most 20"), (dict(lr=0), "lr", "learning rate"),
-    (dict(lr=-1), "lr", "learning rate"), (dict(lr=10**12), "lr", "learning rate"),
+    (dict(steps=0), "training_length", "steps"), (dict(steps=21), "training_length", "at most 20"),
+    (dict(steps=10**12), "training_length", "at most 20"), (dict(lr=0), "learning_rate", "learning rate"),
+    (dict(lr=-1), "learning_rate", "learning rate"), (dict(lr=10**12), "learning_rate", "learning rate"),
 ])  # NaN can't travel as JSON: the service tests cover it
 def test_bad_input_is_refused_beside_its_field_and_the_server_stays_up(tuning_app, change, field,
                                                                          message):

@@ -64,12 +64,12 @@ def test_tools_are_the_quick_stateless_ones(mcp_url):
     tools = session_call(mcp_url, lambda s: s.list_tools()).tools
     assert {tool.name for tool in tools} == EXPECTED_TOOLS  # no fine-tune, stop, download, choice
     schema = next(t for t in tools if t.name == "fill_mask").inputSchema
-    assert set(schema["properties"]) == {"sentence", "k"}
+    assert set(schema["properties"]) == {"sentence", "top_k"}
 
 
 def test_fill_mask_tool_gives_the_python_apis_predictions(mcp_url, tiny_bert):
     async def call(session):
-        return await session.call_tool("fill_mask", {"sentence": SENTENCE, "k": 4})
+        return await session.call_tool("fill_mask", {"sentence": SENTENCE, "top_k": 4})
     result = session_call(mcp_url, call)
     assert not result.isError
     # Gradio sends a multi-output endpoint's result as the text of its Python list of outputs.
@@ -80,7 +80,7 @@ def test_fill_mask_tool_gives_the_python_apis_predictions(mcp_url, tiny_bert):
 
 def test_a_bad_input_is_a_tool_error_with_the_message(mcp_url):
     async def call(session):
-        return await session.call_tool("fill_mask", {"sentence": "no mask here", "k": 4})
+        return await session.call_tool("fill_mask", {"sentence": "no mask here", "top_k": 4})
     result = session_call(mcp_url, call)
     assert result.isError and "[MASK]" in result.content[0].text
 

@@ -110,7 +110,7 @@ def test_a_reservation_whose_request_left_the_queue_is_taken_over(tiny_bert, mon
 
 
 def test_keep_or_discard_for_another_kind_of_model(tiny_bert):
-    """Issue 12's classifier keeps its model by the same policy, in its own slot."""
+    """The classifier keeps its model by the same policy, in its own slot."""
     store = SessionStore(tiny_bert, max_models={"classifier": 1})
     model, history = finetune(tiny_bert, REPEATED, steps=2, **FAST)
     note = runs.keep_or_discard(store, "a", model, history, False, Limits(), kind="classifier")

@@ -40,10 +40,10 @@ def test_predict_gives_the_services_predictions_bars_and_the_model_line(visitor,
     assert line == f"Model: **{tiny_bert.name}** on `cpu`"
 
 
-@pytest.mark.parametrize("k", [0, 2.5, "5", None, float("nan"), 51])
-def test_predict_refuses_a_top_k_that_is_not_a_whole_number_in_range(visitor, k):
+@pytest.mark.parametrize("top_k", [0, 2.5, "5", None, float("nan"), 51])
+def test_predict_refuses_a_top_k_that_is_not_a_whole_number_in_range(visitor, top_k):
     with pytest.raises(ValueError, match="top-k must be a whole number from 1 to 50"):
-        fillmask_tab.on_predict(visitor, SENTENCE, k)
+        fillmask_tab.on_predict(visitor, SENTENCE, top_k=top_k)
 
 
 def test_joint_completions_match_the_service(visitor, tiny_bert):
@@ -58,9 +58,9 @@ def test_candidates_count_masks_from_one(visitor, tiny_bert):
     table = fillmask_tab.on_candidates(visitor, "The [MASK] sat on the [MASK].", "cat, mat", 2)
     expected = bertdemo.score_candidates(tiny_bert, "The [MASK] sat on the [MASK].", ["cat", "mat"], 1)
     assert list(table["word"]) == [r["word"] for r in expected]
-    for number in [0, -3, 1.5, "1", 11]:
+    for mask_number in [0, -3, 1.5, "1", 11]:
         with pytest.raises(ValueError, match="mask number must be a whole number .*1 for the first"):
-            fillmask_tab.on_candidates(visitor, SENTENCE, "city", number)
+            fillmask_tab.on_candidates(visitor, SENTENCE, candidates="city", mask_number=mask_number)
 
 
 def test_sentence_score_of_a_masked_sentence_scores_its_best_completion(visitor, tiny_bert):

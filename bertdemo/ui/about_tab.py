@@ -1,4 +1,4 @@
-"""The About tab: what masked-language modelling is, and the seed article's GLUE table as a chart."""
+"""The About tab: what masked-language modelling is, and the article's GLUE table as a chart."""
 import gradio as gr
 
 from .. import plots
@@ -24,7 +24,8 @@ Only the picked positions count in the loss (in code, every other label is `-100
   `DataCollatorForLanguageModeling` masks while building each batch (dynamic); the **Fine-tune**
   tab can train either way, and the **Mask sampling** tab shows the difference.
 
-The seed article's `mask_tokens` snippet gets this backwards: it sets the labels of the *masked*
+The `mask_tokens` snippet of the article this demo started from, *Fine-Tuning BERT with Masked
+Language Modeling: A Comprehensive Guide*, gets this backwards: it sets the labels of the *masked*
 tokens to `-100`, so the loss is computed on the tokens the model can see; it also always writes
 `[MASK]` (no 80/10/10), may mask `[CLS]`, `[SEP]` and padding, and masks once before its 100 epochs
 (static).
@@ -32,7 +33,7 @@ tokens to `-100`, so the loss is computed on the tokens the model can see; it al
 
 LATEX = [{"left": "$$", "right": "$$", "display": True}, {"left": "$", "right": "$", "display": False}]
 GLUE_TASKS = ["MNLI", "QQP", "QNLI", "SST-2", "CoLA", "STS-B", "MRPC", "RTE"]
-# As printed in the seed article's table (GLUE test set); sources in GLUE_SOURCES.
+# As printed in the article's table (GLUE test set); sources in GLUE_SOURCES.
 GLUE_SCORES = {
     "BiLSTM+ELMo+Attn [5]": [76.4, 87.4, 87.1, 93.2, 44.1, 70.3, 84.9, 63.8],
     "OpenAI GPT [6]": [82.1, 88.5, 88.1, 91.3, 45.4, 80.0, 82.3, 56.0],
@@ -74,7 +75,7 @@ def create_demo(store=None, settings: Settings | None = None) -> gr.Blocks:
 
 
 def glue_figure():
-    return plots.grouped_bars(GLUE_TASKS, GLUE_SCORES, "GLUE test scores, as given in the seed article",
+    return plots.grouped_bars(GLUE_TASKS, GLUE_SCORES, "GLUE test scores, as given in the article",
                               "score")
 
 

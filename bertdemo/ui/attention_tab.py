@@ -158,29 +158,35 @@ def create_demo(store: SessionStore, settings: Settings) -> gr.Blocks:
 
 # ---------------------------------------------------------------- handlers
 
-def on_run(visitor: Visitor, sentence, sentence_b, kind, layers, heads, hm, lay, hd, wd, hide, thr, number):
+def on_run(visitor: Visitor, sentence, second_sentence, bertviz_view, bertviz_layers, bertviz_heads,
+           heatmap, layer, head, whole_words, hide_special, threshold, mask_number):
     """Compute the attention of a sentence (or pair) and every view of it; keep only the query."""
     lm = visitor.lm
-    att = attention(lm, sentence, sentence_b)
-    query = Query(weakref.ref(lm), sentence, sentence_b or None)
+    att = attention(lm, sentence, second_sentence)
+    query = Query(weakref.ref(lm), sentence, second_sentence or None)
     visitor.store.keep_result(visitor.session, "attention", query, query.nbytes)
-    return (*_viz_outputs(visitor, att, kind, layers, heads),
-            *_heatmap_outputs(att, hm, lay, hd, wd, hide, thr), *_mask_outputs(att, number, hide))
+    return (*_viz_outputs(visitor, att, bertviz_view, bertviz_layers, bertviz_heads),
+            *_heatmap_outputs(att, heatmap, layer, head, whole_words, hide_special, threshold),
+            *_mask_outputs(att, mask_number, hide_special))
 
 
-def on_viz(visitor: Visitor, kind, layers, heads):
+def on_viz(visitor: Visitor, bertviz_view, bertviz_layers, bertviz_heads):
     att = recall(visitor)
-    return _viz_outputs(visitor, att, kind, layers, heads) if att is not None else (gr.skip(),) * 3
+    if att is None:
+        return (gr.skip(),) * 3
+    return _viz_outputs(visitor, att, bertviz_view, bertviz_layers, bertviz_heads)
 
 
-def on_heatmap(visitor: Visitor, hm, lay, hd, wd, hide, thr):
+def on_heatmap(visitor: Visitor, heatmap, layer, head, whole_words, hide_special, threshold):
     att = recall(visitor)
-    return _heatmap_outputs(att, hm, lay, hd, wd, hide, thr) if att is not None else (gr.skip(),) * 2
+    if att is None:
+        return (gr.skip(),) * 2
+    return _heatmap_outputs(att, heatmap, layer, head, whole_words, hide_special, threshold)
 
 
-def on_mask(visitor: Visitor, number, hide):
+def on_mask(visitor: Visitor, mask_number, hide_special):
     att = recall(visitor)
-    return _mask_outputs(att, number, hide) if att is not None else (gr.skip(),) * 3
+    return _mask_outputs(att, mask_number, hide_special) if att is not None else (gr.skip(),) * 3
 
 
 def recall(visitor: Visitor) -> Attention | None:
@@ -230,9 +236,9 @@ def _viz_outputs(visitor: Visitor, att: Attention, kind: str, layers, heads):
     return frame, _export(visitor, standalone(in_page, urls), kind), note
 
 
-def _heatmap_outputs(att: Attention, kind, layer, head, words, hide_special, threshold):
+def _heatmap_outputs(att: Attention, kind, layer, head, whole_words, hide_special, threshold):
     layer, head = min(int(layer), att.num_layers - 1), min(int(head), att.num_heads - 1)
-    shown = view(att, kind, layer, head, bool(words), bool(hide_special))
+    shown = view(att, kind, layer, head, bool(whole_words), bool(hide_special))
     fig = plots.attention_heatmap(shown.labels, shown.matrix, shown.title, shown.boundary,
                                   float(threshold or 0))
     raw = {"tokens": att.tokens, "sentence_b_start": att.sentence_b_start,
@@ -242,11 +248,11 @@ def _heatmap_outputs(att: Attention, kind, layer, head, words, hide_special, thr
     return fig, raw
 
 
-def _mask_outputs(att: Attention, number, hide_special):
+def _mask_outputs(att: Attention, mask_number, hide_special):
     if not att.mask_positions:
         return None, None, ("No `[MASK]` in the sentence: put one where a word is missing to see "
                             "what it looks at.")
-    index = _mask_index(number, len(att.mask_positions))
+    index = _mask_index(mask_number, len(att.mask_positions))
     hidden = att.special if hide_special else None
     grid = plots.mask_attention_grid(mask_rows(att, index), att.tokens, hidden,
                                      title=f"What [MASK] {index + 1} looked at (token with the most weight)")
@@ -256,8 +262,8 @@ def _mask_outputs(att: Attention, number, hide_special):
     return grid, bars, note
 
 
-def _mask_index(number, n_masks: int) -> int:
-    return validate.whole_number(number, "mask number", 1, n_masks) - 1
+def _mask_index(mask_number, n_masks: int) -> int:
+    return validate.whole_number(mask_number, "mask number", 1, n_masks) - 1
 
 
 def _ranges(indices: list[int]) -> str:

@@ -1,4 +1,4 @@
-"""The Classify tab: the seed article's downstream recipe on the visitor's labelled lines, what it
+"""The Classify tab: the article's downstream recipe on the visitor's labelled lines, what it
 costs the masked LM (forgetting, against the learning rate) and what MLM adaptation buys.
 
 Layout in section helpers; module-level handlers `on_x(visitor, ...)` wired with `handler`.
@@ -25,9 +25,9 @@ EXAMPLE_SETS = {"Topics: sport, cooking, space (45 lines)": "topics.csv",
                 "Reviews: positive, negative (24 lines)": "reviews.csv"}
 FIRST_EXAMPLE = next(iter(EXAMPLE_SETS))
 COLUMNS = ["text", "label"]
-RECIPE = """Turn the masked LM into a **classifier** the way the seed article describes (its GLUE
-table is made exactly so), on your own labelled lines. The article's four differences from
-pre-training, as this tab does them:
+RECIPE = """Turn the masked LM into a **classifier** the way the article *Fine-Tuning BERT with Masked
+Language Modeling: A Comprehensive Guide* describes (its GLUE table is made exactly so), on your own
+labelled lines. The article's four differences from pre-training, as this tab does them:
 1. **Start from the pre-trained weights**: a copy of the model's body (the shared model never changes).
 2. **A task-specific output layer**: a new head with one output per label
    (`AutoModelForSequenceClassification`).
@@ -159,11 +159,11 @@ def _section_adapt() -> dict:
 
 # ---------------------------------------------------------------- handlers
 
-def on_example(visitor: Visitor, example: str) -> list[list[str]]:
+def on_example(visitor: Visitor, example_set: str) -> list[list[str]]:
     """The bundled example set's rows."""
-    if example not in EXAMPLE_SETS:
+    if example_set not in EXAMPLE_SETS:
         raise ValueError(f"Pick one of the bundled example sets: {', '.join(EXAMPLE_SETS)}.")
-    return example_rows(example)
+    return example_rows(example_set)
 
 
 def on_upload(visitor: Visitor, file) -> list[list[str]]:

@@ -17,7 +17,7 @@ JOINT_COLUMNS = ("sentence", "joint log-prob", "fill order")
 TUNED_CHOICE = "Your fine-tuned model"
 COMPARE_COLUMNS = ("mask", "token", "p (A)", "p (B)", "change (B - A)")
 
-EXAMPLES = [  # the seed article's three sentences first
+EXAMPLES = [  # the article's three sentences first
     "Paris is the [MASK] of France.",
     "The Eiffel [MASK] is a famous landmark.",
     "La Tour Eiffel est située à [MASK].",
@@ -44,7 +44,7 @@ def render(ctx: AppContext) -> None:
         raw = gr.JSON()
     candidates, mask_number, score_btn, candidate_table = _section_candidates()
     pll_btn, pll_summary, pll_plot = _section_sentence_score()
-    other, compare_btn, compare_outputs = _section_compare(settings)
+    other_model, compare_btn, compare_outputs = _section_compare(settings)
 
     # Predictions get their own concurrency group, wide enough for the micro-batcher to gather a
     # crowd; the rest share the "model" group with the other tabs' model calls.
@@ -59,7 +59,7 @@ def render(ctx: AppContext) -> None:
                     api_name="score_candidates", concurrency_id="model")
     pll_btn.click(handler(ctx, on_sentence_score), text, [pll_summary, pll_plot], api_name="sentence_score",
                   concurrency_id="model")
-    compare_btn.click(handler(ctx, on_compare), [text, other, top_k], compare_outputs,
+    compare_btn.click(handler(ctx, on_compare), [text, other_model, top_k], compare_outputs,
                       api_name="compare_models", concurrency_id="model")
     text.change(_word_segments, text, words, api_visibility="private", queue=False)
     words.select(on_word_click, text, text, api_visibility="private")
@@ -110,7 +110,7 @@ def _section_compare(settings: Settings):
                     "each model's top-k and every token's change in probability; then both "
                     "sentence scores.")
         with gr.Row():
-            other = gr.Dropdown([TUNED_CHOICE, *allowed_choices(settings.allowed_models)], value=TUNED_CHOICE,
+            other_model = gr.Dropdown([TUNED_CHOICE, *allowed_choices(settings.allowed_models)], value=TUNED_CHOICE,
                                 label="Compare with (B)", scale=3)
             button = gr.Button("Compare", scale=1)
         note = gr.Markdown()
@@ -118,7 +118,7 @@ def _section_compare(settings: Settings):
         table = gr.Dataframe(interactive=False, headers=list(COMPARE_COLUMNS),
                              label="Tokens of either top-k: probability under each model and the change")
         score_changes = gr.Plot(label="Sentence score: change in each token's log-probability (B - A)")
-    return other, button, [note, bars, table, score_changes]
+    return other_model, button, [note, bars, table, score_changes]
 
 
 def create_demo(store, settings: Settings) -> gr.Blocks:
@@ -130,18 +130,18 @@ def create_demo(store, settings: Settings) -> gr.Blocks:
 
 # ---------------------------------------------------------------- handlers
 
-def on_predict(visitor: Visitor, sentence, k):
+def on_predict(visitor: Visitor, sentence, top_k):
     """BERT's top-k predictions for every [MASK] in a sentence, each filled on its own.
 
     Args:
         sentence: text with one or more [MASK] (any case), e.g. "Paris is the [MASK] of France."; at most the server's mask limit (10 by default) and the model's length (512 tokens for BERT).
-        k: predictions per mask, a whole number from 1 to the server's top-k limit (50 by default).
+        top_k: predictions per mask, a whole number from 1 to the server's top-k limit (50 by default).
 
     Returns:
         a bar chart (plotly), the predictions (one list per mask, best first, of {"token", "token_id", "score"} where score is the probability), and the model line (it warns when the model's MLM head is untrained).
     """
     settings = visitor.settings
-    top_k = validate.whole_number(k, "top-k", 1, settings.max_top_k)
+    top_k = validate.whole_number(top_k, "top-k", 1, settings.max_top_k)
     predictions = visitor.engine.batcher.fill_mask(visitor.lm, sentence, top_k, max_masks=settings.max_masks)
     return plotly_chart(plots.prediction_bars_json(predictions)), predictions, on_show(visitor)
 
@@ -162,21 +162,21 @@ def on_joint(visitor: Visitor, sentence, beam_size) -> pd.DataFrame:
     return pd.DataFrame([_joint_row(r) for r in results], columns=list(JOINT_COLUMNS))
 
 
-def on_candidates(visitor: Visitor, sentence, words_text, number) -> pd.DataFrame:
+def on_candidates(visitor: Visitor, sentence, candidates, mask_number) -> pd.DataFrame:
     """How likely given words are at one [MASK], whole words included: a word of n pieces is
     scored by the chain rule over its pieces, not by its first piece alone.
 
     Args:
         sentence: text with one or more [MASK] (any case), e.g. "Paris is the [MASK] of France.".
-        words_text: candidate words, comma separated, e.g. "capital, city, heart"; at most the server's limit (10 by default).
-        number: which [MASK] to score at, 1 = the first.
+        candidates: candidate words, comma separated, e.g. "capital, city, heart"; at most the server's limit (10 by default).
+        mask_number: which [MASK] to score at, 1 = the first.
 
     Returns:
         a table, best first: word, its pieces, log-probability of the whole word, mean per piece, and the first piece's probability (what pipeline("fill-mask", targets=...) reports).
     """
     settings = visitor.settings
-    index = validate.whole_number(number, "mask number", 1, settings.max_masks, ": 1 for the first [MASK]") - 1
-    results = fillmask.score_candidates(visitor.lm, sentence, words_text, index,
+    index = validate.whole_number(mask_number, "mask number", 1, settings.max_masks, ": 1 for the first [MASK]") - 1
+    results = fillmask.score_candidates(visitor.lm, sentence, candidates, index,
                                         settings.max_candidates, settings.max_masks)
     return pd.DataFrame([_candidate_row(r) for r in results])
 
@@ -201,20 +201,20 @@ def on_sentence_score(visitor: Visitor, sentence):
     return summary, plots.token_scores(result["tokens"], result["log_probs"], "PLL by token")
 
 
-def on_compare(visitor: Visitor, sentence, other, k):
+def on_compare(visitor: Visitor, sentence, other_model, top_k):
     """The sentence through two models side by side: both top-k per [MASK], each token's change in
     probability, and both sentence scores (pseudo-log-likelihood).
 
     Args:
         sentence: text with one or more [MASK] (any case), e.g. "Paris is the [MASK] of France.".
-        other: model B: "Your fine-tuned model" (this session's, compared with its base model) or a model this server offers (compared with the model this session uses).
-        k: predictions per mask and model, a whole number from 1 to the server's top-k limit (50 by default).
+        other_model: model B: "Your fine-tuned model" (this session's, compared with its base model) or a model this server offers (compared with the model this session uses).
+        top_k: predictions per mask and model, a whole number from 1 to the server's top-k limit (50 by default).
 
     Returns:
         a line naming A and B with both sentence scores, grouped bars of each token's probability under A and B per mask, a table (mask, token, p under A, p under B, change), and the per-token change in log-probability of the sentence score (None when the two tokenizers cut the sentence differently).
     """
-    top_k = validate.whole_number(k, "top-k", 1, visitor.settings.max_top_k)
-    lm, other_lm = _compared_models(visitor, other)
+    top_k = validate.whole_number(top_k, "top-k", 1, visitor.settings.max_top_k)
+    lm, other_lm = _compared_models(visitor, other_model)
     max_masks = visitor.settings.max_masks
     predictions = explain.compare_predictions(lm, other_lm, sentence, top_k, max_masks=max_masks)
     scores = explain.compare_scores(lm, other_lm, sentence, max_masks=max_masks)
@@ -230,15 +230,15 @@ def on_compare(visitor: Visitor, sentence, other, k):
             pd.DataFrame(rows, columns=list(COMPARE_COLUMNS)), score_plot)
 
 
-def _compared_models(visitor: Visitor, other) -> tuple[LoadedModel, LoadedModel]:
+def _compared_models(visitor: Visitor, other_model) -> tuple[LoadedModel, LoadedModel]:
     """(A, B): the tuned model against its base, or the session's model against a listed one."""
-    if other == TUNED_CHOICE:
+    if other_model == TUNED_CHOICE:
         tuned = visitor.store.tuned(visitor.session)
         if tuned is None:
             raise ValueError("No fine-tuned model in this session yet: fine-tune one in the Fine-tune "
                              "tab, or compare with a model from the list.")
         return visitor.store.base_for(visitor.session), tuned
-    return visitor.lm, pick(visitor, other)
+    return visitor.lm, pick(visitor, other_model)
 
 
 def _compare_note(scores: dict, blank: bool) -> str:

@@ -47,9 +47,9 @@ class RunForm:
     """The fine-tune form, built once from Gradio's positional inputs (same order as `FORM_FIELD`)."""
 
     text: str
-    length: float
-    unit: str
-    lr: float
+    training_length: float
+    length_unit: str
+    learning_rate: float
     batch_size: int
     block_length: int
     mask_probability: float
@@ -59,11 +59,11 @@ class RunForm:
     def finetune_args(self, base, limits: Limits) -> dict:
         """`finetune` keyword arguments; ValueError naming the field at fault (`.setting`).
         `base` is the session's chosen base model (a tuned model is never tuned further)."""
-        if self.unit not in ("steps", "epochs"):
+        if self.length_unit not in ("steps", "epochs"):
             raise SettingError("unit", "Count the training length in 'steps' or 'epochs'.")
-        kwargs = {self.unit: self.length, "lr": self.lr, "batch_size": self.batch_size,
-                  "max_length": self.block_length, "mlm_probability": self.mask_probability,
-                  "masking": self.masking, "seed": self.seed}
+        kwargs = {self.length_unit: self.training_length, "lr": self.learning_rate,
+                  "batch_size": self.batch_size, "max_length": self.block_length,
+                  "mlm_probability": self.mask_probability, "masking": self.masking, "seed": self.seed}
         checked = check_settings(**kwargs, limits=limits)
         prepare_text(base, self.text, checked["max_length"], limits)  # size, emptiness: refused early
         return {**kwargs, "limits": limits}
@@ -100,7 +100,7 @@ def _section_form(limits: Limits):
                       lines=8, max_length=limits.max_chars,
                       info=f"At most {limits.max_chars:,} characters.")
     gr.Examples([[EXAMPLE_TEXT], [ARTICLE_TEXT]], inputs=text,
-                example_labels=["Paris, 8 lines", "The seed article's 3 sentences"])
+                example_labels=["Paris, 8 lines", "The article's 3 sentences"])
     with gr.Row():
         length = gr.Number(label="Training length", value=30, minimum=0,
                            info=f"Steps (at most {limits.max_steps}) or epochs.")
@@ -166,15 +166,17 @@ def create_demo(store: SessionStore, settings: Settings) -> gr.Blocks:
 # ---------------------------------------------------------------- handlers
 # Gradio passes inputs positionally; the parameter names are also the public API's.
 
-def validate_run(visitor: Visitor, text, length, unit, lr, batch_size, block_length,
+def validate_run(visitor: Visitor, text, training_length, length_unit, learning_rate, batch_size, block_length,
                  mask_probability, masking, seed, keep_partial, probes):
-    form = RunForm(text, length, unit, lr, batch_size, block_length, mask_probability, masking, seed)
+    form = RunForm(text, training_length, length_unit, learning_rate, batch_size, block_length,
+                   mask_probability, masking, seed)
     return check_and_reserve(visitor, form, n_inputs=len(fields(RunForm)) + 2)
 
 
-def validate_compare(visitor: Visitor, text, length, unit, lr, batch_size, block_length,
-                     mask_probability, masking, seed):
-    form = RunForm(text, length, unit, lr, batch_size, block_length, mask_probability, masking, seed)
+def validate_compare(visitor: Visitor, text, training_length, length_unit, learning_rate, batch_size,
+                     block_length, mask_probability, masking, seed):
+    form = RunForm(text, training_length, length_unit, learning_rate, batch_size, block_length,
+                   mask_probability, masking, seed)
     return check_and_reserve(visitor, form, n_inputs=len(fields(RunForm)))
 
 
@@ -190,9 +192,10 @@ def check_and_reserve(visitor: Visitor, form: RunForm, n_inputs: int) -> list:
     return verdicts
 
 
-def on_finetune(visitor: Visitor, text, length, unit, lr, batch_size, block_length, mask_probability,
-                masking, seed, keep_partial, probes, progress=gr.Progress()):
-    form = RunForm(text, length, unit, lr, batch_size, block_length, mask_probability, masking, seed)
+def on_finetune(visitor: Visitor, text, training_length, length_unit, learning_rate, batch_size, block_length,
+                mask_probability, masking, seed, keep_partial, probes, progress=gr.Progress()):
+    form = RunForm(text, training_length, length_unit, learning_rate, batch_size, block_length,
+                   mask_probability, masking, seed)
     store, sid, limits = visitor.store, visitor.session, limits_from(visitor.settings)
     base = store.base_for(sid)
 
@@ -215,9 +218,10 @@ def on_finetune(visitor: Visitor, text, length, unit, lr, batch_size, block_leng
            _metrics_frame(history), _probe_frame(rows), model_line(store, sid, "finetune"))
 
 
-def on_compare(visitor: Visitor, text, length, unit, lr, batch_size, block_length, mask_probability,
-               masking, seed, progress=gr.Progress()):
-    form = RunForm(text, length, unit, lr, batch_size, block_length, mask_probability, masking, seed)
+def on_compare(visitor: Visitor, text, training_length, length_unit, learning_rate, batch_size, block_length,
+               mask_probability, masking, seed, progress=gr.Progress()):
+    form = RunForm(text, training_length, length_unit, learning_rate, batch_size, block_length,
+                   mask_probability, masking, seed)
     base, limits = visitor.store.base_for(visitor.session), limits_from(visitor.settings)
 
     def job(emit, should_stop):

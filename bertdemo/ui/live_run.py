@@ -1,4 +1,4 @@
-"""What the tabs that start runs share (fine-tune, mask sampling, and issue 12's classifier):
+"""What the tabs that start runs share (fine-tune, mask sampling, and the classifier):
 the limits from the settings, the probe that tells `runs` whether a queued request still exists,
 and turning a run's step events into `gr.Progress`. The run itself lives in `bertdemo.runs`."""
 from __future__ import annotations

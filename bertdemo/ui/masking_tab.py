@@ -1,5 +1,5 @@
 """The mask-sampling tab: how MLM corrupts its input, static vs dynamic masking, the 80/10/10 law,
-and the seed article's `mask_tokens` next to transformers' collator."""
+and the article's `mask_tokens` next to transformers' collator."""
 import html
 import math
 
@@ -31,9 +31,10 @@ sentence had 10 masks over 40 epochs: set *masks drawn in advance* to 10). **Dyn
 (RoBERTa) draws a fresh mask each time: epoch *e* uses seed + *e*. The curve measures, over thousands
 of copies of the text, the share of tokens chosen at least once after *n* epochs: static stays at
 1 − (1 − p)^min(n, copies), which is *p* with one mask; dynamic follows 1 − (1 − p)^n."""
-ARTICLE_HELP = """The seed article's `mask_tokens` (kept verbatim in `bertdemo.masking.article_mask_tokens`)
-on the same text, tokenized its way (`padding="max_length", max_length=20, truncation=True`), next to
-the collator. What it gets wrong: it sets the labels of the **masked** tokens to `-100`, so the loss is
+ARTICLE_HELP = """The `mask_tokens` of the article *Fine-Tuning BERT with Masked Language Modeling: A
+Comprehensive Guide* (kept verbatim in `bertdemo.masking.article_mask_tokens`) on the same text,
+tokenized its way (`padding="max_length", max_length=20, truncation=True`), next to the collator.
+What it gets wrong: it sets the labels of the **masked** tokens to `-100`, so the loss is
 computed on the tokens the model can see (copying them is enough); it can mask `[CLS]`, `[SEP]` and
 `[PAD]` and scores them; and every chosen token becomes `[MASK]` (no 80/10/10). With the same seed
 both usually pick the same positions (both compare uniform draws with 0.15), so the rows differ in
@@ -161,52 +162,58 @@ def create_demo(store: SessionStore, settings: Settings) -> gr.Blocks:
 
 # ---------------------------------------------------------------- handlers
 
-def on_sample(visitor: Visitor, sentence, seed_value, prob, prob_mask, prob_random, whole):
-    """One seeded draw of BERT's masked-LM corruption of a sentence, as
+def on_sample(visitor: Visitor, text, seed, mask_probability, mask_replace_probability,
+              random_replace_probability, whole_words):
+    """One seeded draw of BERT's masked-LM corruption of a text, as
     DataCollatorForLanguageModeling does it: which tokens are chosen, and whether each chosen
     one becomes [MASK], a random token or stays unchanged.
 
     Args:
-        sentence: the text to corrupt (no [MASK] needed), up to the model's length.
-        seed_value: a whole number from 0 to 2**32-1; the same seed gives the same draw.
-        prob: probability that a token is chosen for prediction, above 0 and at most 1 (BERT: 0.15).
-        prob_mask: of the chosen tokens, the share replaced by [MASK], 0 to 1 (BERT: 0.8).
-        prob_random: of the chosen tokens, the share replaced by a random token, 0 to 1 with prob_mask + prob_random at most 1 (BERT: 0.1); the rest stay unchanged.
-        whole: true to choose whole words (all their pieces together) instead of single pieces.
+        text: the text to corrupt, one or more sentences (no [MASK] needed), up to the model's length.
+        seed: a whole number from 0 to 2**32-1; the same seed gives the same draw.
+        mask_probability: probability that a token is chosen for prediction, above 0 and at most 1 (BERT: 0.15).
+        mask_replace_probability: of the chosen tokens, the share replaced by [MASK], 0 to 1 (BERT: 0.8).
+        random_replace_probability: of the chosen tokens, the share replaced by a random token, 0 to 1 with mask_replace_probability + random_replace_probability at most 1 (BERT: 0.1); the rest stay unchanged.
+        whole_words: true to choose whole words (all their pieces together) instead of single pieces.
 
     Returns:
-        the sentence as the model sees it (highlighted), a per-token table, counts against the configured rates, and the raw rows: per token {"token", "chosen", "outcome" ("mask", "random", "keep" or null), "seen", "label" (-100 or the original id), ...}.
+        the text as the model sees it (highlighted), a per-token table, counts against the configured rates, and the raw rows: per token {"token", "chosen", "outcome" ("mask", "random", "keep" or null), "seen", "label" (-100 or the original id), ...}.
     """
-    rows = masking.mask_sample(visitor.lm.tokenizer, sentence, seed_value, prob, prob_mask,
-                               prob_random, whole)
-    table_counts = masking.outcome_counts(rows, prob, prob_mask, prob_random, whole)
+    rows = masking.mask_sample(visitor.lm.tokenizer, text, seed, mask_probability, mask_replace_probability,
+                               random_replace_probability, whole_words)
+    table_counts = masking.outcome_counts(rows, mask_probability, mask_replace_probability,
+                                          random_replace_probability, whole_words)
     return _strip(rows), _sample_table(rows), _counts_frame(table_counts), rows
 
 
-def on_epochs(visitor: Visitor, sentence, seed_value, prob, prob_mask, prob_random, whole, n_epochs,
-              n_copies):
-    result = masking.static_vs_dynamic(visitor.lm.tokenizer, sentence, n_epochs, seed_value, prob,
-                                       prob_mask, prob_random, whole, n_copies)
+def on_epochs(visitor: Visitor, text, seed, mask_probability, mask_replace_probability,
+              random_replace_probability, whole_words, epochs, static_copies):
+    result = masking.static_vs_dynamic(visitor.lm.tokenizer, text, epochs, seed, mask_probability,
+                                       mask_replace_probability, random_replace_probability, whole_words,
+                                       static_copies)
     grids = {mode: result[mode] for mode in ("static", "dynamic")}
     return (_curve_summary(result["curve"]), plots.outcome_grid(result["tokens"], grids),
             plots.ever_chosen_curve(result["curve"]))
 
 
-def on_law(visitor: Visitor, sentence, seed_value, prob, prob_mask, prob_random, whole, n_draws):
-    rows = masking.masking_law(visitor.lm.tokenizer, sentence, n_draws, seed_value, prob, prob_mask,
-                               prob_random, whole)
+def on_law(visitor: Visitor, text, seed, mask_probability, mask_replace_probability,
+           random_replace_probability, whole_words, token_draws):
+    rows = masking.masking_law(visitor.lm.tokenizer, text, token_draws, seed, mask_probability,
+                               mask_replace_probability, random_replace_probability, whole_words)
     return plots.masking_law_bars(rows), _law_frame(rows)
 
 
-def on_article(visitor: Visitor, sentence, seed_value, prob, prob_mask, prob_random, whole, length):
+def on_article(visitor: Visitor, text, seed, mask_probability, mask_replace_probability,
+               random_replace_probability, whole_words, max_length):
     lm = visitor.lm
-    loss_fn = experiments.model_loss(lm) if length <= lm.max_length else None
-    result = masking.article_comparison(lm.tokenizer, sentence, seed_value, length, prob, prob_mask,
-                                        prob_random, whole, loss_fn=loss_fn)
+    loss_fn = experiments.model_loss(lm) if max_length <= lm.max_length else None
+    result = masking.article_comparison(lm.tokenizer, text, seed, max_length, mask_probability,
+                                        mask_replace_probability, random_replace_probability, whole_words,
+                                        loss_fn=loss_fn)
     return _article_table(result), pd.DataFrame(result["counts"]), _article_notes(result, lm.name)
 
 
-def reserve_consequence(visitor: Visitor, sentence, seed_value, steps, lr):
+def reserve_consequence(visitor: Visitor, text, seed, steps, learning_rate):
     """The validator: claims the session's run slot when the request is queued (a second click
     is refused at once, beside the text)."""
     try:
@@ -216,11 +223,11 @@ def reserve_consequence(visitor: Visitor, sentence, seed_value, steps, lr):
     return [gr.validate(True, "")] * 4
 
 
-def on_consequence(visitor: Visitor, sentence, seed_value, steps, lr, progress=gr.Progress()):
+def on_consequence(visitor: Visitor, text, seed, steps, learning_rate, progress=gr.Progress()):
     lm, limits = visitor.lm, limits_from(visitor.settings)
 
     def job(emit, should_stop):
-        return experiments.labelling_consequence(lm, sentence, steps, seed_value, lr=lr, on_step=emit,
+        return experiments.labelling_consequence(lm, text, steps, seed, lr=learning_rate, on_step=emit,
                                                  should_stop=should_stop, limits=limits)
     with runs.start(visitor.store, visitor.session, job, max_seconds=2 * limits.max_seconds) as run:
         for events in run.updates():

@@ -41,9 +41,10 @@ def create_demo(store, settings: Settings) -> gr.Blocks:
     return demo
 
 
-def on_pick(visitor: Visitor, choice) -> str:
-    """Make `choice` this session's base model; returns the line saying what the tabs use now."""
-    visitor.store.choose_base(visitor.session, pick(visitor, choice))
+def on_pick(visitor: Visitor, model) -> str:
+    """Make `model` (a name the picker offers) this session's base model; returns the line saying
+    what the tabs use now."""
+    visitor.store.choose_base(visitor.session, pick(visitor, model))
     return model_line(visitor.store, visitor.session, place="picker")
 
 
