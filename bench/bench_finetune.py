@@ -19,7 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
 import bertdemo  # noqa: E402
-from bertdemo.training import mlm_collator, prepare_text  # noqa: E402
+from bertdemo.fine_tuning import mlm_collator, prepare_text  # noqa: E402
+from bertdemo.training import Step  # noqa: E402
 from common import bert_base_folder  # noqa: E402
 
 WORDS = ("the river flows past the old city where people walk along the bridge every day and "
@@ -36,8 +37,8 @@ def run_ours(lm, args) -> dict:
     stamps = []
     _, history = bertdemo.finetune(lm, corpus(), steps=args.steps, batch_size=args.batch_size,
                                    max_length=args.max_length, eval_every=0, seed=0,
-                                   on_step=lambda e: e["kind"] == "step" and stamps.append(
-                                       (time.perf_counter(), e["tokens"])))
+                                   on_event=lambda e: isinstance(e, Step) and stamps.append(
+                                       (time.perf_counter(), e.tokens)))
     return _rate(stamps)
 
 

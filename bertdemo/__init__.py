@@ -9,7 +9,7 @@ from .fillmask import fill_jointly, fill_mask, mask_word, score_candidates, sent
 from .masking import (article_comparison, article_mask_tokens, mask_sample, masking_law, outcome_counts,
                       static_vs_dynamic)
 from .models import LoadedModel, load, pick_device
-from .training import compare_masking, finetune
+from .fine_tuning import compare_masking, finetune
 
 __all__ = ["Engine", "LoadedModel", "load", "pick_device", "fill_mask", "fill_jointly", "score_candidates",
            "sentence_score", "split_words", "mask_word", "attention",

@@ -9,23 +9,23 @@ The article's four differences from pre-training, in code:
    `lr_sweep` as the body's masked-LM loss on fixed masks of the person's text, read through the
    original MLM head, before and after.
 
-Same shape as `training.finetune` (minGPT's trainer): events through `on_step(event)`,
-`should_stop()` asked before every step, the same `Limits`, optimizer and schedule.
+The loop is `training.train`, as for the fine-tune; this module supplies the classifier's batches,
+loss and evaluation (`ClassifierTask`). A request is checked once into a `ClassifierPlan` (examples,
+split, tokens, settings), which `run_classifier` runs; `train_classifier(lm, examples, ...)` does both.
 Story: labelled lines -> checks -> stratified held-out split (seeded) -> tokens ->
-DataCollatorWithPadding batches -> AdamW (no decay on biases/LayerNorm) -> linear warmup/decay ->
-loop -> held-out loss, accuracy, macro-F1, confusion matrix.
+DataCollatorWithPadding batches -> the loop -> held-out loss, accuracy, macro-F1, confusion matrix.
 """
 from __future__ import annotations
 
 import copy
 import csv
+import dataclasses
 import io
 import itertools
 import math
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -33,26 +33,21 @@ from torch.utils.data import DataLoader
 from transformers import AutoModelForSequenceClassification, DataCollatorWithPadding, PreTrainedModel
 
 from . import validate
+from .config import Limits
+from .fine_tuning import FinetunePlan, eval_copies, evaluate, fixed_rows, mlm_collator, pack, plan_finetune, \
+    run_finetune, save_zip
 from .models import LoadedModel
-from .training import (Limits, autocast, eval_copies, evaluate, finetune, fixed_rows, linear_schedule,
-                       make_optimizer, mlm_collator, pack, save_zip)
+from .training import Evaluation, RunHistory, autocast, seeded, stream_seed, train
 
 LABEL_MAX_CHARS = 64
 HELD_OUT_SHARE = 0.2
 MAX_TOKENS = 128  # per text; longer texts are cut there (counted in `history.truncated`)
 MAX_TEXTS_TO_CLASSIFY = 100
 DEFAULT_SWEEP_LRS = (2e-5, 5e-5, 2e-4)
+ADAPT_MLM_STEPS = 60  # MLM steps that adapt a copy of the base on the examples' texts, when there is no tuned model
 HEADER_TEXT = {"text", "sentence", "example"}  # a first row naming its columns so is a header
 HEADER_LABEL = {"label", "class", "category"}
-_FORGETTING_SEED_OFFSET = 2_000_003  # masks for the forgetting measure: their own random stream
 _FORGETTING_MAX_BLOCKS = 16  # ~2,000 tokens scored at most: a second on bert-base, whatever the data
-
-
-@dataclass
-class ClassifyLimits(Limits):
-    """The fine-tune's caps (characters, steps, seconds, batch, lr) plus the number of examples."""
-
-    max_examples: int = 2_000
 
 
 @dataclass(frozen=True, eq=False)
@@ -79,48 +74,29 @@ class Split:
 
 
 @dataclass
-class ClassifyHistory:
-    """What a run did. `steps`: {"step", "loss", "lr", "elapsed"} per step; `evals`: {"step",
-    "loss", "accuracy", "macro_f1"} on the held-out examples (step 0: the untrained head, chance).
-    `predictions` (after training): {"text", "label", "predicted", "probabilities", "correct"} per
-    held-out example; `confusion[i][j]`: held-out examples of label i predicted as label j."""
+class ClassifierHistory(RunHistory):
+    """A classifier's `RunHistory`: steps, and evaluations on the held-out examples (step 0: the
+    untrained head, chance). `predictions` (after training): {"text", "label", "predicted",
+    "probabilities", "correct"} per held-out example; `confusion[i][j]`: held-out examples of
+    label i predicted as label j."""
 
-    planned_steps: int
-    labels: list[str]
-    train_size: int
-    held_out_size: int
-    steps: list[dict] = field(default_factory=list)
-    evals: list[dict] = field(default_factory=list)
-    stopped: str | None = None  # None: all steps ran; else "stopped", "time limit" or "diverged"
-    seconds: float = 0.0
+    labels: list[str] = field(default_factory=list)
+    train_size: int = 0
+    held_out_size: int = 0
     predictions: list[dict] = field(default_factory=list)
     confusion: list[list[int]] = field(default_factory=list)
     truncated: int = 0  # texts longer than MAX_TOKENS, cut there
-    settings: dict = field(default_factory=dict)
-
-    @property
-    def before(self) -> dict:
-        return self.evals[0]
-
-    @property
-    def after(self) -> dict:
-        return self.evals[-1]
-
-    @property
-    def completed(self) -> bool:
-        return self.stopped is None
 
 
-# ---------------------------------------------------------------- checking the request
+# ---------------------------------------------------------------- the request, checked once
 
 def check_examples(examples, limits: Limits | None = None) -> list[tuple[str, str]]:
     """`examples` as a list of (text, label) string pairs, stripped; raises InputError (field
     "examples") naming the row at fault and how to fix it."""
-    limits = limits or ClassifyLimits()
+    limits = limits or Limits()
     if isinstance(examples, (str, bytes)) or not isinstance(examples, (list, tuple)):
         raise validate.InputError("examples", "The examples must be a list of (text, label) pairs.")
-    most = getattr(limits, "max_examples", ClassifyLimits.max_examples)
-    validate.length_at_most(len(examples), most, "table", "examples", "Use fewer examples.",
+    validate.length_at_most(len(examples), limits.max_examples, "table", "examples", "Use fewer examples.",
                             field="examples")
     pairs = [_check_row(i, row) for i, row in enumerate(examples, start=1)]
     validate.length_at_most(sum(len(t) + len(lab) for t, lab in pairs), limits.max_chars,
@@ -169,27 +145,122 @@ def label_counts(pairs: list[tuple[str, str]]) -> dict[str, int]:
     return counts
 
 
-def check_options(*, epochs=3, lr=2e-5, batch_size=16, seed=0, freeze_body=False,
-                  limits: Limits | None = None) -> dict:
-    """The run settings, checked and normalised; raises InputError naming the setting."""
-    limits = limits or ClassifyLimits()
-    if not isinstance(freeze_body, bool):
-        raise validate.InputError("freeze body", "Freeze body must be True or False.")
-    return {"epochs": validate.whole_number(epochs, "epochs", 1, limits.max_steps),
-            "lr": validate.number(lr, "learning rate", 0.0, limits.max_lr, open_low=True),
-            "batch_size": validate.whole_number(batch_size, "batch size", 1, limits.max_batch_size),
-            "seed": validate.whole_number(seed, "seed", 0, 2**32 - 1),
-            "freeze_body": freeze_body}
+@dataclass(frozen=True)
+class ClassifierSettings:
+    """A classifier run's settings, checked (`plan_classifier`)."""
+
+    epochs: int = 3
+    learning_rate: float = 2e-5
+    batch_size: int = 16
+    seed: int = 0
+    freeze_body: bool = False  # train only the new layers (pooler and head): a linear probe
 
 
-def check_request(examples, *, limits: Limits | None = None, **options) -> tuple[list, dict, Split, int]:
-    """Everything checked before a run starts: (examples, settings, split, steps); raises
-    InputError naming the field at fault. `options` are `check_options`'s."""
-    limits = limits or ClassifyLimits()
+@dataclass(frozen=True)
+class ClassifierPlan:
+    """A checked classifier run: the model whose body is copied, the examples split and
+    tokenized once, the settings and the number of steps they make, the caps."""
+
+    lm: LoadedModel
+    examples: list[tuple[str, str]]
+    split: Split
+    settings: ClassifierSettings
+    steps: int
+    limits: Limits
+    train_features: list[dict]  # tokenizer output per training example, with "labels"
+    held_out_features: list[dict]
+    truncated: int  # texts cut at MAX_TOKENS
+
+    @property
+    def labels(self) -> list[str]:
+        return list(label_counts(self.examples))
+
+    def on(self, lm: LoadedModel) -> "ClassifierPlan":
+        """The same run on another model with the same tokenizer (an MLM-adapted body)."""
+        return dataclasses.replace(self, lm=lm)
+
+    def with_learning_rate(self, learning_rate: float) -> "ClassifierPlan":
+        return dataclasses.replace(self, settings=dataclasses.replace(self.settings, learning_rate=learning_rate))
+
+
+def plan_classifier(lm: LoadedModel, examples, *, epochs=3, learning_rate=2e-5, batch_size=16, seed=0,
+                    freeze_body=False, limits: Limits | None = None) -> ClassifierPlan:
+    """Check a classifier run on `lm`'s body and prepare its data: (text, label) pairs (at least
+    two labels with two examples each), split and tokenized. Raises `validate.InputError` naming
+    the field at fault (`.field`: these parameters' names)."""
+    limits = limits or Limits()
     examples = check_examples(examples, limits)
-    opts = check_options(limits=limits, **options)
-    split = stratified_split(examples, opts["seed"])
-    return examples, opts, split, planned_steps(opts["epochs"], len(split.train), opts["batch_size"], limits)
+    if not isinstance(freeze_body, bool):
+        raise validate.InputError("freeze_body", "Freeze body must be True or False.")
+    settings = ClassifierSettings(
+        epochs=validate.whole_number(epochs, "epochs", 1, limits.max_steps, field="epochs"),
+        learning_rate=validate.number(learning_rate, "learning rate", 0.0, limits.max_learning_rate,
+                                      open_low=True, field="learning_rate"),
+        batch_size=validate.whole_number(batch_size, "batch size", 1, limits.max_batch_size, field="batch_size"),
+        seed=validate.whole_number(seed, "seed", 0, 2**32 - 1, field="seed"), freeze_body=freeze_body)
+    split = stratified_split(examples, settings.seed)
+    steps = planned_steps(settings.epochs, len(split.train), settings.batch_size, limits)
+    label_id = {label: i for i, label in enumerate(label_counts(examples))}
+    max_length = min(MAX_TOKENS, lm.max_length)
+    train_features, cut_train = encode(lm.tokenizer, [t for t, _ in split.train], max_length)
+    held_out, cut_held = encode(lm.tokenizer, [t for t, _ in split.held_out], max_length)
+    for feature, (_, label) in zip(train_features, split.train):
+        feature["labels"] = label_id[label]
+    return ClassifierPlan(lm, examples, split, settings, steps, limits, train_features, held_out,
+                          cut_train + cut_held)
+
+
+@dataclass(frozen=True)
+class ClassifierForm:
+    """A classifier run as the page and its API ask for it (the endpoint's parameters): the
+    table as Gradio sends it, and the settings."""
+
+    examples: object
+    epochs: int
+    learning_rate: float
+    batch_size: int
+    freeze_body: bool
+    seed: int
+
+    def plan(self, lm: LoadedModel, limits: Limits) -> ClassifierPlan:
+        return plan_classifier(lm, table_examples(self.examples), **self._settings(), limits=limits)
+
+    def adaptation(self, base: LoadedModel, adapted: LoadedModel | None, limits: Limits) -> "AdaptPlan":
+        """The same run from `base`'s body and from `adapted`'s (None: one MLM-tuned first)."""
+        return plan_adaptation(base, adapted, table_examples(self.examples), **self._settings(), limits=limits)
+
+    def _settings(self) -> dict:
+        return dict(epochs=self.epochs, learning_rate=self.learning_rate, batch_size=self.batch_size,
+                    freeze_body=self.freeze_body, seed=self.seed)
+
+
+@dataclass(frozen=True)
+class SweepForm:
+    """The learning-rate sweep as the page and its API ask for it (the rates are `DEFAULT_SWEEP_LRS`)."""
+
+    examples: object
+    epochs: int
+    batch_size: int
+    seed: int
+
+    def plan(self, lm: LoadedModel, limits: Limits) -> "SweepPlan":
+        return plan_sweep(lm, table_examples(self.examples), epochs=self.epochs, batch_size=self.batch_size,
+                          seed=self.seed, limits=limits)
+
+
+def table_examples(table) -> list:
+    """A table's rows as (text, label) pairs, rows left wholly blank dropped (a row added and not
+    filled in). Takes what a Gradio Dataframe gives (a list of rows) and what a script sends
+    ({"data": rows} or a pandas DataFrame); anything else is returned as it is, for
+    `check_examples` to refuse."""
+    if hasattr(table, "values") and hasattr(table, "columns"):  # a pandas DataFrame
+        table = table.values.tolist()
+    if isinstance(table, dict) and "data" in table:
+        table = table["data"]
+    if not isinstance(table, list):
+        return table
+    return [tuple(row) if isinstance(row, list) else row for row in table
+            if not (isinstance(row, list) and all(cell is None or str(cell).strip() == "" for cell in row))]
 
 
 def planned_steps(epochs: int, train_size: int, batch_size: int, limits: Limits) -> int:
@@ -211,7 +282,7 @@ def parse_examples(content: str, limits: Limits | None = None) -> list[tuple[str
     any case) is a header and picks the columns; without one each row is exactly text, label.
     Quote a text that contains the separator: `"Goal, and a win",sport`. Blank lines are skipped.
     """
-    limits = limits or ClassifyLimits()
+    limits = limits or Limits()
     if not isinstance(content, str):
         raise validate.InputError("file", "The file must be text: UTF-8 CSV or TSV.")
     # Twice the examples' cap: separators, quotes and a header come on top of texts and labels,
@@ -289,134 +360,91 @@ def body_parameters(classifier: Classifier, lm: LoadedModel) -> list[torch.nn.Pa
     return [p for name, p in classifier.model.base_model.named_parameters() if name in copied]
 
 
-def encode(classifier: Classifier, texts: list[str]) -> tuple[list[dict], int]:
-    """Token features per text (unpadded, cut at the classifier's `max_length`) and how many
-    texts were cut."""
-    tokenizer, max_length = classifier.tokenizer, classifier.max_length
+def encode(tokenizer, texts: list[str], max_length: int) -> tuple[list[dict], int]:
+    """Token features per text (unpadded, cut at `max_length` tokens) and how many texts were cut."""
     full = tokenizer(texts, truncation=False)["input_ids"]
     cut = tokenizer(texts, truncation=True, max_length=max_length)
     features = [{k: cut[k][i] for k in cut.keys()} for i in range(len(texts))]
     return features, sum(len(ids) > max_length for ids in full)
 
 
-# ---------------------------------------------------------------- the loop
+# ---------------------------------------------------------------- the classifier's run
 
-def train_classifier(lm: LoadedModel, examples, *, epochs: int = 3, lr: float = 2e-5,
-                     batch_size: int = 16, seed: int = 0, freeze_body: bool = False,
-                     on_step: Callable[[dict], None] | None = None,
-                     should_stop: Callable[[], bool] | None = None,
-                     limits: Limits | None = None, eval_every: int | None = None,
-                     weight_decay: float = 0.01,
-                     warmup_ratio: float = 0.1) -> tuple[Classifier, ClassifyHistory]:
-    """Train a sequence classifier on a copy of `lm`'s body; returns (classifier, history).
+class ClassifierTask:
+    """What the training loop needs from a classifier's run: shuffled padded batches epoch after
+    epoch, cross-entropy on the labels, and evaluation on the held-out examples (whose last
+    probabilities it keeps, for the predictions and the confusion matrix)."""
 
-    examples: (text, label) string pairs, at least two labels with two examples each.
-    freeze_body: train only the new layers (pooler and head): a linear probe, for comparison.
-    on_step(event): {"kind": "step", "step", "steps", "loss", "lr", "elapsed"} after each step and
-    {"kind": "eval", "step", "loss", "accuracy", "macro_f1"} on the held-out examples before
-    training (step 0, the untrained head), every `eval_every` steps (default: ten times a run) and
-    at the end. should_stop(): asked before each step; True ends the run there ("stopped", or its
-    `.reason` when it has one, as `runs.StopCheck` has).
-    The run also ends at `limits.max_seconds` ("time limit") or on a non-finite loss ("diverged").
-    Same seed, examples and settings: same split, head, batches, dropout and history (dropout uses
-    torch's global generator, seeded here and restored afterwards).
-    """
-    limits = limits or ClassifyLimits()
-    examples, opts, split, steps = check_request(examples, epochs=epochs, lr=lr, batch_size=batch_size,
-                                                 seed=seed, freeze_body=freeze_body, limits=limits)
-    labels = list(label_counts(examples))
-    history = ClassifyHistory(steps, labels, len(split.train), len(split.held_out),
-                              settings={**opts, "steps": steps})
-    with torch.random.fork_rng(devices=[lm.device.index or 0] if lm.device.type == "cuda" else []):
-        torch.manual_seed(opts["seed"])  # the head's initial weights and dropout
-        classifier = build_classifier(lm, labels)
-        if opts["freeze_body"]:
-            for param in body_parameters(classifier, lm):
-                param.requires_grad_(False)
-        loop = _Loop(classifier, split, opts, steps, weight_decay, warmup_ratio)
-        history.truncated = loop.truncated
-        loop.run(history, on_step or (lambda event: None), should_stop, limits.max_seconds,
-                 eval_every if eval_every is not None else max(1, steps // 10))
-    classifier.model.eval().requires_grad_(False)
-    return classifier, history
-
-
-class _Loop:
-    """One classifier's batches, optimizer and schedule; `run` reports through callbacks."""
-
-    def __init__(self, classifier: Classifier, split: Split, opts: dict, steps: int,
-                 weight_decay: float, warmup_ratio: float):
+    def __init__(self, classifier: Classifier, plan: ClassifierPlan):
         self.classifier, self.model, self.device = classifier, classifier.model, classifier.device
-        self.steps = steps
         label_id = classifier.model.config.label2id
-        train, cut_train = encode(classifier, [t for t, _ in split.train])
-        self.held_out, cut_held = encode(classifier, [t for t, _ in split.held_out])
-        self.truncated = cut_train + cut_held
-        self.held_out_texts = split.held_out
-        self.held_out_ids = torch.tensor([label_id[lab] for _, lab in split.held_out])
-        for feature, (_, lab) in zip(train, split.train):
-            feature["labels"] = label_id[lab]
+        self.held_out_ids = torch.tensor([label_id[label] for _, label in plan.split.held_out])
         self.collate = DataCollatorWithPadding(classifier.tokenizer)
-        loader = DataLoader(train, batch_size=opts["batch_size"], shuffle=True, collate_fn=self.collate,
-                            generator=torch.Generator().manual_seed(opts["seed"]))
-        self.batches = itertools.chain.from_iterable(itertools.repeat(loader))  # epoch after epoch
-        self.model.train()
-        self.optimizer = make_optimizer(self.model, opts["lr"], weight_decay, self.device)
-        self.scheduler = linear_schedule(self.optimizer, steps, round(warmup_ratio * steps))
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.loader = DataLoader(plan.train_features, batch_size=plan.settings.batch_size, shuffle=True,
+                                 collate_fn=self.collate,
+                                 generator=torch.Generator().manual_seed(plan.settings.seed))
+        self.held_out = plan.held_out_features
+        self.last_probabilities: torch.Tensor | None = None  # (held out, labels)
 
-    def train_step(self, batch) -> float:
+    def batches(self) -> Iterator:
+        return itertools.chain.from_iterable(itertools.repeat(self.loader))  # epoch after epoch
+
+    def loss(self, batch) -> torch.Tensor:
         batch = batch.to(self.device)
         labels = batch.pop("labels")
         with autocast(self.device):
             logits = self.model(**batch).logits
-        loss = F.cross_entropy(logits.float(), labels)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.params, 1.0)
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return loss.item()
+        return F.cross_entropy(logits.float(), labels)
 
-    def evaluate(self, step: int, history: ClassifyHistory, emit: Callable) -> torch.Tensor:
-        """Held-out loss, accuracy, macro-F1 at `step`; returns the probabilities (N, labels)."""
-        probs = probabilities(self.classifier, self.held_out, self.collate)
-        result = {"step": step, **scores(probs, self.held_out_ids)}
-        history.evals.append(result)
-        emit({"kind": "eval", **result})
-        return probs
-
-    def run(self, history: ClassifyHistory, emit: Callable, should_stop: Callable | None,
-            max_seconds: float, eval_every: int) -> None:
-        start = time.perf_counter()
-        self.evaluate(0, history, emit)
-        for step in range(1, self.steps + 1):
-            history.stopped = _why_stop(should_stop, time.perf_counter() - start, max_seconds)
-            if history.stopped:
-                break
-            lr_now = self.scheduler.get_last_lr()[0]
-            loss = self.train_step(next(self.batches))
-            if not math.isfinite(loss):
-                history.stopped = "diverged"
-                break
-            event = {"step": step, "loss": loss, "lr": lr_now, "elapsed": time.perf_counter() - start}
-            history.steps.append(event)
-            emit({"kind": "step", "steps": self.steps, **event})
-            if eval_every and step % eval_every == 0 and step != self.steps:
-                self.evaluate(step, history, emit)
-        probs = self.evaluate(len(history.steps), history, emit)
-        history.predictions = held_out_predictions(self.held_out_texts, probs, history.labels)
-        history.confusion = confusion_matrix(probs.argmax(-1), self.held_out_ids, len(history.labels))
-        history.seconds = time.perf_counter() - start
-        self.optimizer = self.scheduler = None  # frees the Adam moments (2x the model) now
+    def evaluate(self, step: int) -> Evaluation:
+        """Held-out loss, accuracy, macro-F1 at `step`."""
+        self.last_probabilities = probabilities(self.classifier, self.held_out, self.collate)
+        return Evaluation(step, **scores(self.last_probabilities, self.held_out_ids))
 
 
-def _why_stop(should_stop: Callable | None, elapsed: float, max_seconds: float) -> str | None:
-    if should_stop is not None and should_stop():
-        return getattr(should_stop, "reason", None) or "stopped"  # runs.StopCheck says why
-    if elapsed > max_seconds:
-        return "time limit"
-    return None
+def run_classifier(plan: ClassifierPlan, *, on_event: Callable | None = None,
+                   should_stop: Callable[[], bool] | None = None, eval_every: int | None = None,
+                   weight_decay: float = 0.01, warmup_ratio: float = 0.1,
+                   run: str | None = None) -> tuple[Classifier, ClassifierHistory]:
+    """Train a sequence classifier on a copy of `plan.lm`'s body; returns (classifier, history).
+
+    The loop is `training.train`: its events (`Step`, `Evaluation` with macro-F1, tagged with `run`)
+    go to `on_event`; `should_stop()`, the plan's time limit and a non-finite loss end it early.
+    The same plan gives the same split, head, batches, dropout and history (dropout and the head's
+    initial weights use torch's global generator, seeded here and restored afterwards).
+    """
+    s = plan.settings
+    history = ClassifierHistory(plan.steps, {**dataclasses.asdict(s), "steps": plan.steps},
+                                labels=plan.labels, train_size=len(plan.split.train),
+                                held_out_size=len(plan.split.held_out), truncated=plan.truncated)
+    with seeded(s.seed, plan.lm.device):  # the head's initial weights and dropout
+        classifier = build_classifier(plan.lm, plan.labels)
+        if s.freeze_body:
+            for param in body_parameters(classifier, plan.lm):
+                param.requires_grad_(False)
+        classifier.model.train()
+        task = ClassifierTask(classifier, plan)
+        train(classifier.model, task.batches(), task.loss, task.evaluate, history,
+              learning_rate=s.learning_rate, max_seconds=plan.limits.max_seconds, eval_every=eval_every,
+              weight_decay=weight_decay, warmup_ratio=warmup_ratio, on_event=on_event,
+              should_stop=should_stop, run=run)
+    probs = task.last_probabilities  # of the final evaluation
+    history.predictions = held_out_predictions(plan.split.held_out, probs, history.labels)
+    history.confusion = confusion_matrix(probs.argmax(-1), task.held_out_ids, len(history.labels))
+    classifier.model.eval().requires_grad_(False)
+    return classifier, history
+
+
+def train_classifier(lm: LoadedModel, examples, *, on_event: Callable | None = None,
+                     should_stop: Callable[[], bool] | None = None, eval_every: int | None = None,
+                     **settings) -> tuple[Classifier, ClassifierHistory]:
+    """Train a sequence classifier on a copy of `lm`'s body; returns (classifier, history).
+
+    examples: (text, label) string pairs, at least two labels with two examples each.
+    settings: `plan_classifier`'s (epochs, learning_rate, batch_size, seed, freeze_body, limits).
+    """
+    return run_classifier(plan_classifier(lm, examples, **settings), on_event=on_event,
+                          should_stop=should_stop, eval_every=eval_every)
 
 
 # ---------------------------------------------------------------- predictions and scores
@@ -482,9 +510,9 @@ def classify(classifier: Classifier, texts: str | list[str]) -> list[dict[str, f
     texts = [validate.text(t, "sentence to classify", "The match ended in a draw.") for t in texts]
     validate.length_at_most(len(texts), MAX_TEXTS_TO_CLASSIFY, "list", "sentences",
                             "Classify fewer at a time.", field="texts")
-    validate.length_at_most(sum(map(len, texts)), ClassifyLimits.max_chars, "sentences",
+    validate.length_at_most(sum(map(len, texts)), Limits.max_chars, "sentences",
                             fix="Classify fewer or shorter ones.", field="texts")
-    features, _ = encode(classifier, texts)
+    features, _ = encode(classifier.tokenizer, texts, classifier.max_length)
     probs = probabilities(classifier, features)
     return [dict(zip(classifier.labels, row)) for row in probs.tolist()]
 
@@ -506,7 +534,7 @@ def forgetting_rows(lm: LoadedModel, texts: list[str], seed: int = 0,
     blocks = pack(lm, [t for t in texts if t.strip()], block)[:_FORGETTING_MAX_BLOCKS]
     if not blocks:
         raise validate.InputError("examples", "The texts have no tokens the model knows.")
-    collate = mlm_collator(lm, mlm_probability, seed + _FORGETTING_SEED_OFFSET)
+    collate = mlm_collator(lm, mlm_probability, stream_seed(seed, "forgetting"))
     return fixed_rows(collate, eval_copies(blocks, mlm_probability))
 
 
@@ -524,7 +552,7 @@ def mlm_model_on_body(lm: LoadedModel, classifier: Classifier) -> torch.nn.Modul
     return copy.deepcopy(lm.model, memo=memo).eval()
 
 
-def mlm_loss(lm: LoadedModel, rows: list[dict], classifier: Classifier | None = None) -> dict:
+def mlm_loss(lm: LoadedModel, rows: list[dict], classifier: Classifier | None = None) -> Evaluation:
     """Masked-token loss, accuracy, perplexity on fixed-mask `rows` of `lm`'s MLM head, on `lm`'s
     own body or (given a classifier) on the classifier's body."""
     model = lm.model if classifier is None else mlm_model_on_body(lm, classifier)
@@ -539,68 +567,109 @@ def forgetting(lm: LoadedModel, classifier: Classifier, texts: list[str], seed: 
     return {"before": mlm_loss(lm, rows), "after": mlm_loss(lm, rows, classifier)}
 
 
-def lr_sweep(lm: LoadedModel, examples, lrs=DEFAULT_SWEEP_LRS, *,
-             on_step: Callable[[dict], None] | None = None,
-             should_stop: Callable[[], bool] | None = None, **settings) -> dict:
-    """The same classifier trained at each learning rate (same seed, split, steps): held-out
-    accuracy against the body's MLM loss after. Returns {"mlm_before": mlm_loss dict, "points":
-    [{"lr", "accuracy", "macro_f1", "mlm_loss", "mlm_accuracy", "steps", "stopped"}, ...],
-    "histories": {lr: ClassifyHistory}}. Events carry "run" (the lr). A Stop ends the sweep."""
-    limits = settings.get("limits") or ClassifyLimits()
-    examples = check_examples(examples, limits)
-    settings.pop("lr", None)  # the sweep sets it
-    if not isinstance(lrs, (list, tuple)) or not lrs or len(lrs) > 8:
-        raise validate.InputError("learning rates", "Give one to eight learning rates to sweep, e.g. "
+@dataclass(frozen=True)
+class SweepPlan:
+    """A checked learning-rate sweep: one classifier plan, the rates, and the fixed MLM masks of
+    the examples' texts on which the body's forgetting is measured."""
+
+    plan: ClassifierPlan
+    learning_rates: tuple[float, ...]
+    mlm_rows: list[dict]
+
+
+def plan_sweep(lm: LoadedModel, examples, learning_rates=DEFAULT_SWEEP_LRS, **settings) -> SweepPlan:
+    """Check a sweep; `settings` are `plan_classifier`'s (its learning_rate is the sweep's)."""
+    settings.pop("learning_rate", None)
+    plan = plan_classifier(lm, examples, **settings)
+    if not isinstance(learning_rates, (list, tuple)) or not learning_rates or len(learning_rates) > 8:
+        raise validate.InputError("learning_rates", "Give one to eight learning rates to sweep, e.g. "
                                                     "[2e-5, 5e-5, 2e-4].")
-    lrs = [validate.number(lr, "learning rate", 0.0, limits.max_lr, open_low=True) for lr in lrs]
-    rows = forgetting_rows(lm, [t for t, _ in examples], settings.get("seed", 0))
-    sweep = {"mlm_before": mlm_loss(lm, rows), "points": [], "histories": {}}
-    for lr in lrs:
-        classifier, history = train_classifier(lm, examples, lr=lr, on_step=_tagged(on_step, lr),
-                                               should_stop=should_stop, **settings)
-        after = mlm_loss(lm, rows, classifier)
-        sweep["histories"][lr] = history
-        sweep["points"].append({"lr": lr, "accuracy": history.after["accuracy"],
-                                "macro_f1": history.after["macro_f1"], "mlm_loss": after["loss"],
-                                "mlm_accuracy": after["accuracy"], "steps": len(history.steps),
-                                "stopped": history.stopped})
+    rates = tuple(validate.number(rate, "learning rate", 0.0, plan.limits.max_learning_rate, open_low=True,
+                                  field="learning_rates") for rate in learning_rates)
+    return SweepPlan(plan, rates, forgetting_rows(lm, [t for t, _ in plan.examples], plan.settings.seed))
+
+
+def run_sweep(sweep: SweepPlan, *, on_event: Callable | None = None,
+              should_stop: Callable[[], bool] | None = None) -> dict:
+    """The same classifier trained at each learning rate (same seed, split, steps): held-out
+    accuracy against the body's MLM loss after. Returns {"mlm_before": Evaluation, "points":
+    [{"learning_rate", "accuracy", "macro_f1", "mlm_loss", "mlm_accuracy", "steps", "stopped"}, ...],
+    "histories": {rate: ClassifierHistory}}. Events carry the rate as `run` (e.g. "2e-05"). A Stop
+    ends the sweep."""
+    lm = sweep.plan.lm
+    result = {"mlm_before": mlm_loss(lm, sweep.mlm_rows), "points": [], "histories": {}}
+    for rate in sweep.learning_rates:
+        classifier, history = run_classifier(sweep.plan.with_learning_rate(rate), on_event=on_event,
+                                             should_stop=should_stop, run=f"{rate:g}")
+        after = mlm_loss(lm, sweep.mlm_rows, classifier)
+        result["histories"][rate] = history
+        result["points"].append({"learning_rate": rate, "accuracy": history.after.accuracy,
+                                 "macro_f1": history.after.macro_f1, "mlm_loss": after.loss,
+                                 "mlm_accuracy": after.accuracy, "steps": len(history.steps),
+                                 "stopped": history.stopped})
         if history.stopped == "stopped":
             break
-    return sweep
+    return result
 
 
-def adapt_then_classify(base: LoadedModel, adapted: LoadedModel | None, examples, *,
-                        mlm_steps: int = 60, mlm_lr: float = 5e-5,
-                        on_step: Callable[[dict], None] | None = None,
-                        should_stop: Callable[[], bool] | None = None,
-                        **settings) -> dict[str, ClassifyHistory]:
-    """The same classifier (seed, split, head initialisation, batches, steps) trained from the
-    base body and from an MLM-adapted body: does masked-LM training on the domain before the task
-    help (Gururangan et al. 2020, *Don't Stop Pretraining*)? `adapted`: e.g. `finetune`'s output on
-    domain text; None adapts a copy of `base` on the examples' own texts first (`mlm_steps` MLM
-    steps at `mlm_lr`: the paper's task-adaptive pretraining). Returns {"base": ClassifyHistory,
-    "adapted": ClassifyHistory} (fewer if stopped); events carry "run" ("adapting", "base",
-    "adapted")."""
-    limits = settings.get("limits") or ClassifyLimits()
-    examples = check_examples(examples, limits)
-    if adapted is None:
-        adapted, mlm = finetune(base, [t for t, _ in examples], steps=min(mlm_steps, limits.max_steps),
-                                lr=mlm_lr, seed=settings.get("seed", 0), limits=limits,
-                                on_step=_tagged(on_step, "adapting"), should_stop=should_stop)
-        if mlm.stopped:
-            return {}
-    elif (base.tokenizer is not adapted.tokenizer
-          and base.tokenizer.get_vocab() != adapted.tokenizer.get_vocab()):
+def lr_sweep(lm: LoadedModel, examples, learning_rates=DEFAULT_SWEEP_LRS, *, on_event: Callable | None = None,
+             should_stop: Callable[[], bool] | None = None, **settings) -> dict:
+    """`run_sweep(plan_sweep(lm, examples, learning_rates, **settings))`."""
+    return run_sweep(plan_sweep(lm, examples, learning_rates, **settings), on_event=on_event,
+                     should_stop=should_stop)
+
+
+@dataclass(frozen=True)
+class AdaptPlan:
+    """A checked "adapt, then classify": the classifier plan on the base body, the adapted model
+    (None: `adapting` makes one first, MLM-tuning a copy of the base on the examples' texts)."""
+
+    plan: ClassifierPlan
+    adapted: LoadedModel | None
+    adapting: FinetunePlan | None
+
+
+def plan_adaptation(base: LoadedModel, adapted: LoadedModel | None, examples, *, mlm_steps: int = ADAPT_MLM_STEPS,
+                    mlm_learning_rate: float = 5e-5, **settings) -> AdaptPlan:
+    """Check an adaptation run; `settings` are `plan_classifier`'s. ValueError if `adapted` has
+    another vocabulary than `base`."""
+    plan = plan_classifier(base, examples, **settings)
+    if adapted is not None and (base.tokenizer is not adapted.tokenizer
+                                and base.tokenizer.get_vocab() != adapted.tokenizer.get_vocab()):
         raise ValueError("The adapted model has another vocabulary than the base: adapt the same "
                          "base model you classify with.")
+    adapting = None if adapted is not None else plan_finetune(
+        base, [t for t, _ in plan.examples], steps=min(mlm_steps, plan.limits.max_steps),
+        learning_rate=mlm_learning_rate, seed=plan.settings.seed, limits=plan.limits)
+    return AdaptPlan(plan, adapted, adapting)
+
+
+def run_adaptation(adapt: AdaptPlan, *, on_event: Callable | None = None,
+                   should_stop: Callable[[], bool] | None = None) -> dict[str, ClassifierHistory]:
+    """The same classifier (seed, split, head initialisation, batches, steps) trained from the
+    base body and from an MLM-adapted body: does masked-LM training on the domain before the task
+    help (Gururangan et al. 2020, *Don't Stop Pretraining*)? Returns {"base": ClassifierHistory,
+    "adapted": ClassifierHistory} (fewer if stopped); events carry `run` ("adapting", "base",
+    "adapted")."""
+    adapted = adapt.adapted
+    if adapted is None:
+        adapted, mlm = run_finetune(adapt.adapting, on_event=on_event, should_stop=should_stop, run="adapting")
+        if mlm.stopped:
+            return {}
     histories = {}
-    for run, lm in (("base", base), ("adapted", adapted)):
-        _, histories[run] = train_classifier(lm, examples, on_step=_tagged(on_step, run),
-                                             should_stop=should_stop, **settings)
+    for run, lm in (("base", adapt.plan.lm), ("adapted", adapted)):
+        _, histories[run] = run_classifier(adapt.plan.on(lm), on_event=on_event, should_stop=should_stop,
+                                           run=run)
         if histories[run].stopped == "stopped":
             break
     return histories
 
 
-def _tagged(on_step: Callable | None, run) -> Callable[[dict], None]:
-    return lambda event: on_step({**event, "run": run}) if on_step is not None else None
+def adapt_then_classify(base: LoadedModel, adapted: LoadedModel | None, examples, *,
+                        on_event: Callable | None = None, should_stop: Callable[[], bool] | None = None,
+                        **settings) -> dict[str, ClassifierHistory]:
+    """`run_adaptation(plan_adaptation(base, adapted, examples, **settings))`: `adapted` is e.g.
+    `finetune`'s output on domain text; None adapts a copy of `base` on the examples' own texts
+    first (`mlm_steps` MLM steps at `mlm_learning_rate`: the paper's task-adaptive pretraining)."""
+    return run_adaptation(plan_adaptation(base, adapted, examples, **settings), on_event=on_event,
+                          should_stop=should_stop)

@@ -58,6 +58,12 @@ class Settings:
                               repr=False)
 
     @property
+    def limits(self) -> "Limits":
+        """The caps on each run a visitor starts (fine-tunes, classifiers, experiments)."""
+        return Limits(max_chars=self.finetune_max_chars, max_steps=self.finetune_max_steps,
+                      max_seconds=float(self.finetune_max_seconds), max_examples=self.classify_max_examples)
+
+    @property
     def allowed_models(self) -> list[str]:
         """What a visitor may pick in the page: `model` first, then each of `models`, once."""
         names = [self.model, *(self.models or "").split(",")]
@@ -80,6 +86,19 @@ class Settings:
         bad flag or env var, as argparse does."""
         args = flag_parser(cls.from_env(environ)).parse_args(argv)
         return cls(**vars(args))
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Caps on one run (a fine-tune, a classifier's training, an experiment that trains); each is
+    checked before the run starts, except the time, at which the run stops cleanly."""
+
+    max_chars: int = 20_000  # text (or labelled examples) per run
+    max_steps: int = 300
+    max_seconds: float = 120.0  # wall clock per training run
+    max_batch_size: int = 64
+    max_learning_rate: float = 1e-2
+    max_examples: int = 2_000  # labelled examples per classifier run
 
 
 def env_var(f: Field) -> str:

@@ -1,8 +1,8 @@
 """Experiments that train: what the article's labelling does to a fine-tune.
 
 `masking.py` shows how MLM corrupts its input without training anything; the experiments here
-run the trainer (`training.finetune`) on top of it, so the import graph runs one way:
-experiments -> training, masking -> models.
+run the fine-tune (`fine_tuning.run_finetune`) on top of it, so the import graph runs one way:
+experiments -> fine_tuning, masking -> models.
 """
 from __future__ import annotations
 
@@ -13,11 +13,13 @@ import torch
 from transformers.data.data_collator import pad_without_fast_tokenizer_warning
 
 from . import validate
+from .config import Limits
+from .fine_tuning import (FinetunePlan, MLMHistory, eval_copies, evaluate, fixed_rows, mlm_collator,
+                          plan_finetune, run_finetune)
 from .masking import LossFn, Rates, article_mask_tokens, check_seed
-from .training import History, Limits, eval_copies, evaluate, finetune, fixed_rows, mlm_collator, prepare_text
+from .training import Evaluation, stream_seed
 
 MAX_CONSEQUENCE_STEPS = 60  # steps per run of `labelling_consequence` (it runs two)
-_HIDDEN_SEED_OFFSET = 2_000_003  # the all-[MASK] eval masks: a stream apart from training's
 
 
 # ---------------------------------------------------------------- a loss for the hook
@@ -60,59 +62,90 @@ def article_collator(tokenizer, seed: int) -> Callable[[list[dict]], dict]:
 class Consequence:
     """What `labelling_consequence` measured.
 
-    runs: {"article": History, "collator": History}, `bertdemo.finetune`'s: each training loss is
-    its own labelling's; the evals (step 0 = before) are the standard ones, the same for both:
+    runs: {"article": MLMHistory, "collator": MLMHistory}: each training loss is its own
+    labelling's; the evaluations (step 0 = before) are the standard ones, the same for both:
     masked-token loss/accuracy on fixed 80/10/10 masks, where a model that copies its input still
-    gets the 10% kept tokens right. hidden: {"before", "article", "collator"}, `evaluate` results
-    ({"loss", "accuracy", "perplexity", "masked"}) on fixed masks where *every* chosen token is the
-    mask token: only filling a gap scores there.
+    gets the 10% kept tokens right. hidden: {"before", "article", "collator"}: `Evaluation`s on
+    fixed masks where *every* chosen token is the mask token: only filling a gap scores there.
     """
 
-    runs: dict[str, History]
-    hidden: dict[str, dict]
+    runs: dict[str, MLMHistory]
+    hidden: dict[str, Evaluation]
 
 
-def labelling_consequence(lm, texts: str | list[str], steps: int = 30, seed: int = 0,
-                          lr: float = 5e-5, batch_size: int = 8, max_length: int = 128,
-                          on_step: Callable[[dict], None] | None = None,
-                          should_stop: Callable[[], bool] | None = None,
-                          limits: Limits | None = None) -> Consequence:
-    """Two short fine-tunes of `lm` on `texts` with the same seed, data, steps and eval masks:
+@dataclass(frozen=True)
+class LabellingPlan:
+    """A checked labelling experiment: the fine-tune both runs share (text tokenized once) and
+    its all-[MASK] eval rows."""
+
+    plan: FinetunePlan
+    hidden_rows: list[dict]
+
+
+def plan_labelling(lm, texts: str | list[str], steps: int = 30, seed: int = 0,
+                   learning_rate: float = 5e-5, batch_size: int = 8, max_length: int = 128,
+                   limits: Limits | None = None) -> LabellingPlan:
+    """Check the experiment (at most MAX_CONSEQUENCE_STEPS steps per run); InputError naming the
+    field at fault (`.field`: these parameters' names)."""
+    steps = validate.whole_number(steps, "Steps", 1, MAX_CONSEQUENCE_STEPS, field="steps")
+    seed = check_seed(seed)
+    plan = plan_finetune(lm, texts, steps=steps, learning_rate=learning_rate, batch_size=batch_size,
+                         seed=seed, max_length=max_length, limits=limits)
+    return LabellingPlan(plan, hidden_eval_rows(lm, plan.data.eval, seed))
+
+
+@dataclass(frozen=True)
+class LabellingForm:
+    """The experiment as the page and its API ask for it (the endpoint's parameters)."""
+
+    text: str
+    seed: int
+    steps: int
+    learning_rate: float
+
+    def plan(self, lm, limits: Limits) -> LabellingPlan:
+        return plan_labelling(lm, self.text, self.steps, self.seed, self.learning_rate, limits=limits)
+
+
+def run_labelling(labelling: LabellingPlan, *, on_event: Callable | None = None,
+                  should_stop: Callable[[], bool] | None = None) -> Consequence:
+    """Two short fine-tunes of the plan's model with the same seed, data, steps and eval masks:
     one labelled by the article's `mask_tokens`, one by transformers' collator (15%, 80/10/10).
 
     The article's training loss scores the *visible* tokens, so it falls fast (copying is easy);
     the evaluations show what each run learnt about filling masks. Each run evaluates about 4 times
     (not `finetune`'s 11: each eval runs the model on up to 32 masked copies of the text, more
-    work than a training step on one block). Events carry "run".
+    work than a training step on one block). Events carry the labelling as `run`.
     """
-    steps = validate.whole_number(steps, "Steps", 1, MAX_CONSEQUENCE_STEPS, field="steps")
-    seed = check_seed(seed)
-    limits = limits or Limits()
-    hidden_rows = hidden_eval_rows(lm, texts, max_length, limits, seed)
+    plan, rows = labelling.plan, labelling.hidden_rows
+    lm, seed = plan.lm, plan.settings.seed
     collates = {"article": article_collator(lm.tokenizer, seed),
                 "collator": mlm_collator(lm, 0.15, seed)}  # the article's rate, 15%
-    result = Consequence({}, {"before": _evaluate(lm, lm.model, hidden_rows)})
+    result = Consequence({}, {"before": _evaluate(lm, lm.model, rows)})
     for run, collate in collates.items():
-        def tagged(event, run=run):
-            if on_step is not None:
-                on_step({**event, "run": run})
-        tuned, result.runs[run] = finetune(lm, texts, steps=steps, lr=lr, batch_size=batch_size,
-                                           seed=seed, max_length=max_length, collate_fn=collate,
-                                           eval_every=max(1, steps // 3), on_step=tagged,
-                                           should_stop=should_stop, limits=limits)
-        result.hidden[run] = _evaluate(lm, tuned.model, hidden_rows)
+        tuned, result.runs[run] = run_finetune(plan, collate_fn=collate, on_event=on_event,
+                                               eval_every=max(1, plan.settings.steps // 3),
+                                               should_stop=should_stop, run=run)
+        result.hidden[run] = _evaluate(lm, tuned.model, rows)
         if result.runs[run].stopped == "stopped":
             break
     return result
 
 
-def hidden_eval_rows(lm, texts, max_length: int, limits: Limits, seed: int) -> list[dict]:
-    """Fixed eval rows of `finetune`'s eval text with every chosen token replaced by the mask
+def labelling_consequence(lm, texts: str | list[str], steps: int = 30, seed: int = 0,
+                          learning_rate: float = 5e-5, *, on_event: Callable | None = None,
+                          should_stop: Callable[[], bool] | None = None, **settings) -> Consequence:
+    """`run_labelling(plan_labelling(lm, texts, steps, seed, learning_rate, **settings))`."""
+    return run_labelling(plan_labelling(lm, texts, steps, seed, learning_rate, **settings),
+                         on_event=on_event, should_stop=should_stop)
+
+
+def hidden_eval_rows(lm, blocks: list[dict], seed: int) -> list[dict]:
+    """Fixed eval rows of the fine-tune's eval blocks with every chosen token replaced by the mask
     token (mask_replace_prob=1), from a seed stream of their own."""
-    data = prepare_text(lm, texts, max_length, limits)
-    collate = Rates(0.15, 1.0, 0.0).collator(lm.tokenizer, seed + _HIDDEN_SEED_OFFSET)
-    return fixed_rows(collate, eval_copies(data.eval, 0.15))
+    collate = Rates(0.15, 1.0, 0.0).collator(lm.tokenizer, stream_seed(seed, "hidden"))
+    return fixed_rows(collate, eval_copies(blocks, 0.15))
 
 
-def _evaluate(lm, model, rows: list[dict]) -> dict:
+def _evaluate(lm, model, rows: list[dict]) -> Evaluation:
     return evaluate(model, rows, lm.tokenizer.pad_token_id or 0, lm.device)

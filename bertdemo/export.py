@@ -11,18 +11,19 @@ Needs only torch, transformers and accelerate where it runs, not bertdemo.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .training import History
+from .fine_tuning import MLMHistory
 
 TEMPLATE = Path(__file__).with_name("templates") / "train_mlm.py"
 DATA_FILE = "train.txt"
 
 
-def run_config(history: History, model: str, *, weight_decay: float = 0.01,
+def run_config(history: MLMHistory, model: str, *, weight_decay: float = 0.01,
                warmup_ratio: float = 0.1, model_note: str | None = None) -> dict:
     """run.json for the run that made `history`, on `model` (a hub id or a folder path).
 
@@ -38,20 +39,25 @@ def run_config(history: History, model: str, *, weight_decay: float = 0.01,
         "masking": s["masking"], "mlm_probability": s["mlm_probability"],
         "collator": {"class": "DataCollatorForLanguageModeling", "mlm_probability": s["mlm_probability"],
                      "mask_replace_prob": 0.8, "random_replace_prob": 0.1},
-        "learning_rate": s["lr"], "lr_schedule": "linear", "warmup_ratio": warmup_ratio,
+        "learning_rate": s["learning_rate"], "lr_schedule": "linear", "warmup_ratio": warmup_ratio,
         "weight_decay": weight_decay, "max_grad_norm": 1.0, "optimizer": "adamw_torch", "seed": s["seed"],
         "demo": {"steps_run": len(history.steps), "stopped": history.stopped,
-                 "eval_before": history.before if history.evals else None,
-                 "eval_after": history.after if history.evals else None},
+                 "eval_before": _scores(history.before) if history.evals else None,
+                 "eval_after": _scores(history.after) if history.evals else None},
     }
-    if "epochs" in s:
+    if s.get("epochs") is not None:
         config["demo"]["epochs_asked"] = s["epochs"]
     if model_note:
         config["model_note"] = model_note
     return config
 
 
-def training_files(history: History, model: str, texts: str | list[str], **config) -> dict[str, str]:
+def _scores(evaluation) -> dict:
+    """An `Evaluation` as run.json keeps it: its step and masked-token scores."""
+    return {k: v for k, v in dataclasses.asdict(evaluation).items() if v is not None and k != "run"}
+
+
+def training_files(history: MLMHistory, model: str, texts: str | list[str], **config) -> dict[str, str]:
     """{file name: text}: train_mlm.py, run.json and the training text."""
     text = texts if isinstance(texts, str) else "\n".join(texts)
     return {"train_mlm.py": TEMPLATE.read_text(encoding="utf-8"),
@@ -59,7 +65,7 @@ def training_files(history: History, model: str, texts: str | list[str], **confi
             DATA_FILE: text if text.endswith("\n") else text + "\n"}
 
 
-def write_files(history: History, model: str, texts: str | list[str], folder: str | Path,
+def write_files(history: MLMHistory, model: str, texts: str | list[str], folder: str | Path,
                 **config) -> Path:
     """The files in `folder` (made if needed), ready for `python folder/train_mlm.py`."""
     folder = Path(folder)
@@ -69,7 +75,7 @@ def write_files(history: History, model: str, texts: str | list[str], folder: st
     return folder
 
 
-def export_run(history: History, model: str, texts: str | list[str], path: str | Path,
+def export_run(history: MLMHistory, model: str, texts: str | list[str], path: str | Path,
                **config) -> Path:
     """A zip at `path` holding `train-mlm/` with the three files; returns `path`."""
     path = Path(path)
@@ -88,7 +94,7 @@ LAST_RUN = "finetune_run"  # the name a session store keeps it under
 class FinishedRun:
     """What an export needs from a finished fine-tune: its history, model reference and text."""
 
-    history: History
+    history: MLMHistory
     model: str  # hub id, or the name a visitor sees for a server folder (never its path)
     text: str
     model_note: str | None = None  # e.g. "a folder on the demo's server: put your copy's path here"

@@ -248,18 +248,19 @@ def _plotly_text(label: str) -> str:
     return html.escape(str(label), quote=False)
 
 
-def finetune_curves(steps: list[dict], evals: list[dict], planned_steps: int | None = None) -> go.Figure:
+def finetune_curves(steps: list, evals: list, planned_steps: int | None = None) -> go.Figure:
     """Training loss per step and eval loss (same axis), eval accuracy on a second axis.
 
-    `steps`/`evals` are `finetune`'s History lists (or the events so far, for a live plot).
+    `steps`/`evals` are a `training.RunHistory`'s `Step`s and `Evaluation`s (or the events so
+    far, for a live plot).
     Rebuilt on every live update, so it is built from dicts (`fast_figure`).
     """
-    eval_steps = [e["step"] for e in evals]
-    data = [dict(type="scatter", x=[s["step"] for s in steps], y=[s["loss"] for s in steps],
+    eval_steps = [e.step for e in evals]
+    data = [dict(type="scatter", x=[s.step for s in steps], y=[s.loss for s in steps],
                  mode="lines", name="training loss", line=dict(width=1)),
-            dict(type="scatter", x=eval_steps, y=[e["loss"] for e in evals], mode="lines+markers",
+            dict(type="scatter", x=eval_steps, y=[e.loss for e in evals], mode="lines+markers",
                  name="eval loss (fixed masks)"),
-            dict(type="scatter", x=eval_steps, y=[e["accuracy"] for e in evals], mode="lines+markers",
+            dict(type="scatter", x=eval_steps, y=[e.accuracy for e in evals], mode="lines+markers",
                  name="eval accuracy", line=dict(dash="dot"), xaxis="x", yaxis="y2")]
     layout = _secondary_y_layout()
     layout["xaxis"]["title"] = dict(text="step")
@@ -284,20 +285,20 @@ def _secondary_y_layout_cached() -> dict:
     return layout
 
 
-def masking_comparison(runs: dict[str, dict]) -> go.Figure:
+def masking_comparison(runs: dict) -> go.Figure:
     """Static vs dynamic (or any runs) overlaid: eval loss and eval accuracy against step.
 
-    `runs` maps a label to {"steps": [...], "evals": [...]} as in `finetune`'s History.
+    `runs` maps a label to a `training.RunHistory` (or the events so far: `EventLog.runs`).
     """
     fig = make_subplots(rows=1, cols=2, subplot_titles=["eval loss (fixed masks)", "eval accuracy"])
     colors = ["#636efa", "#ef553b", "#00cc96", "#ab63fa"]
     for i, (label, run) in enumerate(runs.items()):
         color = colors[i % len(colors)]
-        evals = run["evals"]
-        x = [e["step"] for e in evals]
-        fig.add_trace(go.Scatter(x=x, y=[e["loss"] for e in evals], mode="lines+markers",
+        evals = run.evals
+        x = [e.step for e in evals]
+        fig.add_trace(go.Scatter(x=x, y=[e.loss for e in evals], mode="lines+markers",
                                  name=label, line=dict(color=color), legendgroup=label), row=1, col=1)
-        fig.add_trace(go.Scatter(x=x, y=[e["accuracy"] for e in evals], mode="lines+markers",
+        fig.add_trace(go.Scatter(x=x, y=[e.accuracy for e in evals], mode="lines+markers",
                                  name=label, line=dict(color=color), legendgroup=label,
                                  showlegend=False), row=1, col=2)
     fig.update_xaxes(title_text="step")
@@ -306,20 +307,20 @@ def masking_comparison(runs: dict[str, dict]) -> go.Figure:
     return fig
 
 
-def labelling_curves(runs: dict[str, dict]) -> go.Figure:
+def labelling_curves(runs: dict) -> go.Figure:
     """Each run's training loss per step (solid) and its eval loss on fixed, properly masked
     tokens (dashed, same colour), overlaid.
 
-    `runs` maps a label to {"steps": [...], "evals": [...]} as in `finetune`'s History. Each
-    training loss is its own labelling's, so only the eval losses compare like with like.
+    `runs` maps a label to a `training.RunHistory`. Each training loss is its own labelling's, so
+    only the eval losses compare like with like.
     """
     fig = go.Figure()
     colors = ["#ef553b", "#636efa", "#00cc96", "#ab63fa"]
     for i, (label, run) in enumerate(runs.items()):
         color = colors[i % len(colors)]
-        fig.add_trace(go.Scatter(x=[s["step"] for s in run["steps"]], y=[s["loss"] for s in run["steps"]],
+        fig.add_trace(go.Scatter(x=[s.step for s in run.steps], y=[s.loss for s in run.steps],
                                  mode="lines", name=f"{label}: training loss", line=dict(color=color)))
-        fig.add_trace(go.Scatter(x=[e["step"] for e in run["evals"]], y=[e["loss"] for e in run["evals"]],
+        fig.add_trace(go.Scatter(x=[e.step for e in run.evals], y=[e.loss for e in run.evals],
                                  mode="lines+markers", name=f"{label}: eval loss (masked tokens)",
                                  line=dict(color=color, dash="dash")))
     fig.update_xaxes(title_text="step")
@@ -395,20 +396,19 @@ def comparison_bars(result: dict) -> go.Figure:
 _RUN_COLORS = ["#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a"]
 
 
-def classifier_curves(runs: dict[str, dict], planned_steps: int | None = None) -> go.Figure:
+def classifier_curves(runs: dict, planned_steps: int | None = None) -> go.Figure:
     """Training loss per step (left) and held-out accuracy (right) of one or more classifier runs,
     overlaid (e.g. from the base body and from an MLM-adapted one).
 
-    `runs` maps a name to {"steps": [...], "evals": [...]} as in `train_classifier`'s history
-    (or the events so far, for a live plot).
+    `runs` maps a name to a `training.RunHistory` (or the events so far, for a live plot).
     """
     fig = make_subplots(rows=1, cols=2, subplot_titles=["training loss", "held-out accuracy"])
     for i, (name, run) in enumerate(runs.items()):
         color, label = _RUN_COLORS[i % len(_RUN_COLORS)], _plotly_text(name)
-        fig.add_trace(go.Scatter(x=[s["step"] for s in run["steps"]], y=[s["loss"] for s in run["steps"]],
+        fig.add_trace(go.Scatter(x=[s.step for s in run.steps], y=[s.loss for s in run.steps],
                                  mode="lines", name=label, line=dict(color=color), legendgroup=label),
                       row=1, col=1)
-        fig.add_trace(go.Scatter(x=[e["step"] for e in run["evals"]], y=[e["accuracy"] for e in run["evals"]],
+        fig.add_trace(go.Scatter(x=[e.step for e in run.evals], y=[e.accuracy for e in run.evals],
                                  mode="lines+markers", name=label, line=dict(color=color),
                                  legendgroup=label, showlegend=False), row=1, col=2)
     fig.update_xaxes(title_text="step", range=[0, planned_steps] if planned_steps else None)
@@ -438,7 +438,7 @@ def forgetting_plot(points: list[dict], mlm_before: float) -> go.Figure:
     against held-out accuracy (y); a dashed line at the MLM loss before. Right is more forgetting."""
     fig = go.Figure()
     fig.add_trace(go.Scatter(x=[p["mlm_loss"] for p in points], y=[p["accuracy"] for p in points],
-                             mode="markers+text+lines", text=[f"lr {p['lr']:.0e}" for p in points],
+                             mode="markers+text+lines", text=[f"lr {p['learning_rate']:.0e}" for p in points],
                              textposition="top center", line=dict(dash="dot", color="#636efa"),
                              marker=dict(size=11), name="classifier",
                              hovertemplate="MLM loss %{x:.3f}, accuracy %{y:.0%}<extra></extra>"))

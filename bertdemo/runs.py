@@ -1,62 +1,65 @@
-"""A run's whole life, owned by the service: reserve -> start -> events -> stop / time limit ->
-keep or discard -> release.
+"""A run's whole life, in one place: declared once -> checked into a plan when its request is
+queued -> started -> events -> Stop / time limit -> kept or discarded -> slot released.
 
 A *run* is any long job a visitor starts and may stop: the MLM fine-tune, the static-vs-dynamic
-comparison, the article-labelling comparison, a classifier's training. Each session has one run
-slot (held in `SessionStore`); the UI only turns a run's events into progress bars and plots.
+comparison, the article-labelling experiment, a classifier's training, its learning-rate sweep,
+"adapt, then classify". Each kind is one `RunSpec` in `RUNS`:
 
-    ticket = runs.reserve(store, session, waiting=still_in_queue)   # when the request is queued
-    with runs.start(store, session, job, max_seconds=120) as run:    # in the handler
-        for events in run.updates():        # lists of the job's events, at most one list per 0.5 s
-            draw(events)
-        result = run.outcome()              # the job's return value; its exception re-raised here
+    RunSpec("finetune", TuningRequest, planned_on(base_model), run_tuning, keep_tuned)
+
+its endpoint, the request it takes (a dataclass whose fields are the endpoint's parameters), how a
+request is checked into a plan (`check(caller, request)`: the input checked and prepared once,
+InputError naming the field at fault), the job that runs the plan (`job(plan, on_event=...,
+should_stop=...)`) and what the session keeps of its result (`keep(caller, plan, result) -> note`). Adding a run kind
+is a declaration here plus its job; the UI wires any of them the same way (`ui/live_run.py`).
+
+Each session has one run slot (`RunSlots`, held by the session store):
+
+    plan = runs.reserve(caller, "finetune", request)       # the validator, when the request is queued
+    with runs.start(caller, "finetune", request) as run:   # the handler: takes the reserved plan
+        for log in run.updates():       # the events so far (training.EventLog), at most every 0.5 s
+            draw(log)
+        outcome = run.finish()          # the result and what was kept; the job's error re-raised here
     # leaving the block, however (error, tab closed, generator closed): stop flag set, slot released
-    note = runs.keep_or_discard(store, session, model, history, keep_partial, limits)
 
-API
-- `reserve(store, session, waiting=None) -> Ticket`: claim the session's slot when the request
-  enters the queue, so a second click is refused at once (ValueError). `waiting()` says whether
-  the queued request still exists: if it was cancelled before its handler started, the next
-  `reserve` takes the slot over instead of being refused forever (a ticket is trusted for its
-  first `GRACE_S` seconds, while the queue is still taking the request in).
-- `start(store, session, job, *, max_seconds=None, every=0.5) -> Run`: claim the reserved ticket
-  (or reserve one: a Python caller need not reserve) and run `job(emit, should_stop)` in a worker
-  thread. `emit(event)` queues an event (any object); `should_stop()` is asked before each step and
-  is True once Stop was pressed, the session closed, or `max_seconds` passed; its `.reason` is then
-  "stopped" or "time limit". `Run` is a context manager; `close()` does the release.
-- `Run.updates(every)`, `Run.outcome()`, `Run.ended` (None, "stopped" or "time limit").
-- `stop(store, session) -> bool`: ask the session's run to stop after its current step.
-- `keep_or_discard(store, session, model, history, keep_partial, limits, kind="tuned") -> str`:
-  the policy for what a run leaves. A finished run's model is kept (not switched on); a stopped or
-  timed-out one is discarded unless `keep_partial` (and it did at least one step and did not
-  diverge). `history` needs `.stopped` (None: finished), `.steps` and `.planned_steps`.
-- `model_zip(store, session, kind="tuned") -> Path`: the session's model of `kind` as a
-  save_pretrained zip, made once per model (a second click serves the same file).
+`caller` is whoever asks: anything with `.store` (the session store), `.session` (its id) and
+`.limits` (`config.Limits`); the UI's `Visitor` is one.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import queue
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from .classification import ClassifierForm, SweepForm, run_adaptation, run_classifier, run_sweep
+from .experiments import LabellingForm, run_labelling
+from .fine_tuning import (FinetuneForm, TuningPlan, TuningRequest, run_masking_comparison, run_tuning,
+                          save_zip)
+from .training import EventLog
+
 GRACE_S = 5.0  # a reservation younger than this is never taken over (its request may not be queued yet)
-ENDED_BECAUSE = {  # Run.ended / History.stopped -> why, for a sentence "the run ended early because ..."
+ENDED_BECAUSE = {  # Run.ended / RunHistory.stopped -> why, for a sentence "the run ended early because ..."
     "stopped": "you pressed Stop",
     "time limit": "it reached the time limit of {seconds} s per run",
     "diverged": "the loss became infinite or NaN (try a smaller learning rate)",
 }
-Job = Callable[[Callable[[Any], None], Callable[[], bool]], Any]  # job(emit, should_stop) -> result
+Job = Callable[..., Any]  # job(plan, *, on_event=emit, should_stop=stop_check) -> result
 
+
+# ---------------------------------------------------------------- one slot per session
 
 class Ticket(threading.Event):
-    """A session's run slot: set means "stop". Reserved when the request is queued, claimed when
-    its handler starts, released by `Run.close` (or `SessionStore.finish_run`)."""
+    """A session's run slot: set means "stop". Reserved when the request is queued (with the plan
+    its check made), claimed when its handler starts, released when the run ends."""
 
-    def __init__(self, waiting: Callable[[], bool] | None = None):
+    def __init__(self, kind: str | None = None, plan=None, waiting: Callable[[], bool] | None = None):
         super().__init__()
-        self.waiting = waiting
+        self.kind, self.plan, self.waiting = kind, plan, waiting
         self.claimed = False
         self.reserved_at = time.monotonic()
 
@@ -68,6 +71,87 @@ class Ticket(threading.Event):
             return not self.waiting()
         except Exception:  # noqa: BLE001 - a probe that fails cannot prove the request is gone
             return False
+
+
+class RunSlots:
+    """Every session's one run slot. `queue_probe(session)`, set by the web layer (it alone sees
+    its queue), says whether that session still has a request to a run endpoint (`RUNS`) queued
+    or running: a reservation whose request was cancelled before its handler started is then
+    taken over by the next click instead of refusing it forever."""
+
+    def __init__(self):
+        self._tickets: dict[str, Ticket] = {}
+        self._lock = threading.Lock()
+        self.queue_probe: Callable[[str], bool] | None = None
+
+    def reserve(self, session: str | None, kind: str | None = None, plan=None,
+                waiting: Callable[[], bool] | None = None) -> Ticket:
+        """Claim the session's slot for a request entering the queue; ValueError if a run of the
+        session is queued or running, unless that one's request left the queue (`Ticket.abandoned`)."""
+        session = _needs_session(session)
+        if waiting is None and self.queue_probe is not None:
+            waiting = functools.partial(self.queue_probe, session)
+        with self._lock:
+            held = self._tickets.get(session)
+            if held is not None and not held.abandoned():
+                raise ValueError("A run of yours (fine-tune, comparison or classifier) is already running "
+                                 "or waiting in the queue: wait for it to finish, or press Stop.")
+            self._tickets[session] = Ticket(kind, plan, waiting)
+            return self._tickets[session]
+
+    def claim(self, session: str | None, kind: str | None = None) -> Ticket:
+        """The ticket of the run starting now: the one reserved for it, else a new one. ValueError
+        if another run of this session already started."""
+        session = _needs_session(session)
+        with self._lock:
+            held = self._tickets.get(session)
+            if held is None or held.abandoned():
+                held = self._tickets[session] = Ticket(kind)
+            elif held.claimed:
+                raise ValueError("A run of yours is already running: wait for it to finish, or press Stop.")
+            held.claimed = True
+            return held
+
+    def finish(self, session: str | None, ticket: Ticket) -> None:
+        """Free the slot held by `ticket` (no-op if it was dropped or replaced since)."""
+        with self._lock:
+            if session in self._tickets and self._tickets[session] is ticket:
+                del self._tickets[session]
+        ticket.plan = None  # its prepared data goes now, not with the last reference to the ticket
+
+    def status(self, session: str | None) -> str | None:
+        """"running" (its handler started), "waiting" (reserved, still in the queue) or None."""
+        with self._lock:
+            held = self._tickets.get(session)
+            if held is None or held.abandoned():
+                return None
+            return "running" if held.claimed else "waiting"
+
+    def stop(self, session: str | None) -> bool:
+        """Ask the session's run to stop after its current step. False if nothing runs."""
+        with self._lock:
+            held = self._tickets.get(session)
+        if held is None:
+            return False
+        held.set()
+        return True
+
+    def drop(self, session: str | None) -> None:
+        """The session ended: its run stops within a step and its slot is freed."""
+        with self._lock:
+            held = self._tickets.pop(session, None)
+        if held is not None:
+            held.set()
+
+    def busy(self, session: str | None) -> bool:
+        with self._lock:
+            return session in self._tickets
+
+
+def _needs_session(session: str | None) -> str:
+    if not session:
+        raise ValueError("This needs a browser session: open the demo in a browser or use gradio_client.")
+    return session
 
 
 class StopCheck:
@@ -87,66 +171,109 @@ class StopCheck:
         return self.reason is not None
 
 
-def reserve(store, session: str | None, waiting: Callable[[], bool] | None = None) -> Ticket:
-    """Claim the session's run slot for a request entering the queue (ValueError if taken)."""
-    return store.reserve_run(session, waiting)
+# ---------------------------------------------------------------- a kind of run, declared once
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One kind of run (see the module doc). `trainings`: the training runs its job holds, so its
+    time limit is that many times the per-run limit."""
+
+    api_name: str
+    request: type  # a dataclass: its fields are the endpoint's parameters, in order
+    check: Callable[[Any, Any], Any]  # (caller, request) -> plan; InputError naming the field
+    job: Job
+    keep: Callable[[Any, Any, Any], str | None] = lambda caller, plan, result: None  # keeps nothing
+    trainings: int = 1
 
 
-def stop(store, session: str | None) -> bool:
-    """Ask the session's run to stop after its current step; False if nothing runs."""
-    return store.request_stop(session)
+@dataclass(frozen=True)
+class Outcome:
+    """How a run ended: the plan it ran, its job's result, and what the session kept of it."""
+
+    plan: Any
+    result: Any
+    note: str | None  # what the keep policy did, as a sentence for the page (None: keeps nothing)
+    ended: str | None  # None: ran to the end; "stopped" or "time limit" (the run's stop check)
 
 
-def start(store, session: str | None, job: Job, *, max_seconds: float | None = None) -> "Run":
-    """Claim the session's slot and run `job(emit, should_stop)` in a worker thread."""
-    ticket = store.claim_run(session)
+def reserve(caller, kind: str | RunSpec, request):
+    """The validator's half, when the request enters the queue: check `request` into the plan of
+    a run of `kind` (a name in `RUNS`, or a spec), and reserve the caller's slot with it (a second
+    click is refused at once). Returns the plan; InputError (a ValueError) says what to fix,
+    naming the field."""
+    spec = _spec(kind)
+    plan = spec.check(caller, request)
+    caller.store.runs.reserve(caller.session, spec.api_name, plan)
+    return plan
+
+
+def start(caller, kind: str | RunSpec, request=None) -> "Run":
+    """The handler's half: claim the caller's slot and run the job of `kind` in a worker thread,
+    on the plan reserved with the slot (or, for a caller that did not reserve, `request`'s)."""
+    spec, slots = _spec(kind), caller.store.runs
+    ticket = slots.claim(caller.session, spec.api_name)
     try:
-        return Run(store, session, ticket, job, max_seconds)
+        reserved = ticket.kind == spec.api_name and ticket.plan is not None
+        plan = ticket.plan if reserved else spec.check(caller, request)
+        return Run(caller, spec, ticket, plan)
     except BaseException:
-        store.finish_run(session, ticket)
+        slots.finish(caller.session, ticket)
         raise
+
+
+def _spec(kind: str | RunSpec) -> RunSpec:
+    return kind if isinstance(kind, RunSpec) else RUNS[kind]
+
+
+def stop(caller) -> bool:
+    """Ask the caller's run to stop after its current step; False if nothing runs."""
+    return caller.store.runs.stop(caller.session)
 
 
 class Run:
     """One job running in a worker thread, with its stop flag and the session's slot."""
 
-    def __init__(self, store, session: str | None, ticket: Ticket, job: Job, max_seconds: float | None):
-        self.store, self.session, self.ticket = store, session, ticket
-        self.should_stop = StopCheck(ticket, max_seconds)
+    def __init__(self, caller, spec: RunSpec, ticket: Ticket, plan):
+        self.caller, self.spec, self.ticket, self.plan = caller, spec, ticket, plan
+        self.should_stop = StopCheck(ticket, spec.trainings * caller.limits.max_seconds)
+        self.log = EventLog()
         self._events: queue.Queue = queue.Queue()
         self._result = None
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._work, args=(job,), daemon=True)
+        self._thread = threading.Thread(target=self._work, daemon=True)
         self._thread.start()
 
-    def _work(self, job: Job) -> None:
+    def _work(self) -> None:
         try:
-            self._result = job(self._events.put, self.should_stop)
-        except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread by outcome()
+            self._result = self.spec.job(self.plan, on_event=self._events.put, should_stop=self.should_stop)
+        except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread by finish()
             self._error = err
 
     def updates(self, every: float = 0.5):
-        """Lists of new events, at most one list per `every` seconds, until the job ends."""
+        """`self.log` after each batch of new events, at most once per `every` seconds, until the
+        job ends."""
         # Waiting the whole interval (not just for the first event) matters: a step takes
         # milliseconds on a small model, and a page redrawn at every step starves the run of CPU.
         while self._thread.is_alive() or not self._events.empty():
             self._thread.join(timeout=every)  # returns at once when the job ends
-            batch = []
+            new = False
             try:
                 while True:
-                    batch.append(self._events.get_nowait())
+                    self.log.add(self._events.get_nowait())
+                    new = True
             except queue.Empty:
                 pass
-            if batch:
-                yield batch
+            if new:
+                yield self.log
         self._thread.join()
 
-    def outcome(self):
-        """The job's return value, once it ended (waits for it); re-raises its exception here."""
+    def finish(self) -> Outcome:
+        """Wait for the job; re-raise its error here, or apply the kind's keep policy."""
         self._thread.join()
         if self._error is not None:
             raise self._error
-        return self._result
+        note = self.spec.keep(self.caller, self.plan, self._result)
+        return Outcome(self.plan, self._result, note, self.ended)
 
     @property
     def ended(self) -> str | None:
@@ -156,7 +283,7 @@ class Run:
     def close(self) -> None:
         """Stop the job (it ends within one step) and free the session's slot. Idempotent."""
         self.ticket.set()
-        self.store.finish_run(self.session, self.ticket)
+        self.caller.store.runs.finish(self.caller.session, self.ticket)
 
     def __enter__(self) -> "Run":
         return self
@@ -167,10 +294,11 @@ class Run:
 
 # ---------------------------------------------------------------- what a run leaves
 
-def keep_or_discard(store, session: str | None, model, history, keep_partial: bool, limits,
-                    kind: str = "tuned") -> str:
-    """Keep the run's model as the session's model of `kind`, or say why it was not kept."""
-    done = len(history.steps)
+def keep_or_discard(caller, model, history, keep_partial: bool, kind: str = "tuned") -> str:
+    """Keep the run's model as the session's model of `kind`, or say why it was not kept: a
+    finished run's model is kept (not switched on); a stopped or timed-out one only if
+    `keep_partial` (and it did at least one step), a diverged one never."""
+    store, session, done = caller.store, caller.session, len(history.steps)
     if history.stopped is None or (keep_partial and history.stopped != "diverged" and done > 0):
         store.put_model(session, kind, model)
         if kind == "tuned" and store.using_tuned(session):
@@ -178,7 +306,7 @@ def keep_or_discard(store, session: str | None, model, history, keep_partial: bo
         if kind == "tuned":
             return "It is your tuned model now: press **Use my tuned model in all tabs** to try it there."
         return f"It is your {kind} model now."
-    why = ENDED_BECAUSE[history.stopped].format(seconds=int(limits.max_seconds))
+    why = ENDED_BECAUSE[history.stopped].format(seconds=int(caller.limits.max_seconds))
     previous = (f"your previous {kind} model is unchanged" if store.model(session, kind) is not None
                 else f"you have no {kind} model yet")
     return (f"The run ended early because {why}, after {done} of {history.planned_steps} steps. "
@@ -188,8 +316,6 @@ def keep_or_discard(store, session: str | None, model, history, keep_partial: bo
 def model_zip(store, session: str | None, kind: str = "tuned") -> Path:
     """The session's model of `kind` as a save_pretrained zip, made once per model; ValueError if
     it has none or the zip is over the store's download cap."""
-    from .training import save_zip  # here, not at the top: runs.py is generic, only zips know models
-
     model = store.model(session, kind)
     if model is None:
         raise ValueError(f"You have no {kind} model to download: run a fine-tune first.")
@@ -200,3 +326,48 @@ def model_zip(store, session: str | None, kind: str = "tuned") -> Path:
         raise ValueError(f"The {kind} model's zip is {size / 1e6:.0f} MB; this server serves at "
                          f"most {store.max_download_bytes / 1e6:.0f} MB.")
     return archive
+
+
+# ---------------------------------------------------------------- the kinds of run
+
+def keep_tuned(caller, plan: TuningPlan, result) -> str:
+    tuned, history = result
+    return keep_or_discard(caller, tuned, history, plan.keep_partial)
+
+
+def keep_classifier(caller, plan, result) -> str:
+    """A classifier is kept even when stopped (its scores are shown where it stopped), never when
+    its loss diverged; it replaces the session's earlier one."""
+    classifier, history = result
+    return keep_or_discard(caller, classifier, history, keep_partial=True, kind="classifier")
+
+
+def base_model(caller):
+    """The caller's base model (the one it picked, else the app's): what fine-tunes start from, so
+    that a tuned model is never tuned further."""
+    return caller.store.base_for(caller.session)
+
+
+def session_model(caller):
+    """The model the caller's tabs use now (its tuned model when switched on)."""
+    return caller.store.for_session(caller.session)
+
+
+def planned_on(model_of: Callable) -> Callable:
+    """A `check` that plans the request on `model_of(caller)`, within the caller's limits."""
+    return lambda caller, request: request.plan(model_of(caller), caller.limits)
+
+
+def check_adaptation(caller, form: ClassifierForm):
+    """From the base body and from the session's tuned one (or one tuned on the examples first)."""
+    return form.adaptation(base_model(caller), caller.store.tuned(caller.session), caller.limits)
+
+
+RUNS: dict[str, RunSpec] = {spec.api_name: spec for spec in (
+    RunSpec("finetune", TuningRequest, planned_on(base_model), run_tuning, keep_tuned),
+    RunSpec("compare_masking", FinetuneForm, planned_on(base_model), run_masking_comparison, trainings=2),
+    RunSpec("article_finetune", LabellingForm, planned_on(session_model), run_labelling, trainings=2),
+    RunSpec("train_classifier", ClassifierForm, planned_on(session_model), run_classifier, keep_classifier),
+    RunSpec("forgetting_sweep", SweepForm, planned_on(session_model), run_sweep, trainings=3),
+    RunSpec("adapt_then_classify", ClassifierForm, check_adaptation, run_adaptation, trainings=3),
+)}

@@ -1,9 +1,9 @@
 """Everything one browser session (a visitor) holds, and the one policy that frees it.
 
 Per session: the base model it picked, its models by kind ("tuned" from the fine-tune, "classifier"
-from the Classify tab, ...), which of them its tabs use, its run slot (`runs.Ticket`), small results kept
-between events (e.g. the attention tab's last query), and a temp folder for its downloads and
-exports. Keyed by Gradio's session hash; a script's `gradio_client` session is one too.
+from the Classify tab, ...), which of them its tabs use, its run slot (`store.runs`, a
+`runs.RunSlots`), small results kept between events (e.g. the attention tab's last query), and a
+temp folder for its downloads and exports. Keyed by Gradio's session hash; a script's `gradio_client` session is one too.
 
 The cleanup policy, in one place:
 - session end: `drop` (the page's unload event) frees all of it at once and stops its run;
@@ -20,7 +20,6 @@ registered: its cap is `max_models.get(kind, max_tuned)`.
 """
 from __future__ import annotations
 
-import functools
 import shutil
 import tempfile
 import threading
@@ -32,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .models import LoadedModel
-from .runs import Ticket
+from .runs import RunSlots
 
 DEFAULT_MAX_TUNED = 8
 DEFAULT_MAX_DOWNLOAD_BYTES = 2048 * 2**20
@@ -47,7 +46,6 @@ class _Session:
     models: dict[str, Any] = field(default_factory=dict)  # kind -> its model ("tuned", "classifier")
     use_tuned: bool = False
     evicted: set[str] = field(default_factory=set)  # kinds whose model was evicted for another's
-    run: Ticket | None = None  # its reserved or running run's slot (set = stop)
     folder: Path | None = None  # its downloads and exports
     files: dict[str, tuple[Callable, Path]] = field(default_factory=dict)  # name -> (owner ref, file)
     results: dict[str, tuple[Any, int]] = field(default_factory=dict)  # name -> (value, bytes)
@@ -76,9 +74,7 @@ class SessionStore:
         self._root: Path | None = None  # temp area for every session's files
         self._closed: deque[str] = deque(maxlen=_REMEMBERED_CLOSED)  # dropped sessions, newest last
         self._swept = time.monotonic()
-        # Set by the web layer (ui/live_run.watch_queue): queue_probe(session) says whether that
-        # session's run request is still in the server's queue; see `reserve_run`.
-        self.queue_probe: Callable[[str], bool] | None = None
+        self.runs = RunSlots()  # each session's one run slot (runs.py)
 
     # ------------------------------------------------------------ which model
     def for_session(self, session_id: str | None) -> LoadedModel:
@@ -193,66 +189,6 @@ class SessionStore:
                 entry.use_tuned = False
         return self.base_for(session_id)
 
-    # ------------------------------------------------------------ one run at a time (see runs.py)
-    def reserve_run(self, session_id: str | None, waiting: Callable[[], bool] | None = None) -> Ticket:
-        """Claim this session's single run slot (when the request is queued); returns the run's
-        ticket, its stop flag. ValueError if a run is already queued or running for it, unless
-        that one's request left the queue without starting (`Ticket.abandoned`): `waiting()`, by
-        default `queue_probe(session_id)` when set, says whether it is still queued."""
-        if waiting is None and self.queue_probe is not None and session_id:
-            waiting = functools.partial(self.queue_probe, session_id)
-        with self._lock:
-            entry = self._entry(session_id)
-            if entry.run is not None and not entry.run.abandoned():
-                raise ValueError("A run of yours (fine-tune or comparison) is already running or "
-                                 "waiting in the queue: wait for it to finish, or press Stop.")
-            entry.run = Ticket(waiting)
-            return entry.run
-
-    def claim_run(self, session_id: str | None) -> Ticket:
-        """The ticket of the run starting now: the one reserved for it, else a new one.
-        ValueError if another run of this session already started."""
-        with self._lock:
-            entry = self._entry(session_id)
-            if entry.run is None or entry.run.abandoned():
-                entry.run = Ticket()
-            elif entry.run.claimed:
-                raise ValueError("A run of yours is already running: wait for it to finish, or press Stop.")
-            entry.run.claimed = True
-            return entry.run
-
-    def run_flag(self, session_id: str | None) -> Ticket:
-        """The ticket of this session's reserved run, reserving one if none is."""
-        with self._lock:
-            entry = self._entry(session_id)
-            if entry.run is None:
-                entry.run = Ticket()
-            return entry.run
-
-    def finish_run(self, session_id: str | None, flag: threading.Event) -> None:
-        """Free the slot held by the run with ticket `flag` (no-op if it was dropped or replaced)."""
-        with self._lock:
-            entry = self._get(session_id)
-            if entry is not None and entry.run is flag:
-                entry.run = None
-
-    def run_status(self, session_id: str | None) -> str | None:
-        """"running" (its handler started), "waiting" (reserved, still in the queue) or None."""
-        with self._lock:
-            entry = self._get(session_id)
-            if entry is None or entry.run is None or entry.run.abandoned():
-                return None
-            return "running" if entry.run.claimed else "waiting"
-
-    def request_stop(self, session_id: str | None) -> bool:
-        """Ask this session's run to stop after its current step. False if nothing runs."""
-        with self._lock:
-            entry = self._get(session_id)
-            if entry is None or entry.run is None:
-                return False
-            entry.run.set()
-            return True
-
     # ------------------------------------------------------------ small results between events
     def keep_result(self, session_id: str | None, name: str, value, nbytes: int) -> None:
         """Keep `value` (about `nbytes` in memory) for this session under `name`, replacing the
@@ -342,6 +278,7 @@ class SessionStore:
             entry = self._sessions.pop(session_id, None)
             if session_id:
                 self._closed.append(session_id)
+        self.runs.drop(session_id)
         _free(entry)
 
     def sweep(self, now: float | None = None) -> list[str]:
@@ -351,7 +288,7 @@ class SessionStore:
         with self._lock:
             self._swept = now
             idle = [sid for sid, e in self._sessions.items()
-                    if now - e.used > self.max_idle_s and e.run is None]
+                    if now - e.used > self.max_idle_s and not self.runs.busy(sid)]
             entries = [self._sessions.pop(sid) for sid in idle]
         for entry in entries:
             _free(entry)
@@ -387,8 +324,6 @@ def _free(entry: _Session | None) -> None:
     """Release what a session held (its record is already out of the store)."""
     if entry is None:
         return
-    if entry.run is not None:
-        entry.run.set()  # the worker ends within one step
     entry.models.clear()
     entry.results.clear()
     if entry.folder is not None:

@@ -93,17 +93,17 @@ def mask_attention_grid(rows, labels: list[str], hidden: list[bool] | None = Non
     return fig
 
 
-def finetune_curves(steps: list[dict], evals: list[dict], planned_steps: int | None = None) -> go.Figure:
+def finetune_curves(steps: list, evals: list, planned_steps: int | None = None) -> go.Figure:
     """Training loss per step and eval loss (same axis), eval accuracy on a second axis.
 
-    `steps`/`evals` are `finetune`'s History lists (or the events so far, for a live plot).
+    `steps`/`evals` are a `training.RunHistory`'s `Step`s and `Evaluation`s.
     """
     fig = make_subplots(specs=[[{"secondary_y": True}]])
-    fig.add_trace(go.Scatter(x=[s["step"] for s in steps], y=[s["loss"] for s in steps],
+    fig.add_trace(go.Scatter(x=[s.step for s in steps], y=[s.loss for s in steps],
                              mode="lines", name="training loss", line=dict(width=1)))
-    fig.add_trace(go.Scatter(x=[e["step"] for e in evals], y=[e["loss"] for e in evals],
+    fig.add_trace(go.Scatter(x=[e.step for e in evals], y=[e.loss for e in evals],
                              mode="lines+markers", name="eval loss (fixed masks)"))
-    fig.add_trace(go.Scatter(x=[e["step"] for e in evals], y=[e["accuracy"] for e in evals],
+    fig.add_trace(go.Scatter(x=[e.step for e in evals], y=[e.accuracy for e in evals],
                              mode="lines+markers", name="eval accuracy", line=dict(dash="dot")),
                   secondary_y=True)
     fig.update_xaxes(title_text="step", range=[0, planned_steps] if planned_steps else None)

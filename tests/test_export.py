@@ -13,7 +13,7 @@ import tiny_models
 from bertdemo import export
 
 TEXT = "\n".join(tiny_models.SENTENCES * 3)
-SETTINGS = dict(steps=2, batch_size=4, lr=3e-4, seed=3, max_length=32, mlm_probability=0.2)
+SETTINGS = dict(steps=2, batch_size=4, learning_rate=3e-4, seed=3, max_length=32, mlm_probability=0.2)
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def test_export_zip_has_script_settings_and_data(runs, tiny_bert_dir, tmp_path):
 
 def test_a_history_without_settings_is_refused():
     with pytest.raises(ValueError, match="bertdemo.finetune"):
-        export.run_config(bertdemo.training.History(planned_steps=1), "bert-base-uncased")
+        export.run_config(bertdemo.fine_tuning.MLMHistory(planned_steps=1), "bert-base-uncased")
 
 
 def run_script(folder, *args):
@@ -63,7 +63,7 @@ def test_first_step_loss_matches_the_demo_loop(runs, tiny_bert_dir, tmp_path, ma
     """Same batch, same masks, same dropout: the script's Trainer loss equals the demo's step 1."""
     folder = export.write_files(runs[masking], str(tiny_bert_dir), TEXT, tmp_path)
     loss = json.loads(run_script(folder, "--first-batch-loss").strip().splitlines()[-1])["loss"]
-    assert loss == pytest.approx(runs[masking].steps[0]["loss"], rel=1e-5)
+    assert loss == pytest.approx(runs[masking].steps[0].loss, rel=1e-5)
 
 
 @pytest.mark.slow

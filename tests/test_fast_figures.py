@@ -7,6 +7,7 @@ import pytest
 
 import reference_plots
 from bertdemo import plots
+from bertdemo.training import Evaluation, Step
 
 
 def _json(fig) -> dict:
@@ -58,8 +59,8 @@ def test_mask_attention_grid(hidden):
 
 @pytest.mark.parametrize("planned", [None, 0, 300])
 def test_finetune_curves(planned):
-    steps = [{"step": i, "loss": 5 - i / 50} for i in range(1, 40)]
-    evals = [{"step": i * 10, "loss": 4.5 - i / 10, "accuracy": 0.1 * i} for i in range(4)]
+    steps = [Step(i, 39, 5 - i / 50, 1e-4, elapsed=i / 10) for i in range(1, 40)]
+    evals = [Evaluation(i * 10, 4.5 - i / 10, 0.1 * i) for i in range(4)]
     assert _json(plots.finetune_curves(steps, evals, planned)) == \
         _json(reference_plots.finetune_curves(steps, evals, planned))
     assert _json(plots.finetune_curves([], [], planned)) == _json(reference_plots.finetune_curves([], [], planned))

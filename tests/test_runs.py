@@ -1,7 +1,10 @@
-"""bertdemo.runs: a run's whole life (slot, worker, events, Stop, time limit, keep/discard,
-release), on its own and through the app, including a queued request cancelled before it starts."""
+"""bertdemo.runs: a run's whole life (declaration, slot, plan, worker, events, Stop, time limit,
+keep/discard, release), on its own and through the app, including a queued request cancelled
+before it starts."""
+import dataclasses
 import threading
 import time
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -9,114 +12,146 @@ import pytest
 import bertdemo
 import tiny_models
 from bertdemo import runs
+from bertdemo.config import Limits
+from bertdemo.fine_tuning import finetune
 from bertdemo.sessions import SessionStore
-from bertdemo.training import Limits, finetune
+from bertdemo.training import Step
 
 REPEATED = "\n".join(tiny_models.SENTENCES * 5)
-FAST = dict(lr=1e-2, batch_size=8, max_length=16)
+FAST = dict(learning_rate=1e-2, batch_size=8, max_length=16)
 
 
-def tune_job(lm, steps=50, on_event=None):
-    def job(emit, should_stop):
+def caller(store, session="a", limits=None):
+    """Who asks for a run, as `runs` sees a visitor: the store, the session, the caps."""
+    return SimpleNamespace(store=store, session=session, limits=limits or Limits())
+
+
+def spec_of(job, name="test"):
+    """A run kind whose request is its own plan and whose job is `job(plan, on_event, should_stop)`."""
+    return runs.RunSpec(name, dict, check=lambda caller, request: request, job=job)
+
+
+def tune_job(lm, steps=50, also=None):
+    """A run kind that fine-tunes `lm`, its events also sent to `also`."""
+    def job(plan, on_event, should_stop):
         def step(event):
-            emit(event)
-            if on_event:
-                on_event(event)
-        return finetune(lm, REPEATED, steps=steps, on_step=step, should_stop=should_stop, **FAST)
-    return job
+            on_event(event)
+            if also:
+                also(event)
+        return finetune(lm, REPEATED, steps=steps, on_event=step, should_stop=should_stop, **FAST)
+    return spec_of(job)
 
 
 def test_stop_ends_the_run_within_one_step_and_frees_the_slot(tiny_bert):
     store = SessionStore(tiny_bert)
 
     def press_stop_at_step_2(event):
-        if event["kind"] == "step" and event["step"] == 2:
-            assert runs.stop(store, "a")
+        if isinstance(event, Step) and event.step == 2:
+            assert runs.stop(caller(store))
 
-    with runs.start(store, "a", tune_job(tiny_bert, on_event=press_stop_at_step_2)) as run:
-        events = [e for batch in run.updates(every=0.01) for e in batch]
-        assert store.run_status("a") == "running"
-        _, history = run.outcome()
-    assert history.stopped == "stopped" and len(history.steps) == 2 and run.ended == "stopped"
-    assert [e["step"] for e in events if e["kind"] == "step"] == [1, 2]
-    assert store.run_status("a") is None and runs.stop(store, "a") is False
-    runs.reserve(store, "a")  # free again
+    with runs.start(caller(store), tune_job(tiny_bert, also=press_stop_at_step_2), {}) as run:
+        logs = list(run.updates(every=0.01))
+        assert store.runs.status("a") == "running"
+        outcome = run.finish()
+    _, history = outcome.result
+    assert history.stopped == "stopped" and len(history.steps) == 2 and outcome.ended == "stopped"
+    assert [s.step for s in logs[-1].latest.steps] == [1, 2]
+    assert store.runs.status("a") is None and runs.stop(caller(store)) is False
+    store.runs.reserve("a")  # free again
 
 
 def test_time_limit_of_the_run_is_reported_as_such(tiny_bert):
     store = SessionStore(tiny_bert)
-    with runs.start(store, "a", tune_job(tiny_bert), max_seconds=0) as run:
-        _, history = run.outcome()
-    assert history.stopped == "time limit" and run.ended == "time limit" and history.steps == []
+    with runs.start(caller(store, limits=Limits(max_seconds=0)), tune_job(tiny_bert), {}) as run:
+        outcome = run.finish()
+    _, history = outcome.result
+    assert history.stopped == "time limit" and outcome.ended == "time limit" and history.steps == []
 
 
 def test_a_failing_job_raises_in_the_caller_and_frees_the_slot(tiny_bert):
     store = SessionStore(tiny_bert)
+    started = Step(1, 1, 0.5, 1e-3, 0.0)
 
-    def job(emit, should_stop):
-        emit("started")
+    def job(plan, on_event, should_stop):
+        on_event(started)
         raise ValueError("bad input")
 
     with pytest.raises(ValueError, match="bad input"):
-        with runs.start(store, "a", job) as run:
-            assert [e for batch in run.updates(every=0.01) for e in batch] == ["started"]
-            run.outcome()
-    assert store.run_status("a") is None
+        with runs.start(caller(store), spec_of(job), {}) as run:
+            assert [log.latest.steps for log in run.updates(every=0.01)] == [[started]]
+            run.finish()
+    assert store.runs.status("a") is None
 
 
 def test_leaving_early_stops_the_worker_as_a_closed_tab_does(tiny_bert):
     store = SessionStore(tiny_bert)
     gate = threading.Event()
 
-    def job(emit, should_stop):
+    def job(plan, on_event, should_stop):
         while not should_stop():
             gate.wait(0.01)
         return "stopped"
 
-    run = runs.start(store, "a", job)
+    run = runs.start(caller(store), spec_of(job), {})
     with run:
         pass  # the handler's generator closed before the job ended
-    assert run.outcome() == "stopped" and store.run_status("a") is None
+    assert run.finish().result == "stopped" and store.runs.status("a") is None
 
 
 def test_second_run_of_a_session_is_refused_others_are_independent(tiny_bert):
     store = SessionStore(tiny_bert)
-    ticket = runs.reserve(store, "a")
+    one, two = spec_of(lambda plan, on_event, should_stop: plan["n"]), spec_of(lambda *a, **k: 2)
+    plan = runs.reserve(caller(store), one, {"n": 1})  # the validator: the plan goes with the slot
     with pytest.raises(ValueError, match="already running or waiting"):
-        runs.reserve(store, "a")
-    runs.reserve(store, "b")
-    assert store.run_status("a") == "waiting"
-    with runs.start(store, "a", lambda emit, stop: 1) as run:  # claims the reserved ticket
-        assert run.ticket is ticket and run.outcome() == 1
+        runs.reserve(caller(store), one, {"n": 1})
+    runs.reserve(caller(store, "b"), one, {"n": 1})
+    assert store.runs.status("a") == "waiting"
+    with runs.start(caller(store), one, {"n": 99}) as run:  # claims the reserved ticket and its plan
+        assert run.plan is plan and run.finish().result == 1
         with pytest.raises(ValueError, match="already running"):
-            runs.start(store, "a", lambda emit, stop: 2)
+            runs.start(caller(store), two, {})
 
 
 def test_a_reservation_whose_request_left_the_queue_is_taken_over(tiny_bert, monkeypatch):
     store = SessionStore(tiny_bert)
     still_queued = threading.Event()
     still_queued.set()
-    runs.reserve(store, "a", waiting=still_queued.is_set)
+    store.runs.reserve("a", waiting=still_queued.is_set)
     still_queued.clear()  # its request was cancelled before its handler started
     with pytest.raises(ValueError, match="already running"):
-        runs.reserve(store, "a")  # within the grace period: the queue may not hold it yet
+        store.runs.reserve("a")  # within the grace period: the queue may not hold it yet
     monkeypatch.setattr(runs, "GRACE_S", 0.0)
-    assert store.run_status("a") is None
-    runs.reserve(store, "a")  # taken over, not refused forever
+    assert store.runs.status("a") is None
+    store.runs.reserve("a")  # taken over, not refused forever
     still_queued.set()
-    runs.reserve(store, "b", waiting=still_queued.is_set)
+    store.runs.reserve("b", waiting=still_queued.is_set)
     with pytest.raises(ValueError, match="already running"):
-        runs.reserve(store, "b")  # still queued: refused
+        store.runs.reserve("b")  # still queued: refused
+
+
+def test_a_bad_request_is_refused_before_it_takes_the_slot(tiny_bert):
+    store = SessionStore(tiny_bert)
+    form = runs.RUNS["compare_masking"].request(REPEATED, 3, "minutes", 5e-5, 8, 16, 0.15, "dynamic", 0)
+    with pytest.raises(ValueError, match="'steps' or 'epochs'") as refused:
+        runs.reserve(caller(store), "compare_masking", form)
+    assert refused.value.field == "length_unit" and store.runs.status("a") is None
+
+
+def test_every_run_kind_is_declared_once_with_its_endpoint():
+    assert set(runs.RUNS) == {"finetune", "compare_masking", "article_finetune", "train_classifier",
+                              "forgetting_sweep", "adapt_then_classify"}
+    assert all(spec.api_name == name and dataclasses.is_dataclass(spec.request)
+               for name, spec in runs.RUNS.items())
 
 
 def test_keep_or_discard_for_another_kind_of_model(tiny_bert):
     """The classifier keeps its model by the same policy, in its own slot."""
     store = SessionStore(tiny_bert, max_models={"classifier": 1})
     model, history = finetune(tiny_bert, REPEATED, steps=2, **FAST)
-    note = runs.keep_or_discard(store, "a", model, history, False, Limits(), kind="classifier")
+    note = runs.keep_or_discard(caller(store), model, history, False, kind="classifier")
     assert "classifier" in note and store.model("a", "classifier") is model
     assert store.tuned("a") is None and store.for_session("a") is tiny_bert
-    runs.keep_or_discard(store, "b", model, history, False, Limits(), kind="classifier")
+    runs.keep_or_discard(caller(store, "b"), model, history, False, kind="classifier")
     assert store.model("a", "classifier") is None and store.was_evicted("a", "classifier")
 
 
@@ -146,16 +181,16 @@ def gated_app(tiny_bert_dir, monkeypatch):
     from conftest import launch
 
     from bertdemo.config import Settings
-    from bertdemo.ui import finetune_tab
 
     gate = threading.Event()
+    tuning = runs.RUNS["finetune"]
 
-    def held_finetune(lm, text, on_step=None, should_stop=None, **kwargs):
+    def held_tuning(plan, on_event=None, should_stop=None):
         while not gate.is_set() and not should_stop():
             time.sleep(0.01)
-        return finetune(lm, text, on_step=on_step, should_stop=should_stop, **kwargs)
+        return tuning.job(plan, on_event=on_event, should_stop=should_stop)
 
-    monkeypatch.setattr(finetune_tab, "finetune", held_finetune)
+    monkeypatch.setitem(runs.RUNS, "finetune", dataclasses.replace(tuning, job=held_tuning))
     store = SessionStore(bertdemo.load(str(tiny_bert_dir), device="cpu"))
     demo = app.build_demo(Settings(model=str(tiny_bert_dir), device="cpu"), store)
     url = launch(demo)
@@ -184,16 +219,16 @@ def test_a_queued_request_cancelled_before_it_starts_does_not_keep_the_slot(gate
     config = httpx.get(f"{url}config", timeout=30).json()
     fn_index = next(d["id"] for d in config["dependencies"] if d.get("api_name") == "finetune")
     assert join(url, "holder", fn_index).status_code == 200  # takes the only fine-tune worker
-    wait_for(lambda: store.run_status("holder") == "running")
+    wait_for(lambda: store.runs.status("holder") == "running")
 
     queued = join(url, "visitor", fn_index)
-    assert queued.status_code == 200 and store.run_status("visitor") == "waiting"
+    assert queued.status_code == 200 and store.runs.status("visitor") == "waiting"
     refused = join(url, "visitor", fn_index)  # a second click: refused at once
     assert refused.status_code != 200 and "already running" in refused.text
     httpx.post(f"{url}gradio_api/cancel", json={"session_hash": "visitor", "fn_index": fn_index,
                                                 "event_id": queued.json()["event_id"]}, timeout=30)
     monkeypatch.setattr(runs, "GRACE_S", 0.0)  # else the slot is taken over 5 s later
-    assert store.run_status("visitor") is None
+    assert store.runs.status("visitor") is None
     assert join(url, "visitor", fn_index).status_code == 200  # the cancelled one kept nothing
     gate.set()
-    wait_for(lambda: store.run_status("visitor") is None and store.tuned("visitor") is not None)
+    wait_for(lambda: store.runs.status("visitor") is None and store.tuned("visitor") is not None)

@@ -77,20 +77,20 @@ def test_use_tuned_without_a_model_says_how_to_get_one(store):
 
 
 def test_one_run_per_session_and_stop(store):
-    assert store.request_stop("a") is False  # nothing runs: no error
-    flag = store.reserve_run("a")
+    assert store.runs.stop("a") is False  # nothing runs: no error
+    flag = store.runs.reserve("a")
     with pytest.raises(ValueError, match="already running"):
-        store.reserve_run("a")
-    store.reserve_run("b")  # another session is independent
-    assert store.run_flag("a") is flag
-    assert store.request_stop("a") is True and flag.is_set()
-    store.finish_run("a", flag)
-    assert store.request_stop("a") is False
-    assert not store.reserve_run("a").is_set()  # a new run gets a fresh flag
+        store.runs.reserve("a")
+    store.runs.reserve("b")  # another session is independent
+    assert store.runs.claim("a") is flag  # the handler starts: it takes the reserved ticket
+    assert store.runs.stop("a") is True and flag.is_set()
+    store.runs.finish("a", flag)
+    assert store.runs.stop("a") is False
+    assert not store.runs.reserve("a").is_set()  # a new run gets a fresh flag
 
 
 def test_drop_stops_the_run_and_deletes_the_files(store):
-    flag = store.reserve_run("a")
+    flag = store.runs.reserve("a")
     folder = store.session_dir("a")
     (folder / "model.zip").write_bytes(b"zip")
     store.put_tuned("a", fake_model("a"))
@@ -115,7 +115,7 @@ def test_no_base_model_gives_the_load_error():
 
 def test_drop_frees_everything_a_session_holds(store):
     """Models of every kind, kept results, downloads and exports, and the run: all at once."""
-    ticket = store.reserve_run("a")
+    ticket = store.runs.reserve("a")
     store.put_tuned("a", fake_model("a"))
     store.put_model("a", "classifier", fake_model("a-classifier"))
     refs = [weakref.ref(store.tuned("a").model), weakref.ref(store.model("a", "classifier").model)]
@@ -152,13 +152,13 @@ def test_kept_results_stay_within_their_cap_least_recent_first():
 def test_idle_sessions_are_freed_but_not_while_their_run_goes(store):
     store.keep_result("idle", "attention", "q", 100)
     store.put_tuned("idle", fake_model("idle"))
-    store.reserve_run("running")
+    store.runs.reserve("running")
     store.keep_result("fresh", "attention", "q", 100)
     later = time.monotonic() + store.max_idle_s + 1
     store._sessions["fresh"].used = later  # noqa: SLF001 - as if used just now, at `later`
     assert store.sweep(now=later) == ["idle"]
     assert store.tuned("idle") is None and store.result("fresh", "attention") == "q"
-    assert store.request_stop("running")
+    assert store.runs.stop("running")
 
 
 def test_a_file_is_made_once_per_owner(store):

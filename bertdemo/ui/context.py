@@ -2,19 +2,23 @@
 
 A handler is a module-level function `on_x(visitor, *inputs)` taking plain values and returning
 plain values or figures, so a test calls it with `Visitor(store, settings, "some-session")`
-(with an engine of its own, unless it passes one).
+(with an engine of its own, unless it passes one). An input may also be a form: a parameter
+annotated with a dataclass (`form: FinetuneForm`) stands for the dataclass's fields.
 `handler(ctx, on_x)` turns it into the function Gradio wires: same public parameter names (they
-are the API's), the request read for the session id, service errors turned into messages.
+are the API's; a form's are its fields'), the request read for the session id, service errors
+turned into messages.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
+import typing
 from dataclasses import dataclass
 
 import gradio as gr
 
-from ..config import Settings
+from ..config import Limits, Settings
 from ..engine import Engine
 from ..models import LoadedModel
 from ..sessions import SessionStore
@@ -56,23 +60,33 @@ class Visitor:
         """The model this session uses now (its tuned model, its pick, or the app's)."""
         return self.store.for_session(self.session)
 
+    @property
+    def limits(self) -> Limits:
+        """The caps on each run this visitor starts (a `runs` caller has them)."""
+        return self.settings.limits
+
 
 def handler(ctx: AppContext, fn):
     """The Gradio event function for `fn(visitor, *inputs, [progress=gr.Progress()])`.
 
     Gradio finds `request` by its annotation and `progress` by its default, and names the API's
-    parameters after the signature: the wrapper shows `fn`'s parameters without `visitor`, plus
-    `request`. Works for plain and generator handlers alike.
+    parameters after the signature: the wrapper shows `fn`'s parameters without `visitor`, with
+    each form parameter (annotated with a dataclass) replaced by the form's fields, plus `request`.
+    Works for plain and generator handlers alike.
     """
-    params = list(inspect.signature(fn).parameters.values())[1:]
+    params, forms = _expand_forms(fn)
     request = inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=gr.Request)
     split = next((i for i, p in enumerate(params) if isinstance(p.default, gr.Progress)), len(params))
     signature = inspect.Signature([*params[:split], request, *params[split:]])
 
     def call(args, kwargs):
         bound = signature.bind(*args, **kwargs)
-        visitor = ctx.visitor(bound.arguments.pop("request", None))
-        return fn(visitor, **bound.arguments)
+        bound.apply_defaults()
+        values = dict(bound.arguments)
+        visitor = ctx.visitor(values.pop("request", None))
+        for name, form in forms.items():  # a form's fields back into the form
+            values[name] = form(**{f.name: values.pop(f.name) for f in dataclasses.fields(form)})
+        return fn(visitor, **values)
 
     if inspect.isgeneratorfunction(fn):
         def wired(*args, **kwargs):
@@ -85,3 +99,24 @@ def handler(ctx: AppContext, fn):
     wired.__signature__ = signature
     wired.__annotations__ = {"request": gr.Request}  # the one hint Gradio needs; others may be strings
     return friendly_errors(wired)
+
+
+def form_fields(form: type) -> list[str]:
+    """The endpoint parameters a form stands for, in order."""
+    return [f.name for f in dataclasses.fields(form)]
+
+
+def _expand_forms(fn) -> tuple[list[inspect.Parameter], dict[str, type]]:
+    """`fn`'s parameters after `visitor`, each form parameter replaced by its fields; and the
+    forms by parameter name."""
+    hints = typing.get_type_hints(fn)
+    params, forms = [], {}
+    for param in list(inspect.signature(fn).parameters.values())[1:]:
+        form = hints.get(param.name)
+        if isinstance(form, type) and dataclasses.is_dataclass(form):
+            forms[param.name] = form
+            params += [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+                       for name in form_fields(form)]
+        else:
+            params.append(param)
+    return params, forms

@@ -11,7 +11,7 @@ import gradio as gr
 from .. import export
 from ..config import Settings
 from ..models import LoadedModel, allowed_choices
-from ..training import History
+from ..fine_tuning import MLMHistory
 from .context import AppContext, Visitor, handler
 
 FOLDER_NOTE = ("The demo loaded this model from a folder on its server, shown here by its name: put "
@@ -33,7 +33,7 @@ def on_export_script(visitor: Visitor) -> str:
 
 
 def remember_run(store, session: str | None, settings: Settings, base: LoadedModel,
-                 history: History, text: str) -> None:
+                 history: MLMHistory, text: str) -> None:
     """Keep a finished run for the export, naming its base model as the page does (a hub id as
     it is; a server folder by its name only, with a note, so no server path leaves the server)."""
     entry = allowed_choices(settings.allowed_models).get(base.name)

@@ -1,24 +1,22 @@
 """The fine-tune tab: a short MLM fine-tune on pasted text, live curves, Stop, before/after,
 download, and switching this session's other tabs to the tuned model.
 
-The run's life (slot, worker thread, Stop, time limit, what a stopped run keeps, the zip) is
-`bertdemo.runs`'; this tab only lays out the form and turns the run's events into the live curve
-and `gr.Progress`. One run per session: the validator reserves the session's slot when the
-request enters the queue, so a second click is refused at once, not queued behind.
+The run's life (its declaration, slot, plan, worker thread, Stop, time limit, what a stopped run
+keeps, the zip) is `bertdemo.runs`'; this tab lays out the form, wires its two runs with
+`live_run.wire` and turns their events into the live curve. One run per session: the validator
+reserves the session's slot when the request enters the queue, so a second click is refused at
+once, not queued behind.
 """
-from dataclasses import dataclass, fields
-
 import gradio as gr
 import pandas as pd
 
 from .. import plots, runs
-from ..config import Settings
+from ..config import Limits, Settings
+from ..fine_tuning import FinetuneForm, MLMHistory, TuningRequest, compare_probes, default_probes
 from ..sessions import SessionStore
-from ..training import (MASKINGS, History, Limits, SettingError, check_settings, compare_masking,
-                        compare_probes, default_probes, finetune, prepare_text)
+from ..training import EventLog
+from . import export_button, live_run
 from .context import AppContext, Visitor, handler
-from . import export_button
-from .live_run import limits_from, show_steps, watch_queue
 from .model_line import model_line
 
 EXAMPLE_TEXT = """Paris is the capital of France.
@@ -38,41 +36,9 @@ in ten is held out for evaluation with **fixed masks**, so the before/after numb
 (with fewer than 4 lines, evaluation uses the training lines themselves: it then measures
 memorising, and the page says so). Masking: *dynamic* draws fresh masks for every batch,
 *static* draws them once and reuses them every epoch (the original BERT)."""
-FORM_FIELD = {"text": 0, "steps": 1, "epochs": 1, "unit": 2, "learning rate": 3, "batch size": 4,
-              "block length": 5, "mask probability": 6, "masking": 7, "seed": 8}  # input index
-
-
-@dataclass(frozen=True)
-class RunForm:
-    """The fine-tune form, built once from Gradio's positional inputs (same order as `FORM_FIELD`)."""
-
-    text: str
-    training_length: float
-    length_unit: str
-    learning_rate: float
-    batch_size: int
-    block_length: int
-    mask_probability: float
-    masking: str
-    seed: int
-
-    def finetune_args(self, base, limits: Limits) -> dict:
-        """`finetune` keyword arguments; ValueError naming the field at fault (`.setting`).
-        `base` is the session's chosen base model (a tuned model is never tuned further)."""
-        if self.length_unit not in ("steps", "epochs"):
-            raise SettingError("unit", "Count the training length in 'steps' or 'epochs'.")
-        kwargs = {self.length_unit: self.training_length, "lr": self.learning_rate,
-                  "batch_size": self.batch_size, "max_length": self.block_length,
-                  "mlm_probability": self.mask_probability, "masking": self.masking, "seed": self.seed}
-        checked = check_settings(**kwargs, limits=limits)
-        prepare_text(base, self.text, checked["max_length"], limits)  # size, emptiness: refused early
-        return {**kwargs, "limits": limits}
-
-
 def render(ctx: AppContext) -> None:
     """Build the tab's components and events inside the current Blocks/Tab context."""
-    watch_queue(ctx.store)
-    limits = limits_from(ctx.settings)
+    limits = ctx.settings.limits
     gr.Markdown(INTRO)
     active = gr.Markdown(model_line(ctx.store, None, "finetune"))
     form, keep_partial, probes, suggest = _section_form(limits)
@@ -81,12 +47,9 @@ def render(ctx: AppContext) -> None:
     export_button.render(ctx)
     compare_status, compare_plot = _section_compare()
 
-    heavy = dict(concurrency_limit=ctx.settings.finetune_concurrency, concurrency_id="finetune")
-    run_btn.click(handler(ctx, on_finetune), form + [keep_partial, probes],
-                  [status, curve, metrics, probe_table, active], api_name="finetune",
-                  validator=handler(ctx, validate_run), **heavy)
-    compare_btn.click(handler(ctx, on_compare), form, [compare_status, compare_plot],
-                      api_name="compare_masking", validator=handler(ctx, validate_compare), **heavy)
+    live_run.wire(ctx, "finetune", run_btn, form + [keep_partial, probes],
+                  [status, curve, metrics, probe_table, active], on_finetune)
+    live_run.wire(ctx, "compare_masking", compare_btn, form, [compare_status, compare_plot], on_compare)
     stop_btn.click(handler(ctx, on_stop), None, status, api_name="stop_finetune", queue=False)
     use_tuned_btn.click(handler(ctx, on_use_tuned), None, active, api_name="use_tuned", queue=False)
     use_base_btn.click(handler(ctx, on_use_base), None, active, api_name="use_base", queue=False)
@@ -164,84 +127,34 @@ def create_demo(store: SessionStore, settings: Settings) -> gr.Blocks:
 
 
 # ---------------------------------------------------------------- handlers
-# Gradio passes inputs positionally; the parameter names are also the public API's.
 
-def validate_run(visitor: Visitor, text, training_length, length_unit, learning_rate, batch_size, block_length,
-                 mask_probability, masking, seed, keep_partial, probes):
-    form = RunForm(text, training_length, length_unit, learning_rate, batch_size, block_length,
-                   mask_probability, masking, seed)
-    return check_and_reserve(visitor, form, n_inputs=len(fields(RunForm)) + 2)
-
-
-def validate_compare(visitor: Visitor, text, training_length, length_unit, learning_rate, batch_size,
-                     block_length, mask_probability, masking, seed):
-    form = RunForm(text, training_length, length_unit, learning_rate, batch_size, block_length,
-                   mask_probability, masking, seed)
-    return check_and_reserve(visitor, form, n_inputs=len(fields(RunForm)))
-
-
-def check_and_reserve(visitor: Visitor, form: RunForm, n_inputs: int) -> list:
-    """Runs when the request enters the queue: bad input and a second run are refused there, the
-    message beside the field at fault, and the session's run slot is reserved (`runs.reserve`)."""
-    verdicts = [gr.validate(True, "")] * n_inputs
-    try:
-        form.finetune_args(visitor.store.base_for(visitor.session), limits_from(visitor.settings))
-        runs.reserve(visitor.store, visitor.session)
-    except ValueError as err:
-        verdicts[FORM_FIELD.get(getattr(err, "setting", "text"), 0)] = gr.validate(False, str(err))
-    return verdicts
-
-
-def on_finetune(visitor: Visitor, text, training_length, length_unit, learning_rate, batch_size, block_length,
-                mask_probability, masking, seed, keep_partial, probes, progress=gr.Progress()):
-    form = RunForm(text, training_length, length_unit, learning_rate, batch_size, block_length,
-                   mask_probability, masking, seed)
-    store, sid, limits = visitor.store, visitor.session, limits_from(visitor.settings)
-    base = store.base_for(sid)
-
-    def job(emit, should_stop):  # inside the run: a refused form still frees the slot
-        kwargs, probe_list = form.finetune_args(base, limits), _probe_list(probes, form.text)
-        return (*finetune(base, form.text, on_step=emit, should_stop=should_stop, **kwargs), probe_list)
-    with runs.start(store, sid, job, max_seconds=limits.max_seconds) as run:
-        steps, evals = [], []
-        for events in run.updates():
-            _collect(events, steps, evals)
-            show_steps(progress, len(steps), _planned(steps))
-            yield (_live_status(steps), plots.finetune_curves(steps, evals, _planned(steps)),
-                   gr.skip(), gr.skip(), gr.skip())
-        tuned, history, probe_list = run.outcome()
-    export_button.remember_run(store, sid, visitor.settings, base, history, form.text)
-    note = runs.keep_or_discard(store, sid, tuned, history, keep_partial, limits)
-    rows = compare_probes(base, tuned, probe_list, max_masks=visitor.settings.max_masks)
-    yield (_final_status(history, note),
+def on_finetune(visitor: Visitor, request: TuningRequest, progress=gr.Progress()):
+    outcome = yield from live_run.stream(visitor, "finetune", request, progress, _live_outputs,
+                                         desc="fine-tuning")
+    (tuned, history), plan = outcome.result, outcome.plan
+    base = plan.finetune.lm
+    export_button.remember_run(visitor.store, visitor.session, visitor.settings, base, history, request.text)
+    rows = compare_probes(base, tuned, plan.probes, max_masks=visitor.settings.max_masks)
+    yield (_final_status(history, outcome.note),
            plots.finetune_curves(history.steps, history.evals, history.planned_steps),
-           _metrics_frame(history), _probe_frame(rows), model_line(store, sid, "finetune"))
+           _metrics_frame(history), _probe_frame(rows), model_line(visitor.store, visitor.session, "finetune"))
 
 
-def on_compare(visitor: Visitor, text, training_length, length_unit, learning_rate, batch_size, block_length,
-               mask_probability, masking, seed, progress=gr.Progress()):
-    form = RunForm(text, training_length, length_unit, learning_rate, batch_size, block_length,
-                   mask_probability, masking, seed)
-    base, limits = visitor.store.base_for(visitor.session), limits_from(visitor.settings)
+def on_compare(visitor: Visitor, form: FinetuneForm, progress=gr.Progress()):
+    outcome = yield from live_run.stream(
+        visitor, "compare_masking", form, progress,
+        lambda log: ("Running static, then dynamic masking…", plots.masking_comparison(log.runs)))
+    yield _compare_status(outcome.result, visitor.limits), plots.masking_comparison(outcome.result)
 
-    def job(emit, should_stop):
-        kwargs = {k: v for k, v in form.finetune_args(base, limits).items() if k != "masking"}
-        return compare_masking(base, form.text, on_step=emit, should_stop=should_stop, **kwargs)
-    with runs.start(visitor.store, visitor.session, job, max_seconds=2 * limits.max_seconds) as run:
-        curves = {m: {"steps": [], "evals": []} for m in MASKINGS}
-        for events in run.updates():
-            for event in events:
-                _collect([event], curves[event["run"]]["steps"], curves[event["run"]]["evals"])
-            both = curves["static"]["steps"] + curves["dynamic"]["steps"]
-            show_steps(progress, len(both), 2 * (_planned(both) or 0))
-            yield "Running static, then dynamic masking…", plots.masking_comparison(curves)
-        histories = run.outcome()
-    curves = {m: {"steps": h.steps, "evals": h.evals} for m, h in histories.items()}
-    yield _compare_status(histories, limits), plots.masking_comparison(curves)
+
+def _live_outputs(log: EventLog) -> tuple:
+    run = log.latest
+    return (_live_status(run.steps), plots.finetune_curves(run.steps, run.evals, run.planned_steps or None),
+            gr.skip(), gr.skip(), gr.skip())
 
 
 def on_stop(visitor: Visitor) -> str:
-    if runs.stop(visitor.store, visitor.session):
+    if live_run.stop(visitor):
         return "Stopping after the current step…"
     return "Nothing is running: there is no fine-tune of yours to stop."
 
@@ -268,38 +181,17 @@ def on_suggest(visitor: Visitor, text) -> str:
     return "\n".join(found)
 
 
-# ---------------------------------------------------------------- events -> curves
-
-def _collect(events: list[dict], steps: list[dict], evals: list[dict]) -> None:
-    for event in events:
-        (steps if event["kind"] == "step" else evals).append(event)
-
-
-def _planned(steps: list[dict]) -> int | None:
-    return steps[-1]["steps"] if steps else None
-
-
-# ---------------------------------------------------------------- inputs
-
-def _probe_list(probes_text: str | None, text: str) -> list[str]:
-    probes = [p.strip() for p in (probes_text or "").splitlines() if p.strip()]
-    probes = probes or default_probes(text)
-    if not probes:
-        raise ValueError("No probe sentences: write one or more with [MASK], one per line.")
-    return probes
-
-
 # ---------------------------------------------------------------- results
 
-def _live_status(steps: list[dict]) -> str:
+def _live_status(steps: list) -> str:
     if not steps:
         return "Evaluating the base model…"
     last = steps[-1]
-    return (f"Step {last['step']}/{last['steps']} — loss {last['loss']:.3f}, "
-            f"lr {last['lr']:.2e}, {last['tokens_per_s']:,.0f} tokens/s")
+    return (f"Step {last.step}/{last.steps} — loss {last.loss:.3f}, "
+            f"lr {last.learning_rate:.2e}, {last.tokens_per_s:,.0f} tokens/s")
 
 
-def _final_status(history: History, note: str) -> str:
+def _final_status(history: MLMHistory, note: str) -> str:
     done = len(history.steps)
     where = ("⚠️ Evaluated on the **training lines** (fewer than 4 lines: nothing held out), so "
              "this measures memorising." if history.eval_on_train
@@ -311,15 +203,12 @@ def _final_status(history: History, note: str) -> str:
     return f"{head} {where}\n\n{note}"
 
 
-def _metrics_frame(history: History) -> pd.DataFrame:
-    before, after = history.before, history.after
-    return pd.DataFrame({
-        "metric": ["masked-token loss", "masked-token accuracy", "perplexity exp(loss)",
-                   "masked tokens scored"],
-        "before": [round(before["loss"], 4), f"{before['accuracy']:.1%}",
-                   round(before["perplexity"], 2), before["masked"]],
-        "after": [round(after["loss"], 4), f"{after['accuracy']:.1%}",
-                  round(after["perplexity"], 2), after["masked"]]})
+def _metrics_frame(history: MLMHistory) -> pd.DataFrame:
+    def column(scores) -> list:
+        return [round(scores.loss, 4), f"{scores.accuracy:.1%}", round(scores.perplexity, 2), scores.masked]
+    return pd.DataFrame({"metric": ["masked-token loss", "masked-token accuracy", "perplexity exp(loss)",
+                                    "masked tokens scored"],
+                         "before": column(history.before), "after": column(history.after)})
 
 
 def _probe_frame(rows: list[dict]) -> pd.DataFrame:
@@ -335,8 +224,8 @@ def _compare_status(histories: dict, limits: Limits) -> str:
     lines = ["| masking | steps | eval loss before → after | eval accuracy before → after |",
              "| --- | --- | --- | --- |"]
     for name, h in histories.items():
-        lines.append(f"| {name} | {len(h.steps)} | {h.before['loss']:.3f} → {h.after['loss']:.3f} "
-                     f"| {h.before['accuracy']:.1%} → {h.after['accuracy']:.1%} |")
+        lines.append(f"| {name} | {len(h.steps)} | {h.before.loss:.3f} → {h.after.loss:.3f} "
+                     f"| {h.before.accuracy:.1%} → {h.after.accuracy:.1%} |")
     ended = [f"{name}: {runs.ENDED_BECAUSE[h.stopped].format(seconds=int(limits.max_seconds))}"
              for name, h in histories.items() if h.stopped]
     if ended:

@@ -1,34 +1,92 @@
-"""What the tabs that start runs share (fine-tune, mask sampling, and the classifier):
-the limits from the settings, the probe that tells `runs` whether a queued request still exists,
-and turning a run's step events into `gr.Progress`. The run itself lives in `bertdemo.runs`."""
+"""Any run, live in the page: how every tab that starts runs wires them. The run itself (its
+declaration, slot, plan, worker, Stop, time limit, what it keeps) lives in `bertdemo.runs`.
+
+    live_run.wire(ctx, "finetune", button, inputs, outputs, on_finetune)
+
+    def on_finetune(visitor, request: TuningRequest, progress=gr.Progress()):
+        outcome = yield from live_run.stream(visitor, "finetune", request, progress, draw_live)
+        yield draw_final(outcome)
+
+`wire` gives the button the kind's endpoint (named after it), its validator (the request checked
+into a plan and the session's slot reserved when the request enters the queue: bad input is
+refused at once, beside its field) and the shared fine-tune concurrency; `stream` runs it,
+drawing the events as they arrive and showing the steps in `gr.Progress`.
+"""
 from __future__ import annotations
 
 import functools
 
 import gradio as gr
 
-from ..config import Settings
-from ..training import Limits
+from .. import runs
+from ..training import EventLog
+from .context import AppContext, Visitor, form_fields, handler
+
+FINETUNE_GROUP = "finetune"  # every run shares one concurrency group: the server never trains more at once
 
 
-def limits_from(settings: Settings) -> Limits:
-    return Limits(max_chars=settings.finetune_max_chars, max_steps=settings.finetune_max_steps,
-                  max_seconds=float(settings.finetune_max_seconds))
+def wire(ctx: AppContext, kind: str, button: gr.Button, inputs: list, outputs: list, fn) -> None:
+    """Start runs of `kind` (`runs.RUNS`) from `button` with `fn`, a handler whose inputs are the
+    kind's request (`inputs`: its components, in the order of the request's fields)."""
+    spec = runs.RUNS[kind]
+    if len(inputs) != len(form_fields(spec.request)):
+        raise ValueError(f"{kind}: {len(inputs)} inputs for the {len(form_fields(spec.request))} fields "
+                         f"of {spec.request.__name__}")
+    watch_queue(ctx.store)
+    button.click(handler(ctx, fn), inputs, outputs, api_name=kind, validator=handler(ctx, validator(kind)),
+                 concurrency_id=FINETUNE_GROUP, concurrency_limit=ctx.settings.finetune_concurrency)
 
 
-RUN_ENDPOINTS = {"finetune", "compare_masking", "article_finetune"}  # share a session's run slot
+def validator(kind: str):
+    """The validator of `kind`'s endpoint: one `gr.validate` per input, the first problem beside
+    its field; on success the session's slot is reserved with the plan (`runs.reserve`)."""
+    request = runs.RUNS[kind].request
+    names = form_fields(request)
+
+    def check(visitor: Visitor, form) -> list:
+        verdicts = [gr.validate(True, "")] * len(names)
+        try:
+            runs.reserve(visitor, kind, form)
+        except ValueError as err:
+            field = getattr(err, "field", None)
+            verdicts[names.index(field) if field in names else 0] = gr.validate(False, str(err))
+        return verdicts
+    check.__annotations__ = {"visitor": Visitor, "form": request}
+    check.__name__ = f"check_{kind}"
+    return check
 
 
-def watch_queue(store, api_names: set[str] = RUN_ENDPOINTS) -> None:
-    """Give `store` its `queue_probe`: is a request of a session to one of `api_names` still
-    waiting in this app's queue or being processed? Call while rendering (it finds the Blocks
-    being built). With it, a reservation whose request was cancelled (`/cancel`, or the page's
-    connection lost) before its handler started is taken over by the next click (`runs.reserve`).
-    A tab adding a run endpoint adds its name to `api_names`."""
-    blocks = gr.context.Context.root_block
-    names = set(api_names) | getattr(getattr(store, "queue_probe", None), "api_names", set())
-    store.queue_probe = functools.partial(in_queue, blocks, names)
-    store.queue_probe.api_names = names
+def stream(visitor: Visitor, kind: str, request, progress, draw, desc: str = "training"):
+    """Run `request` as the visitor's run of `kind`: yields `draw(log)` (the `training.EventLog`
+    so far) after each batch of events, shows the current training run's steps in `progress`,
+    and returns the run's `runs.Outcome` (use with `yield from`). Leaving early (the page closed)
+    stops the run and frees the slot."""
+    with runs.start(visitor, kind, request) as run:
+        for log in run.updates():
+            show_steps(progress, log, desc)
+            yield draw(log)
+        return run.finish()
+
+
+def show_steps(progress, log: EventLog, desc: str = "training") -> None:
+    """One `gr.Progress` update: the current training run's steps (nothing before its first)."""
+    latest = log.latest
+    if latest.steps and latest.planned_steps:
+        name = f"{desc} ({log.current})" if log.current else desc
+        progress((len(latest.steps), latest.planned_steps), desc=name, unit="steps")
+
+
+def stop(visitor: Visitor) -> bool:
+    """Ask the visitor's run to stop after its current step; False if nothing runs."""
+    return runs.stop(visitor)
+
+
+def watch_queue(store) -> None:
+    """Give `store.runs` its `queue_probe`: is a request of a session to a run endpoint
+    (`runs.RUNS`) still waiting in this app's queue or being processed? Call while rendering (it
+    finds the Blocks being built). With it, a reservation whose request was cancelled (`/cancel`,
+    or the page's connection lost) before its handler started is taken over by the next click."""
+    store.runs.queue_probe = functools.partial(in_queue, gr.context.Context.root_block, set(runs.RUNS))
 
 
 def in_queue(blocks, api_names: set[str], session: str) -> bool:
@@ -43,9 +101,3 @@ def in_queue(blocks, api_names: set[str], session: str) -> bool:
     running = [e for job in list(queue.active_jobs) if job for e in job]
     return any(e.session_hash == session and e.alive and getattr(e.fn, "api_name", None) in api_names
                for e in queued + running)
-
-
-def show_steps(progress, done: int, total: int, desc: str = "fine-tuning") -> None:
-    """One `gr.Progress` update in steps (nothing before the first step)."""
-    if done and total:
-        progress((done, total), desc=desc, unit="steps")

@@ -6,11 +6,12 @@ import math
 import gradio as gr
 import pandas as pd
 
-from .. import experiments, masking, plots, runs
+from .. import experiments, masking, plots
+from ..experiments import LabellingForm
 from ..config import Settings
 from ..sessions import SessionStore
 from .context import AppContext, Visitor, handler
-from .live_run import limits_from, watch_queue
+from . import live_run
 
 EXAMPLES = [
     "Paris is the capital of France.",
@@ -50,7 +51,6 @@ sentences themselves). The models are not kept."""
 
 def render(ctx: AppContext) -> None:
     """Build the tab's components and events inside the current Blocks/Tab context."""
-    watch_queue(ctx.store)
     gr.Markdown(INTRO)
     text, seed, rates, sample_btn, resample_btn, sample_out = _section_sample()
     epochs, copies, epochs_btn, epochs_out = _section_epochs()
@@ -69,10 +69,8 @@ def render(ctx: AppContext) -> None:
     article_btn.click(handler(ctx, on_article), inputs + [max_length], article_out,
                       api_name="article_snippet", concurrency_id="model")
     # Two fine-tunes: they share the Fine-tune tab's slot, so the server never runs more at once.
-    consequence_btn.click(handler(ctx, on_consequence), [text, seed, steps, lr], consequence_out,
-                          api_name="article_finetune", concurrency_id="finetune",
-                          concurrency_limit=ctx.settings.finetune_concurrency,
-                          validator=handler(ctx, reserve_consequence))
+    live_run.wire(ctx, "article_finetune", consequence_btn, [text, seed, steps, lr], consequence_out,
+                  on_consequence)
     stop_btn.click(handler(ctx, on_stop), None, None, api_visibility="private", queue=False)
 
 
@@ -213,40 +211,17 @@ def on_article(visitor: Visitor, text, seed, mask_probability, mask_replace_prob
     return _article_table(result), pd.DataFrame(result["counts"]), _article_notes(result, lm.name)
 
 
-def reserve_consequence(visitor: Visitor, text, seed, steps, learning_rate):
-    """The validator: claims the session's run slot when the request is queued (a second click
-    is refused at once, beside the text)."""
-    try:
-        runs.reserve(visitor.store, visitor.session)
-    except ValueError as err:
-        return [gr.validate(False, str(err))] + [gr.validate(True, "")] * 3
-    return [gr.validate(True, "")] * 4
-
-
-def on_consequence(visitor: Visitor, text, seed, steps, learning_rate, progress=gr.Progress()):
-    lm, limits = visitor.lm, limits_from(visitor.settings)
-
-    def job(emit, should_stop):
-        return experiments.labelling_consequence(lm, text, steps, seed, lr=learning_rate, on_step=emit,
-                                                 should_stop=should_stop, limits=limits)
-    with runs.start(visitor.store, visitor.session, job, max_seconds=2 * limits.max_seconds) as run:
-        for events in run.updates():
-            _consequence_progress(progress, [e for e in events if e["kind"] == "step"])
-        result = run.outcome()
-    curves = {LABELS[name]: {"steps": h.steps, "evals": h.evals} for name, h in result.runs.items()}
-    return plots.labelling_curves(curves), _consequence_frame(result), _consequence_note(result)
+def on_consequence(visitor: Visitor, form: LabellingForm, progress=gr.Progress()):
+    """Two short fine-tunes, the article's labelling then the collator's; streams the three outputs."""
+    outcome = yield from live_run.stream(visitor, "article_finetune", form, progress,
+                                         lambda log: (gr.skip(),) * 3, desc="labelling")
+    result = outcome.result
+    curves = {LABELS[name]: history for name, history in result.runs.items()}
+    yield plots.labelling_curves(curves), _consequence_frame(result), _consequence_note(result)
 
 
 def on_stop(visitor: Visitor) -> None:
-    runs.stop(visitor.store, visitor.session)
-
-
-def _consequence_progress(progress, steps: list[dict]) -> None:
-    """The article's run first, then the collator's: one bar over both."""
-    if steps:
-        last = steps[-1]
-        done = last["step"] + (last["steps"] if last["run"] == "collator" else 0)
-        progress((done, 2 * last["steps"]), desc=f"{last['run']} labelling", unit="steps")
+    live_run.stop(visitor)
 
 
 def _next_seed(value) -> int:
@@ -366,17 +341,17 @@ def _consequence_frame(result: experiments.Consequence) -> pd.DataFrame:
         return f"{x:.0%}"
 
     rows = [("training loss, first step (own labelling)", "",
-             [loss(runs[r].steps[0]["loss"]) if runs[r].steps else "" for r in names]),
+             [loss(runs[r].steps[0].loss) if runs[r].steps else "" for r in names]),
             ("training loss, last step (own labelling)", "",
-             [loss(runs[r].steps[-1]["loss"]) if runs[r].steps else "" for r in names]),
-            ("eval loss, 80/10/10 masks", loss(runs[names[0]].before["loss"]),
-             [loss(runs[r].after["loss"]) for r in names]),
-            ("eval accuracy, 80/10/10 masks", share(runs[names[0]].before["accuracy"]),
-             [share(runs[r].after["accuracy"]) for r in names]),
-            ("loss, every chosen token [MASK]", loss(hidden["before"]["loss"]),
-             [loss(hidden[r]["loss"]) for r in names]),
-            ("accuracy, every chosen token [MASK]", share(hidden["before"]["accuracy"]),
-             [share(hidden[r]["accuracy"]) for r in names])]
+             [loss(runs[r].steps[-1].loss) if runs[r].steps else "" for r in names]),
+            ("eval loss, 80/10/10 masks", loss(runs[names[0]].before.loss),
+             [loss(runs[r].after.loss) for r in names]),
+            ("eval accuracy, 80/10/10 masks", share(runs[names[0]].before.accuracy),
+             [share(runs[r].after.accuracy) for r in names]),
+            ("loss, every chosen token [MASK]", loss(hidden["before"].loss),
+             [loss(hidden[r].loss) for r in names]),
+            ("accuracy, every chosen token [MASK]", share(hidden["before"].accuracy),
+             [share(hidden[r].accuracy) for r in names])]
     return pd.DataFrame([{"measure": what, "before": before,
                           **{f"after, {LABELS[r]}": value for r, value in zip(names, after)}}
                          for what, before, after in rows])
@@ -388,14 +363,14 @@ def _consequence_note(result: experiments.Consequence) -> str:
     if len(runs) < 2 or not all(h.steps for h in runs.values()):
         return "The two runs did not both train; nothing to compare."
     article, collator = hidden["article"], hidden["collator"]
-    trained = (f"The article's training loss fell to **{runs['article'].steps[-1]['loss']:.2f}** "
-               f"(the collator's: {runs['collator'].steps[-1]['loss']:.2f})")
-    scores = (f"on hidden tokens its model scores **{article['accuracy']:.0%}** (loss "
-              f"{article['loss']:.2f}) against **{collator['accuracy']:.0%}** "
-              f"({collator['loss']:.2f}) for the collator's labelling")
+    trained = (f"The article's training loss fell to **{runs['article'].steps[-1].loss:.2f}** "
+               f"(the collator's: {runs['collator'].steps[-1].loss:.2f})")
+    scores = (f"on hidden tokens its model scores **{article.accuracy:.0%}** (loss "
+              f"{article.loss:.2f}) against **{collator.accuracy:.0%}** "
+              f"({collator.loss:.2f}) for the collator's labelling")
     stopped = [f"{LABELS[r]}: {h.stopped}" for r, h in runs.items() if h.stopped]
     note = " (stopped early: " + ", ".join(stopped) + ")" if stopped else ""
-    if collator["loss"] < article["loss"]:
+    if collator.loss < article.loss:
         return (f"{trained} because it scores tokens the model can see, and copying them is easy; "
                 f"yet {scores}: a low training loss that taught it little about filling a "
                 f"[MASK]{note}.")

@@ -1,0 +1,510 @@
+"""A short masked-LM fine-tune on pasted text: the task the training loop runs for the Fine-tune tab.
+
+The base model is never touched: training runs on a deep copy, returned as a new `LoadedModel`.
+A request is checked once into a `FinetunePlan` (settings checked, text tokenized and packed),
+which `run_finetune` runs; `finetune(lm, text, ...)` does both.
+
+Story: text -> lines/sentences -> held-out part -> tokens packed into blocks ->
+`DataCollatorForLanguageModeling` masks (static: drawn once; dynamic: fresh per batch) ->
+`training.train` (AdamW, warmup/decay, Stop, time limit) -> eval with fixed masks.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, ClassVar, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch.nn.utils.rnn import pad_sequence
+from transformers import DataCollatorForLanguageModeling
+
+from . import validate
+from .config import Limits
+from .fillmask import fill_mask, mask_word, split_words
+from .models import LoadedModel, mlm_logits
+from .training import Evaluation, RunHistory, autocast, seeded, stream_seed, to_device, train
+
+MASKINGS = ("static", "dynamic")
+LENGTH_UNITS = ("steps", "epochs")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=\S)")
+_MAX_LOSS_FOR_EXP = 50.0  # exp(50) ~ 5e21: a perplexity past that means "the model knows nothing"
+
+
+@dataclass
+class TextData:
+    """Pasted text ready to train on: packed token blocks (lists of ids) for training and eval."""
+
+    train: list[dict]  # {"input_ids": [...], "special_tokens_mask": [...]} per block
+    eval: list[dict]
+    train_lines: int
+    eval_lines: int
+    eval_on_train: bool  # too few lines to hold any out: eval uses the training lines
+    train_tokens: int
+
+
+@dataclass
+class MLMHistory(RunHistory):
+    """A fine-tune's `RunHistory` (steps, masked-token evaluations), and the text it ran on."""
+
+    eval_on_train: bool = False
+    train_lines: int = 0
+    eval_lines: int = 0
+    train_blocks: int = 0
+
+
+# ---------------------------------------------------------------- the request, checked once
+
+@dataclass(frozen=True)
+class FinetuneSettings:
+    """A fine-tune's settings, checked (`plan_finetune`)."""
+
+    steps: int
+    learning_rate: float = 5e-5
+    batch_size: int = 8
+    mlm_probability: float = 0.15
+    masking: str = "dynamic"  # "static": masks drawn once per block; "dynamic": fresh per batch
+    seed: int = 0
+    max_length: int = 128  # tokens per packed block, special tokens included
+    epochs: float | None = None  # as asked, when the length was given in epochs
+
+
+@dataclass(frozen=True)
+class FinetunePlan:
+    """A checked fine-tune: the model, its settings, the text tokenized and packed, the caps."""
+
+    lm: LoadedModel
+    settings: FinetuneSettings
+    data: TextData
+    limits: Limits
+
+    def with_masking(self, masking: str) -> "FinetunePlan":
+        return dataclasses.replace(self, settings=dataclasses.replace(self.settings, masking=masking))
+
+
+def plan_finetune(lm: LoadedModel, texts: str | list[str], *, steps=None, epochs=None,
+                  learning_rate=5e-5, batch_size=8, mlm_probability=0.15, masking="dynamic", seed=0,
+                  max_length=128, limits: Limits | None = None) -> FinetunePlan:
+    """Check a fine-tune of `lm` on `texts` and prepare its data; raises `validate.InputError`
+    (a ValueError) naming the setting at fault (`.field`: these parameters' names) and saying
+    how to fix it. The training length is `steps`, or `epochs` over the packed blocks."""
+    limits = limits or Limits()
+    if (steps is None) == (epochs is None):
+        raise validate.InputError("steps", "Give the training length as steps or as epochs (one of them).")
+    if masking not in MASKINGS:
+        raise validate.InputError("masking", f"masking must be 'static' or 'dynamic', got {masking!r}.")
+    checked = dict(
+        learning_rate=validate.number(learning_rate, "learning rate", 0.0, limits.max_learning_rate,
+                                      open_low=True, field="learning_rate"),
+        batch_size=_whole("batch size", batch_size, 1, limits.max_batch_size, "batch_size"),
+        mlm_probability=validate.number(mlm_probability, "mask probability", 0.0, 1.0, open_low=True,
+                                        field="mlm_probability"),
+        seed=_whole("seed", seed, 0, 2**32 - 1, "seed"),
+        max_length=_whole("block length", max_length, 8, 8192, "max_length"), masking=masking)
+    if steps is not None:
+        steps = _whole("steps", steps, 1, limits.max_steps, "steps")
+    else:
+        epochs = validate.number(epochs, "epochs", 0.0, float(limits.max_steps), open_low=True, field="epochs")
+    data = prepare_text(lm, texts, checked["max_length"], limits)
+    steps = steps or _steps_for_epochs(epochs, len(data.train), checked["batch_size"], limits)
+    return FinetunePlan(lm, FinetuneSettings(steps=steps, epochs=epochs, **checked), data, limits)
+
+
+@dataclass(frozen=True)
+class FinetuneForm:
+    """A fine-tune as the page and its API ask for it: these fields are the endpoint's parameters
+    (the length as a number and its unit)."""
+
+    text: str
+    training_length: float
+    length_unit: str  # "steps" or "epochs"
+    learning_rate: float
+    batch_size: int
+    block_length: int
+    mask_probability: float
+    masking: str
+    seed: int
+
+    # `plan_finetune`'s parameter -> the form's field, where the names differ
+    FIELD_OF: ClassVar[dict] = {"steps": "training_length", "epochs": "training_length",
+                                "max_length": "block_length", "mlm_probability": "mask_probability"}
+
+    def plan(self, lm: LoadedModel, limits: Limits) -> FinetunePlan:
+        """`plan_finetune` of this form; `validate.InputError.field` names the form's field."""
+        try:
+            if self.length_unit not in LENGTH_UNITS:
+                raise validate.InputError("length_unit", "Count the training length in 'steps' or 'epochs'.")
+            return plan_finetune(lm, self.text, **{self.length_unit: self.training_length},
+                                 learning_rate=self.learning_rate, batch_size=self.batch_size,
+                                 max_length=self.block_length, mlm_probability=self.mask_probability,
+                                 masking=self.masking, seed=self.seed, limits=limits)
+        except validate.InputError as err:
+            raise validate.InputError(self.FIELD_OF.get(err.field, err.field), str(err)) from None
+
+
+def _whole(name: str, value, low: int, high: int, field: str) -> int:
+    """Range first, so "at most 300" is what a too-large step count hears; then integrality."""
+    validate.number(value, name, low, high, field=field)
+    return validate.whole_number(value, name, low, high, field=field)
+
+
+def _steps_for_epochs(epochs: float, n_blocks: int, batch_size: int, limits: Limits) -> int:
+    steps = max(1, math.ceil(epochs * math.ceil(n_blocks / batch_size)))
+    if steps > limits.max_steps:
+        raise validate.InputError("epochs", f"{epochs:g} epochs of this text is {steps} steps; at most "
+                                            f"{limits.max_steps} are allowed. Ask for fewer epochs.")
+    return steps
+
+
+# ---------------------------------------------------------------- text -> blocks
+
+def split_units(texts: str | list[str]) -> list[str]:
+    """Lines, each cut into sentences; blank ones dropped."""
+    if isinstance(texts, str):
+        texts = texts.splitlines()
+    if not isinstance(texts, (list, tuple)) or not all(isinstance(t, str) for t in texts):
+        raise validate.InputError("text", "The text must be a string (or a list of strings), one "
+                                   "sentence or paragraph per line.")
+    return [s.strip() for line in texts for s in _SENTENCE_END.split(line) if s.strip()]
+
+
+def prepare_text(lm: LoadedModel, texts: str | list[str], max_length: int = 128,
+                 limits: Limits | None = None) -> TextData:
+    """Split, hold out about 1 line in 10 (at least one), and pack each part into token blocks.
+
+    With fewer than 4 lines nothing can be held out and still leave enough to learn from:
+    evaluation then uses the training lines (with their own fixed masks) and says so.
+    """
+    limits = limits or Limits()
+    size = len(texts) if isinstance(texts, str) else sum(len(t) for t in texts or [] if isinstance(t, str))
+    if size > limits.max_chars:
+        raise validate.InputError("text", f"The text has {size:,} characters; at most "
+                                   f"{limits.max_chars:,} are allowed. Paste less text.")
+    units = split_units(texts)
+    if not units:
+        raise validate.InputError("text", "The text is empty: paste a few sentences to fine-tune on, "
+                                   "one per line.")
+    train_units, eval_units = _hold_out(units)
+    block = min(int(max_length), lm.max_length) - lm.tokenizer.num_special_tokens_to_add(pair=False)
+    train = pack(lm, train_units, block)
+    evals = pack(lm, eval_units, block) if eval_units else train
+    if not train:
+        raise validate.InputError("text", "The text has no tokens the model knows: paste some sentences.")
+    return TextData(train, evals, len(train_units), len(eval_units) or len(train_units),
+                    not eval_units, sum(len(b["input_ids"]) for b in train))
+
+
+def _hold_out(units: list[str]) -> tuple[list[str], list[str]]:
+    """Every k-th line goes to eval (spread over the text, independent of the seed)."""
+    if len(units) < 4:
+        return units, []
+    n_eval = max(1, len(units) // 10)
+    k = len(units) // n_eval
+    held = set(range(k - 1, len(units), k)[:n_eval])
+    return ([u for i, u in enumerate(units) if i not in held],
+            [u for i, u in enumerate(units) if i in held])
+
+
+def pack(lm: LoadedModel, units: list[str], block: int) -> list[dict]:
+    """Greedily pack whole sentences into blocks of at most `block` tokens (longer ones are cut),
+    then add the model's special tokens: less padding than one sentence per row."""
+    blocks, current = [], []
+    for ids in lm.tokenizer(units, add_special_tokens=False)["input_ids"]:
+        if len(current) + len(ids) > block and current:
+            blocks.append(current)
+            current = []
+        while len(ids) > block:
+            blocks.append(ids[:block])
+            ids = ids[block:]
+        current = current + ids
+    if current:
+        blocks.append(current)
+    prefix, suffix = special_tokens_around(lm.tokenizer)
+    return [{"input_ids": prefix + b + suffix,
+             "special_tokens_mask": [1] * len(prefix) + [0] * len(b) + [1] * len(suffix)}
+            for b in blocks]
+
+
+def special_tokens_around(tokenizer) -> tuple[list[int], list[int]]:
+    """The ids the tokenizer puts before and after one sequence ([CLS] / [SEP], <s> / </s>),
+    read off a tokenized word: transformers 5 tokenizers have no build_inputs_with_special_tokens."""
+    core = tokenizer("a", add_special_tokens=False)["input_ids"]
+    full = tokenizer("a")["input_ids"]
+    start = next(i for i in range(len(full)) if full[i:i + len(core)] == core)
+    return full[:start], full[start + len(core):]
+
+
+# ---------------------------------------------------------------- masking
+
+def mlm_collator(lm: LoadedModel, mlm_probability: float = 0.15,
+                 seed: int | None = None) -> DataCollatorForLanguageModeling:
+    """transformers' own MLM collator (80/10/10 corruption, labels -100 except at masked tokens),
+    with its own seeded generator so runs repeat. Any callable with the same shape
+    (`examples -> {"input_ids", "attention_mask", "labels"}`) can be passed to `finetune` as
+    `collate_fn`, e.g. the article's buggy `mask_tokens`."""
+    return DataCollatorForLanguageModeling(lm.tokenizer, mlm_probability=mlm_probability, seed=seed)
+
+
+def _collate_with_labels(collate: Callable, examples: list[dict], tries: int = 100) -> dict:
+    """Draw masks until at least one token has a label: short text at a low probability can
+    draw none, and a batch without targets has no loss."""
+    for _ in range(tries):
+        batch = collate(examples)
+        if (batch["labels"] != -100).any():
+            return batch
+    raise ValueError("No token was chosen for masking in 100 draws: raise the mask probability "
+                     "or paste longer text.")
+
+
+def fixed_rows(collate: Callable, examples: list[dict]) -> list[dict]:
+    """Masks drawn once per block (each with at least one target), as 1-D tensors, for reuse:
+    static masking's training rows and the eval set's fixed masks."""
+    rows = []
+    for example in examples:
+        batch = _collate_with_labels(collate, [example])
+        rows.append({k: batch[k][0] for k in ("input_ids", "attention_mask", "labels")})
+    return rows
+
+
+def eval_copies(examples: list[dict], mlm_probability: float, target: int = 200,
+                most: int = 32) -> list[dict]:
+    """The eval blocks repeated so that about `target` tokens get masked (each copy with its own
+    fixed masks): one held-out line at 15% masks 1 or 2 tokens, an accuracy of 0% or 100%."""
+    tokens = sum(len(e["input_ids"]) - sum(e["special_tokens_mask"]) for e in examples)
+    copies = min(most, max(1, math.ceil(target / (mlm_probability * max(tokens, 1)))))
+    return examples * copies
+
+
+def stack_rows(rows: list[dict], pad_id: int) -> dict:
+    """Pad 1-D rows into a (B, T) batch (labels padded with -100, attention with 0)."""
+    pads = {"input_ids": pad_id, "attention_mask": 0, "labels": -100}
+    return {k: pad_sequence([r[k] for r in rows], batch_first=True, padding_value=v)
+            for k, v in pads.items()}
+
+
+# ---------------------------------------------------------------- loss and evaluation
+
+def masked_logits(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits (N, V) float32 and targets (N,) at the N labelled positions of a (B, T) batch.
+
+    The LM head runs only there: at 15% masking that skips most of the (T, H) x (H, V) matmul.
+    Same loss as `model(**batch).loss` (a test checks it).
+    """
+    labels = batch["labels"]
+    rows, cols = (labels != -100).nonzero(as_tuple=True)
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    logits, _ = mlm_logits(model, inputs, rows, cols)
+    return logits.float(), labels[rows, cols]
+
+
+@torch.no_grad()
+def evaluate(model, rows: list[dict], pad_id: int, device: torch.device,
+             batch_size: int = 64) -> Evaluation:
+    """Masked-token loss, accuracy and perplexity = exp(loss) (capped) on fixed-mask rows (step 0:
+    the caller says which step it was)."""
+    was_training = model.training
+    model.eval()
+    total, correct, count = 0.0, 0, 0
+    for start in range(0, len(rows), batch_size):
+        batch = to_device(stack_rows(rows[start:start + batch_size], pad_id), device)
+        with autocast(device):
+            logits, targets = masked_logits(model, batch)
+        total += F.cross_entropy(logits, targets, reduction="sum").item()
+        correct += int((logits.argmax(-1) == targets).sum())
+        count += len(targets)
+    model.train(was_training)
+    loss = total / count
+    return Evaluation(0, loss, correct / count, perplexity=math.exp(min(loss, _MAX_LOSS_FOR_EXP)),
+                      masked=count)
+
+
+def _batch_order(n: int, batch_size: int, generator: torch.Generator) -> Iterator[list[int]]:
+    """Endless batches of block indices: a fresh shuffle each epoch, the last batch may be short."""
+    while True:
+        order = torch.randperm(n, generator=generator).tolist()
+        for start in range(0, n, batch_size):
+            yield order[start:start + batch_size]
+
+
+class MaskedLMTask:
+    """What the training loop needs from a fine-tune of `model` (a copy of `lm.model`): batches
+    of masked blocks (static masks reused, or fresh ones per batch), the masked-token loss, and
+    evaluation on fixed masks drawn once from the seed (so before, during and after compare)."""
+
+    def __init__(self, lm: LoadedModel, model, plan: FinetunePlan, collate_fn: Callable | None = None):
+        self.model, self.device, self.data = model, lm.device, plan.data
+        self.pad_id = lm.tokenizer.pad_token_id or 0
+        s = plan.settings
+        self.eval_rows = fixed_rows(mlm_collator(lm, s.mlm_probability, stream_seed(s.seed, "eval")),
+                                    eval_copies(plan.data.eval, s.mlm_probability))
+        self.collate = collate_fn or mlm_collator(lm, s.mlm_probability, s.seed)
+        self.static_rows = fixed_rows(self.collate, plan.data.train) if s.masking == "static" else None
+        self.order = _batch_order(len(plan.data.train), s.batch_size, torch.Generator().manual_seed(s.seed))
+
+    def batches(self) -> Iterator[dict]:
+        """(B, T) tensors on the CPU, endlessly."""
+        for indices in self.order:
+            if self.static_rows is not None:
+                yield stack_rows([self.static_rows[i] for i in indices], self.pad_id)
+            else:
+                yield _collate_with_labels(self.collate, [self.data.train[i] for i in indices])
+
+    def loss(self, batch: dict) -> torch.Tensor:
+        with autocast(self.device):
+            logits, targets = masked_logits(self.model, to_device(batch, self.device))
+        return F.cross_entropy(logits, targets)
+
+    def evaluate(self, step: int) -> Evaluation:
+        scores = evaluate(self.model, self.eval_rows, self.pad_id, self.device)
+        return dataclasses.replace(scores, step=step)
+
+
+# ---------------------------------------------------------------- the fine-tune
+
+def run_finetune(plan: FinetunePlan, *, on_event: Callable | None = None,
+                 should_stop: Callable[[], bool] | None = None, collate_fn: Callable | None = None,
+                 eval_every: int | None = None, weight_decay: float = 0.01, warmup_ratio: float = 0.1,
+                 run: str | None = None) -> tuple[LoadedModel, MLMHistory]:
+    """Fine-tune a copy of `plan.lm` with masked-LM loss on the plan's text; returns (tuned
+    model, history). The loop is `training.train`: its events (`Step`, `Evaluation`, tagged with
+    `run`) go to `on_event`; `should_stop()`, the plan's time limit and a non-finite loss end it
+    early (`history.stopped`).
+
+    collate_fn: replaces the standard MLM collator for training (the eval masks stay standard),
+    e.g. to train with the article's labelling; same input/output as `mlm_collator`.
+    The same plan gives the same history (on the same machine and threads, and with no other
+    fine-tune running in the process at the same time: dropout uses torch's global generator,
+    seeded here and restored afterwards).
+    """
+    lm, s = plan.lm, plan.settings
+    history = MLMHistory(s.steps, dataclasses.asdict(s), eval_on_train=plan.data.eval_on_train,
+                         train_lines=plan.data.train_lines, eval_lines=plan.data.eval_lines,
+                         train_blocks=len(plan.data.train))
+    # The shared base stays untouched; a bfloat16 base (--dtype) trains in float32, since
+    # AdamW's small updates vanish in bf16 weights.
+    model = copy.deepcopy(lm.model).float()
+    model.requires_grad_(True).train()
+    with seeded(s.seed, lm.device):  # dropout
+        task = MaskedLMTask(lm, model, plan, collate_fn)
+        train(model, task.batches(), task.loss, task.evaluate, history, learning_rate=s.learning_rate,
+              max_seconds=plan.limits.max_seconds, eval_every=eval_every, weight_decay=weight_decay,
+              warmup_ratio=warmup_ratio, on_event=on_event, should_stop=should_stop, run=run)
+    model.eval().requires_grad_(False)
+    return LoadedModel(f"{lm.name} (fine-tuned)", lm.tokenizer, model, lm.device, caches=lm.caches), history
+
+
+def finetune(lm: LoadedModel, texts: str | list[str], *, on_event: Callable | None = None,
+             should_stop: Callable[[], bool] | None = None, collate_fn: Callable | None = None,
+             eval_every: int | None = None, weight_decay: float = 0.01, warmup_ratio: float = 0.1,
+             **settings) -> tuple[LoadedModel, MLMHistory]:
+    """Fine-tune a copy of `lm` with masked-LM loss on `texts`; returns (tuned model, history).
+
+    settings: `plan_finetune`'s (steps or epochs, learning_rate, batch_size, mlm_probability,
+    masking, seed, max_length, limits); the rest as `run_finetune`.
+    """
+    return run_finetune(plan_finetune(lm, texts, **settings), on_event=on_event, should_stop=should_stop,
+                        collate_fn=collate_fn, eval_every=eval_every, weight_decay=weight_decay,
+                        warmup_ratio=warmup_ratio)
+
+
+# ---------------------------------------------------------------- the Fine-tune button
+
+@dataclass(frozen=True)
+class TuningRequest(FinetuneForm):
+    """The Fine-tune button's request: the form, and what the run leaves."""
+
+    keep_partial: bool = False  # keep the model of a stopped or timed-out run
+    probes: str = ""  # sentences with [MASK], one per line, predicted before and after
+
+    def plan(self, lm: LoadedModel, limits: Limits) -> "TuningPlan":
+        """The fine-tune's plan, and the probes (default: lines of the text, a word masked)."""
+        plan = super().plan(lm, limits)
+        probes = [p.strip() for p in (self.probes or "").splitlines() if p.strip()] or default_probes(self.text)
+        if not probes:
+            raise validate.InputError("probes", "No probe sentences: write one or more with [MASK], one per line.")
+        return TuningPlan(plan, bool(self.keep_partial), probes)
+
+
+@dataclass(frozen=True)
+class TuningPlan:
+    finetune: FinetunePlan
+    keep_partial: bool
+    probes: list[str]
+
+
+def run_tuning(plan: TuningPlan, *, on_event: Callable | None = None,
+               should_stop: Callable[[], bool] | None = None) -> tuple[LoadedModel, MLMHistory]:
+    """The plan's fine-tune (`run_finetune`)."""
+    return run_finetune(plan.finetune, on_event=on_event, should_stop=should_stop)
+
+
+# ---------------------------------------------------------------- static vs dynamic
+
+def run_masking_comparison(plan: FinetunePlan, *, on_event: Callable | None = None,
+                           should_stop: Callable[[], bool] | None = None) -> dict[str, MLMHistory]:
+    """The plan's fine-tune with static and with dynamic masking (same seed, data, steps and eval
+    masks); returns {"static": history, "dynamic": history}; events carry the masking as `run`.
+    A Stop ends the comparison."""
+    histories = {}
+    for masking in MASKINGS:
+        _, histories[masking] = run_finetune(plan.with_masking(masking), on_event=on_event,
+                                             should_stop=should_stop, run=masking)
+        if histories[masking].stopped == "stopped":
+            break
+    return histories
+
+
+def compare_masking(lm: LoadedModel, texts: str | list[str], *, on_event: Callable | None = None,
+                    should_stop: Callable[[], bool] | None = None, **settings) -> dict[str, MLMHistory]:
+    """`run_masking_comparison` of `plan_finetune(lm, texts, **settings)` (its masking is ignored)."""
+    return run_masking_comparison(plan_finetune(lm, texts, **settings), on_event=on_event,
+                                  should_stop=should_stop)
+
+
+# ---------------------------------------------------------------- probes and export
+
+def default_probes(texts: str | list[str], n: int = 3) -> list[str]:
+    """Up to `n` lines of the person's text, each with its longest word masked (a content word
+    is more telling than 'the')."""
+    probes = []
+    for unit in split_units(texts):
+        words = [(w, i) for i, (w, _, _) in enumerate(split_words(unit)) if w.isalpha()]
+        if len(words) < 3 or len(words) > 40:
+            continue
+        _, index = max(words, key=lambda wi: len(wi[0]))
+        probes.append(mask_word(unit, index))
+        if len(probes) == n:
+            break
+    return probes
+
+
+def compare_probes(before: LoadedModel, after: LoadedModel, probes: list[str], top_k: int = 3,
+                   max_masks: int = 10) -> list[dict]:
+    """Fill-mask top-k of each probe with both models: [{"probe", "before", "after"}], where
+    before/after are `fill_mask` outputs (a list per mask)."""
+    probes = [p.strip() for p in probes if p and p.strip()]
+    if not probes:
+        raise ValueError("No probe sentences: write one or more sentences with [MASK], one per line.")
+    if len(probes) > 10:
+        raise ValueError(f"{len(probes)} probe sentences given; at most 10 at a time.")
+    return [{"probe": p, "before": fill_mask(before, p, top_k, max_masks=max_masks),
+             "after": fill_mask(after, p, top_k, max_masks=max_masks)} for p in probes]
+
+
+def save_zip(lm: LoadedModel, folder: str | Path, name: str = "bertdemo-tuned-model") -> Path:
+    """`save_pretrained` of model and tokenizer, zipped into `folder` as `name`.zip; returns its
+    path. An earlier zip of that name is replaced (other files in the folder are left alone)."""
+    folder = Path(folder)
+    staging = folder / f"{name}-staging"
+    shutil.rmtree(staging, ignore_errors=True)
+    (folder / f"{name}.zip").unlink(missing_ok=True)
+    lm.model.save_pretrained(staging)
+    lm.tokenizer.save_pretrained(staging)
+    archive = shutil.make_archive(str(folder / name), "zip", staging)
+    shutil.rmtree(staging, ignore_errors=True)
+    return Path(archive)
