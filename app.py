@@ -18,7 +18,7 @@ from bertdemo.sessions import SessionStore
 from bertdemo.ui import (about_tab, attention_tab, classify_tab, explain_tab, fillmask_tab, finetune_tab,
                          masking_tab, mcp_tools, model_picker, no_model_banner, sent_values)
 from bertdemo.ui.common import hide_paths, refuse_non_finite_numbers
-from bertdemo.ui.context import AppContext, Visitor, handler
+from bertdemo.ui.context import AppContext, forget_session, handler
 
 log = logging.getLogger("bertdemo")
 MAX_UPLOAD = "1mb"  # only the Classify tab's CSV upload takes files (it reads far less); cap the route
@@ -80,11 +80,6 @@ def build_demo(settings: Settings, store: SessionStore | None = None,
     os.environ.setdefault("GRADIO_ANALYTICS_CACHE_FREQUENCY", "100")
     demo.queue(max_size=settings.queue_size, default_concurrency_limit=4)
     return demo
-
-
-def forget_session(visitor: Visitor) -> None:
-    """A browser tab closed: free everything its session held."""
-    visitor.store.drop(visitor.session)
 
 
 def main(argv: list[str] | None = None) -> None:

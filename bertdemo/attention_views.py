@@ -163,18 +163,18 @@ def rollout(weights: np.ndarray, upto: int | None = None) -> np.ndarray:
     return result
 
 
-def aggregate(weights: np.ndarray, kind: str = "head", layer: int = 0, head: int = 0) -> np.ndarray:
-    """The (T, T) matrix of heatmap view `kind` (see `VIEWS`) from (L, H, T, T); rows sum to 1."""
+def aggregate(weights: np.ndarray, heatmap: str = "head", layer: int = 0, head: int = 0) -> np.ndarray:
+    """The (T, T) matrix of the heatmap `heatmap` (a key of `VIEWS`) from (L, H, T, T); rows sum to 1."""
     layer, head = _check_index(layer, weights.shape[0], "layer"), _check_index(head, weights.shape[1], "head")
-    if kind == "head":
+    if heatmap == "head":
         return weights[layer, head].astype(np.float64)
-    if kind == "mean_heads":
+    if heatmap == "mean_heads":
         return weights[layer].astype(np.float64).mean(0)
-    if kind == "mean_layers":
+    if heatmap == "mean_layers":
         return weights.astype(np.float64).mean((0, 1))
-    if kind == "rollout":
+    if heatmap == "rollout":
         return rollout(weights, layer)
-    raise ValueError(f"Unknown view {kind!r}: choose one of {', '.join(VIEWS)}.")
+    raise ValueError(f"Unknown heatmap {heatmap!r}: choose one of {', '.join(VIEWS)}.")
 
 
 def _check_index(value, size: int, what: str) -> int:
@@ -191,17 +191,17 @@ class Group:
     sequence: int | None
 
 
-def token_groups(att: Attention, words: bool = False) -> list[Group]:
-    """One group per token, or (`words=True`) one per word: its pieces, labelled with its text."""
+def token_groups(att: Attention, whole_words: bool = False) -> list[Group]:
+    """One group per token, or (`whole_words=True`) one per word: its pieces, labelled with its text."""
     groups: list[Group] = []
     for i, (token, seq, word) in enumerate(zip(att.tokens, att.sequence_ids, att.word_ids)):
         last = groups[-1] if groups else None
-        if words and seq is not None and last and last.sequence == seq and \
+        if whole_words and seq is not None and last and last.sequence == seq and \
                 att.word_ids[last.indices[-1]] == word:  # the next piece of the same word
             last.indices.append(i)
         else:
             groups.append(Group(token, [i], seq is None, seq))
-    if words:
+    if whole_words:
         groups = [_labelled(att, g) for g in groups]
     return groups
 
@@ -236,16 +236,16 @@ class View:
     title: str
 
 
-def view(att: Attention, kind: str = "head", layer: int = 0, head: int = 0, words: bool = False,
+def view(att: Attention, heatmap: str = "head", layer: int = 0, head: int = 0, whole_words: bool = False,
          hide_special: bool = False) -> View:
-    """A heatmap view: aggregate (`VIEWS`), optionally per word and without special tokens.
+    """A heatmap (`VIEWS`: one head, a mean, rollout), optionally per word and without special tokens.
 
     Hiding [CLS]/[SEP] drops their rows and columns and renormalises each row over the tokens left
     (BERT sends much attention to them, Clark et al. 2019), so rows still sum to 1.
     """
-    matrix = aggregate(att.weights, kind, layer, head)
-    groups = token_groups(att, words)
-    if words:
+    matrix = aggregate(att.weights, heatmap, layer, head)
+    groups = token_groups(att, whole_words)
+    if whole_words:
         matrix = merge(matrix, groups)
     if hide_special:
         keep = [g for g, group in enumerate(groups) if not group.special]
@@ -255,14 +255,14 @@ def view(att: Attention, kind: str = "head", layer: int = 0, head: int = 0, word
         matrix = matrix / np.maximum(matrix.sum(-1, keepdims=True), 1e-12)
         groups = [groups[g] for g in keep]
     boundary = next((g for g, group in enumerate(groups) if group.sequence == 1), None)
-    return View([g.label for g in groups], matrix, boundary, _title(kind, layer, head, words))
+    return View([g.label for g in groups], matrix, boundary, _title(heatmap, layer, head, whole_words))
 
 
-def _title(kind: str, layer: int, head: int, words: bool) -> str:
+def _title(heatmap: str, layer: int, head: int, whole_words: bool) -> str:
     where = {"head": f"layer {layer}, head {head}", "mean_heads": f"layer {layer}, mean over heads",
              "mean_layers": "mean over all layers and heads",
-             "rollout": f"rollout through layer {layer}"}[kind]
-    return f"Attention, {where}{' (words)' if words else ''}: row attends to column"
+             "rollout": f"rollout through layer {layer}"}[heatmap]
+    return f"Attention, {where}{' (words)' if whole_words else ''}: row attends to column"
 
 
 def mask_rows(att: Attention, mask_index: int = 0) -> np.ndarray:
@@ -275,13 +275,13 @@ def mask_rows(att: Attention, mask_index: int = 0) -> np.ndarray:
 
 # ---------------------------------------------------------------- bertviz
 
-def default_selection(att: Attention, kind: str = "head",
+def default_selection(att: Attention, bertviz_view: str = "head",
                       budget: int = PAYLOAD_BUDGET) -> tuple[list[int], list[int]]:
-    """Layers and heads of bertviz view `kind` shown by default: all when they fit `budget`
+    """Layers and heads of the bertviz view ("head" or "model") shown by default: all when they fit `budget`
     weights, else evenly spread. The head view sends all heads of each layer it shows."""
     L, H, T = att.num_layers, att.num_heads, len(att.tokens)
     per_head = T * T * (2 if att.sentence_b_start is not None else 1)  # bertviz repeats A/B pairs
-    if kind == "head":
+    if bertviz_view == "head":
         return _spread(L, max(1, budget // (per_head * H))), list(range(H))
     cells = max(1, budget // per_head)  # thumbnails that fit
     n_layers = min(L, max(1, round((cells * L / H) ** 0.5)))
@@ -295,10 +295,10 @@ def _spread(n: int, k: int) -> list[int]:
     return sorted({min(n - 1, round((i + 0.5) * n / k - 0.5)) for i in range(k)})
 
 
-def bertviz_html(att: Attention, kind: str = "head", layers: list[int] | None = None,
+def bertviz_html(att: Attention, bertviz_view: str = "head", layers: list[int] | None = None,
                  heads: list[int] | None = None, script_urls: dict[str, str] | None = None,
                  decimals: int | None = None, max_weights: int = MAX_VIEW_WEIGHTS) -> str:
-    """A complete HTML document with bertviz's head view (`kind="head"`) or model view ("model").
+    """A complete HTML document with bertviz's head view (`bertviz_view="head"`) or model view ("model").
 
     `layers` and `heads` (model view only) filter what is sent, None for `default_selection`;
     weights are rounded to `decimals` (None: 3, or 2 when over 100k weights are sent, which keeps
@@ -308,13 +308,13 @@ def bertviz_html(att: Attention, kind: str = "head", layers: list[int] | None = 
     than the default view, if that is more) raises ValueError: the page and its download would
     be too large.
     """
-    if kind not in {"head", "model"}:
-        raise ValueError(f"Unknown bertviz view {kind!r}: use 'head' or 'model'.")
-    auto_layers, auto_heads = default_selection(att, kind)
+    if bertviz_view not in {"head", "model"}:
+        raise ValueError(f"Unknown bertviz view {bertviz_view!r}: use 'head' or 'model'.")
+    auto_layers, auto_heads = default_selection(att, bertviz_view)
     layers = sorted({_check_index(x, att.num_layers, "layer") for x in layers}) if layers else auto_layers
     heads = sorted({_check_index(x, att.num_heads, "head") for x in heads}) if heads else auto_heads
     def weights_sent(n_layers: int, n_heads: int) -> int:
-        return n_layers * (n_heads if kind == "model" else att.num_heads) * len(att.tokens) ** 2
+        return n_layers * (n_heads if bertviz_view == "model" else att.num_heads) * len(att.tokens) ** 2
 
     sent = weights_sent(len(layers), len(heads))
     pair = 2 if att.sentence_b_start is not None else 1  # bertviz repeats A/B pairs
@@ -331,24 +331,24 @@ def bertviz_html(att: Attention, kind: str = "head", layers: list[int] | None = 
         per_layer[layer] = rounded[i:i + 1]  # (1, H, T, T)
     common = dict(attention=per_layer, tokens=list(att.tokens), sentence_b_start=att.sentence_b_start,
                   include_layers=layers, html_action="return")
-    if kind == "head":
+    if bertviz_view == "head":
         body = head_view(**common, layer=layers[0]).data
     else:
         body = model_view(**common, include_heads=heads, display_mode="light").data
-    body = _script_safe_params(body, kind)
+    body = _script_safe_params(body, bertviz_view)
     body = _local_scripts(body, script_urls or data_urls())
     return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>bertviz "
-            f"{kind} view</title></head>\n<body style=\"margin:8px\">{body}</body></html>")
+            f"{bertviz_view} view</title></head>\n<body style=\"margin:8px\">{body}</body></html>")
 
 
-def _script_safe_params(body: str, kind: str) -> str:
+def _script_safe_params(body: str, bertviz_view: str) -> str:
     """Re-serialize bertviz's params JSON so no token can end the <script> it sits in.
 
     bertviz writes `json.dumps(params)` into a <script>: a token `</script>` would close it. It
     also pastes the JSON a second time into a comment naming the marker; we keep only the code's.
     `<`, `>` and `&` only occur inside JSON strings, where `\\u003c` etc. mean the same.
     """
-    template = (Path(bertviz.__file__).parent / f"{kind}_view.js").read_text()
+    template = (Path(bertviz.__file__).parent / f"{bertviz_view}_view.js").read_text()
     prefix = template[:template.index("PYTHON_PARAMS")]
     start = body.index(prefix) + len(prefix)
     params, end = json.JSONDecoder().raw_decode(body, start)
@@ -412,10 +412,10 @@ def srcdoc_iframe(document: str, height: int, title: str = "bertviz") -> str:
             f'style="width:100%;height:{int(height)}px;border:1px solid #ddd;border-radius:6px"></iframe>')
 
 
-def view_height(att: Attention, kind: str, n_layers: int) -> int:
+def view_height(att: Attention, bertviz_view: str, n_layers: int) -> int:
     """Pixels the bertviz view needs, from the layout constants in bertviz's head/model_view.js."""
     T = len(att.tokens)
-    if kind == "head":
+    if bertviz_view == "head":
         return 90 + int(22.5 * T)
     thumbnail = T * 7 * 12 / att.num_heads + 10
     return 60 + int(max(n_layers * thumbnail + 38, T * 18 + 55))

@@ -203,25 +203,25 @@ def _pieces_note(chosen: dict) -> str:
 
 # ---------------------------------------------------------------- two models side by side
 
-def compare_predictions(lm: LoadedModel, other: LoadedModel, text: str, top_k: int = 5,
+def compare_predictions(lm: LoadedModel, other_model: LoadedModel, text: str, top_k: int = 5,
                         max_masks: int = DEFAULT_MAX_MASKS) -> dict:
     """Both models' top-k per mask (each as `fill_mask` gives it) and how each token's
-    probability changes from `lm` to `other`.
+    probability changes from `lm` to `other_model`.
 
-    Returns {"models": [lm.name, other.name], "masks": [{"mask": number from 1, "a": lm's top-k,
-    "b": other's top-k, "changes": [{"token", "a", "b", "change"}]}]}: `changes` lists the tokens
+    Returns {"models": [lm.name, other_model.name], "masks": [{"mask": number from 1, "a": lm's top-k,
+    "b": other_model's top-k, "changes": [{"token", "a", "b", "change"}]}]}: `changes` lists the tokens
     of either top-k (lm's first) with their probability under each model and b - a; a token the
     other model's vocabulary lacks has None there (BERT's `capital` is RoBERTa's `Ġcapital`: the
     same word start is matched).
     """
-    top_k = min(check_top_k(top_k, lm), check_top_k(top_k, other))
-    probs_a, probs_b = _mask_probs(lm, text, max_masks), _mask_probs(other, text, max_masks)
+    top_k = min(check_top_k(top_k, lm), check_top_k(top_k, other_model))
+    probs_a, probs_b = _mask_probs(lm, text, max_masks), _mask_probs(other_model, text, max_masks)
     masks = []
     for m, (pa, pb) in enumerate(zip(probs_a, probs_b)):  # (V_a,), (V_b,)
-        top_a, top_b = _top_k(lm, *_ids_scores(pa, top_k)), _top_k(other, *_ids_scores(pb, top_k))
+        top_a, top_b = _top_k(lm, *_ids_scores(pa, top_k)), _top_k(other_model, *_ids_scores(pb, top_k))
         masks.append({"mask": m + 1, "a": top_a, "b": top_b,
-                      "changes": _changes(lm, other, pa, pb, top_a, top_b)})
-    return {"models": [lm.name, other.name], "masks": masks}
+                      "changes": _changes(lm, other_model, pa, pb, top_a, top_b)})
+    return {"models": [lm.name, other_model.name], "masks": masks}
 
 
 def _ids_scores(probs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -269,20 +269,20 @@ def same_token(source: LoadedModel, token_id: int, target: LoadedModel) -> int |
     return None
 
 
-def compare_scores(lm: LoadedModel, other: LoadedModel, text: str,
+def compare_scores(lm: LoadedModel, other_model: LoadedModel, text: str,
                    max_masks: int = DEFAULT_MAX_MASKS) -> dict:
     """Both models' sentence score (pseudo-log-likelihood) of the same sentence.
 
     Masks in `text` are first filled with `lm`'s best joint completion, so both score one
-    sentence. Returns {"sentence", "models", "a": sentence_score(lm), "b": sentence_score(other),
+    sentence. Returns {"sentence", "models", "a": sentence_score(lm), "b": sentence_score(other_model),
     "change": b's PLL - a's, "token_changes": per token b - a log-prob, None when the two
     tokenizers cut the sentence differently}.
     """
     sentence = validate.text(text)
     if USER_MASK_RE.search(sentence):
         sentence = fill_jointly(lm, sentence, 1, max_masks=max_masks)[0]["text"]
-    a, b = sentence_score(lm, sentence), sentence_score(other, sentence)
+    a, b = sentence_score(lm, sentence), sentence_score(other_model, sentence)
     same_cut = a["tokens"] == b["tokens"]
-    return {"sentence": sentence, "models": [lm.name, other.name], "a": a, "b": b,
+    return {"sentence": sentence, "models": [lm.name, other_model.name], "a": a, "b": b,
             "change": b["pll"] - a["pll"],
             "token_changes": [y - x for x, y in zip(a["log_probs"], b["log_probs"])] if same_cut else None}

@@ -27,8 +27,6 @@ Each session has one run slot (`RunSlots`, held by the session store):
 """
 from __future__ import annotations
 
-import dataclasses
-import functools
 import queue
 import threading
 import time
@@ -74,23 +72,18 @@ class Ticket(threading.Event):
 
 
 class RunSlots:
-    """Every session's one run slot. `queue_probe(session)`, set by the web layer (it alone sees
-    its queue), says whether that session still has a request to a run endpoint (`RUNS`) queued
-    or running: a reservation whose request was cancelled before its handler started is then
-    taken over by the next click instead of refusing it forever."""
+    """Every session's one run slot (a `Ticket`)."""
 
     def __init__(self):
         self._tickets: dict[str, Ticket] = {}
         self._lock = threading.Lock()
-        self.queue_probe: Callable[[str], bool] | None = None
 
     def reserve(self, session: str | None, kind: str | None = None, plan=None,
                 waiting: Callable[[], bool] | None = None) -> Ticket:
         """Claim the session's slot for a request entering the queue; ValueError if a run of the
-        session is queued or running, unless that one's request left the queue (`Ticket.abandoned`)."""
+        session is queued or running, unless that one's request left the queue (`Ticket.abandoned`:
+        `waiting()` says whether this one's request is still queued; the web layer alone can tell)."""
         session = _needs_session(session)
-        if waiting is None and self.queue_probe is not None:
-            waiting = functools.partial(self.queue_probe, session)
         with self._lock:
             held = self._tickets.get(session)
             if held is not None and not held.abandoned():
@@ -196,14 +189,15 @@ class Outcome:
     ended: str | None  # None: ran to the end; "stopped" or "time limit" (the run's stop check)
 
 
-def reserve(caller, kind: str | RunSpec, request):
+def reserve(caller, kind: str | RunSpec, request, waiting: Callable[[], bool] | None = None):
     """The validator's half, when the request enters the queue: check `request` into the plan of
     a run of `kind` (a name in `RUNS`, or a spec), and reserve the caller's slot with it (a second
-    click is refused at once). Returns the plan; InputError (a ValueError) says what to fix,
-    naming the field."""
+    click is refused at once). `waiting()`: whether this request is still in the queue (see
+    `RunSlots.reserve`). Returns the plan; InputError (a ValueError) says what to fix, naming the
+    field."""
     spec = _spec(kind)
     plan = spec.check(caller, request)
-    caller.store.runs.reserve(caller.session, spec.api_name, plan)
+    caller.store.runs.reserve(caller.session, spec.api_name, plan, waiting)
     return plan
 
 

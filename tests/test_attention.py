@@ -16,7 +16,7 @@ import bertdemo
 from bertdemo import plots
 from bertdemo.attention_views import (VIEWS, Attention, aggregate, bertviz_html, data_urls, default_selection,
                                 eager_twin, mask_rows, rollout, srcdoc_iframe, standalone,
-                                token_groups, view)
+                                view)
 from bertdemo.ui.attention_tab import served_urls
 
 PAIR = ("Paris is the [MASK] of unbelievably France.", "Berlin is nice.")
@@ -87,7 +87,7 @@ def test_rows_sum_to_one_in_every_view(pair_attention, kind, words, hide_special
 
 def test_word_level_sums_key_pieces_and_averages_query_pieces(pair_attention):
     att = pair_attention
-    shown = view(att, "head", 1, 1, words=True)
+    shown = view(att, "head", 1, 1, whole_words=True)
     assert shown.labels == ["[CLS]", "Paris", "is", "the", "[MASK]", "of", "unbelievably", "France",
                             ".", "[SEP]", "Berlin", "is", "nice", ".", "[SEP]"]
     pieces = [i for i, t in enumerate(att.tokens) if t in {"un", "##believ", "##a", "##b", "##ly"}]
@@ -127,7 +127,7 @@ def test_pair_boundary(pair_attention, tiny_bert):
     att = pair_attention
     assert att.tokens[att.sentence_b_start] == "berlin"
     assert att.tokens[att.sentence_b_start - 1] == "[SEP]"
-    by_word, no_special = view(att, words=True), view(att, hide_special=True)
+    by_word, no_special = view(att, whole_words=True), view(att, hide_special=True)
     assert by_word.labels[by_word.boundary] == "Berlin"
     assert no_special.labels[no_special.boundary] == "berlin"
     assert bertdemo.attention(tiny_bert, PAIR[0]).sentence_b_start is None
@@ -249,7 +249,7 @@ def test_real_tokenizer_keeps_markup_characters(real_vocab_bert):
     document = bertviz_html(att)
     assert _params(document)["attention"][0]["left_text"] == att.tokens
     assert "<img" not in document and "</iframe" not in document
-    words = view(att, words=True).labels
+    words = view(att, whole_words=True).labels
     assert "onerror" in words and "<" in words
 
 
@@ -261,7 +261,7 @@ def test_endpoint_matches_service_and_refuses_long_text(client, tiny_bert):
         text, "", "model", [], [], "mean_heads", 1, 0, True, True, 0.0, 1, api_name="/attention")
     expected = bertdemo.attention(tiny_bert, text)
     assert raw["tokens"] == expected.tokens
-    shown = view(expected, "mean_heads", 1, 0, words=True, hide_special=True)
+    shown = view(expected, "mean_heads", 1, 0, whole_words=True, hide_special=True)
     assert raw["heatmap"]["labels"] == shown.labels
     np.testing.assert_allclose(raw["heatmap"]["matrix"], shown.matrix, atol=1e-4)
     assert viz.startswith("<iframe srcdoc=") and "Layers 0-1, heads 0-1" in note
@@ -306,7 +306,7 @@ def test_handlers_keep_only_the_query_and_recompute_the_same_views(real_vocab_be
     assert not any(isinstance(v, np.ndarray) for v in vars(visitor.store.result("s1", "attention")).values())
     assert raw["heatmap"]["matrix"] == [[round(w, 4) for w in row] for row in view(att, "head", 1, 1).matrix.tolist()]
     _, changed = attention_tab.on_heatmap(visitor, "rollout", 1, 0, True, True, 0.0)
-    expected = view(att, "rollout", 1, 0, words=True, hide_special=True)
+    expected = view(att, "rollout", 1, 0, whole_words=True, hide_special=True)
     assert changed["heatmap"]["labels"] == expected.labels
     np.testing.assert_allclose(changed["heatmap"]["matrix"], expected.matrix, atol=1e-4)
     frame, export, viz_note = attention_tab.on_viz(visitor, "model", [0], [1])

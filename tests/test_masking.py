@@ -397,7 +397,6 @@ def test_sample_handler_matches_the_service(tiny_bert):
 
 def test_article_labelling_run_can_be_stopped_and_holds_one_slot(tiny_bert, monkeypatch):
     """The article-labelling comparison runs through bertdemo.runs: Stop ends it within one step."""
-    from bertdemo import experiments
     from bertdemo.ui import masking_tab
 
     import dataclasses

@@ -3,7 +3,7 @@ import gradio as gr
 
 from .. import plots
 from ..config import Settings
-from .context import AppContext
+from .context import AppContext, standalone_demo
 
 MLM_TEXT = r"""
 ### Masked-language modelling in one formula
@@ -68,10 +68,8 @@ def render(ctx: AppContext) -> None:
 
 
 def create_demo(store=None, settings: Settings | None = None) -> gr.Blocks:
-    """The tab on its own, for running or testing it alone (it needs no model)."""
-    with gr.Blocks(title="bertdemo: about") as demo:
-        render(AppContext(store, settings or Settings()))
-    return demo
+    """The tab on its own, for running or testing it alone."""
+    return standalone_demo("about", render, store, settings)
 
 
 def glue_figure():

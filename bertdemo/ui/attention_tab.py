@@ -18,7 +18,7 @@ from ..attention_views import (VENDOR_DIR, VIEWS, Attention, attention, bertviz_
 from ..config import Settings
 from ..models import LoadedModel
 from ..sessions import SessionStore
-from .context import AppContext, Visitor, handler
+from .context import AppContext, Visitor, handler, standalone_demo
 
 GRADIO_FILE_ROUTE = "gradio_api/file="  # where Gradio serves files by path (set_static_paths)
 
@@ -144,16 +144,9 @@ def _section_mask():
     return mask_number, [mask_grid, mask_preds, mask_note], raw
 
 
-def create_demo(store: SessionStore, settings: Settings) -> gr.Blocks:
+def create_demo(store=None, settings: Settings | None = None) -> gr.Blocks:
     """The tab on its own, for running or testing it alone."""
-    with gr.Blocks(title="bertdemo: attention") as demo:
-        render(AppContext(store, settings))
-
-        def forget_session(request: gr.Request):
-            store.drop(request.session_hash)
-
-        demo.unload(forget_session)
-    return demo
+    return standalone_demo("attention", render, store, settings)
 
 
 # ---------------------------------------------------------------- handlers
@@ -219,26 +212,26 @@ def _model_shape(store: SessionStore) -> tuple[int, int]:
             getattr(config, "num_attention_heads", None) or getattr(config, "n_heads", None) or 12)
 
 
-def _viz_outputs(visitor: Visitor, att: Attention, kind: str, layers, heads):
+def _viz_outputs(visitor: Visitor, att: Attention, bertviz_view: str, layers, heads):
     """The bertviz view in an iframe, the same view as a download, and a line on what is shown."""
-    auto_layers, auto_heads = default_selection(att, kind)
+    auto_layers, auto_heads = default_selection(att, bertviz_view)
     layers = [x for x in layers or [] if x < att.num_layers] or auto_layers
     heads = [x for x in heads or [] if x < att.num_heads] or auto_heads
     start = time.perf_counter()
     urls = served_urls()
-    in_page = bertviz_html(att, kind, layers, heads, script_urls=urls)
+    in_page = bertviz_html(att, bertviz_view, layers, heads, script_urls=urls)
     ms = (time.perf_counter() - start) * 1e3
-    frame = srcdoc_iframe(in_page, view_height(att, kind, len(layers)), title=f"bertviz {kind} view")
-    shown_heads = f", heads {_ranges(heads)}" if kind == "model" else ""
+    frame = srcdoc_iframe(in_page, view_height(att, bertviz_view, len(layers)), title=f"bertviz {bertviz_view} view")
+    shown_heads = f", heads {_ranges(heads)}" if bertviz_view == "model" else ""
     note = (f"Layers {_ranges(layers)}{shown_heads} of {att.num_layers} x {att.num_heads}; "
             f"{len(in_page) / 1e3:,.0f} kB built in {ms:.0f} ms. Tick layers/heads to choose others "
             "(fewer keep long inputs responsive).")
-    return frame, _export(visitor, standalone(in_page, urls), kind), note
+    return frame, _export(visitor, standalone(in_page, urls), bertviz_view), note
 
 
-def _heatmap_outputs(att: Attention, kind, layer, head, whole_words, hide_special, threshold):
+def _heatmap_outputs(att: Attention, heatmap, layer, head, whole_words, hide_special, threshold):
     layer, head = min(int(layer), att.num_layers - 1), min(int(head), att.num_heads - 1)
-    shown = view(att, kind, layer, head, bool(whole_words), bool(hide_special))
+    shown = view(att, heatmap, layer, head, bool(whole_words), bool(hide_special))
     fig = plots.attention_heatmap(shown.labels, shown.matrix, shown.title, shown.boundary,
                                   float(threshold or 0))
     raw = {"tokens": att.tokens, "sentence_b_start": att.sentence_b_start,
@@ -278,11 +271,11 @@ def _ranges(indices: list[int]) -> str:
     return ", ".join(parts)
 
 
-def _export(visitor: Visitor, document: str, kind: str) -> str:
+def _export(visitor: Visitor, document: str, bertviz_view: str) -> str:
     """Write the standalone HTML for the download button into the session's folder, one file per
-    view kind (Gradio serves a copy): the store deletes it with the session's other files."""
+    view bertviz_view (Gradio serves a copy): the store deletes it with the session's other files."""
     folder = visitor.store.session_dir(visitor.session) / "bertviz"
     folder.mkdir(exist_ok=True)
-    path = folder / f"bertviz-{kind}-view.html"
+    path = folder / f"bertviz-{bertviz_view}-view.html"
     path.write_text(document, encoding="utf-8")
     return str(path)

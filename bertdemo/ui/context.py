@@ -14,7 +14,8 @@ import dataclasses
 import functools
 import inspect
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable
 
 import gradio as gr
 
@@ -23,23 +24,26 @@ from ..engine import Engine
 from ..models import LoadedModel
 from ..sessions import SessionStore
 from .common import friendly_errors, session_id
+from .queue_watch import QueueWatch
 
 
 @dataclass(frozen=True)
 class AppContext:
     """Everything the tabs share: the session store (what each visitor holds), the operator's
-    settings, and the engine (the models served and their caches, the micro-batcher)."""
+    settings, the engine (the models served and their caches, the micro-batcher), and the watch
+    on the app's queue (for run slots whose request was cancelled)."""
 
     store: SessionStore
     settings: Settings
     engine: Engine = None  # None: one of its own, sized by the settings
+    queue: QueueWatch = field(default_factory=QueueWatch)
 
     def __post_init__(self):
         if self.engine is None:
             object.__setattr__(self, "engine", Engine(max_batch=self.settings.max_batch))
 
     def visitor(self, request: gr.Request | None) -> "Visitor":
-        return Visitor(self.store, self.settings, session_id(request), self.engine)
+        return Visitor(self.store, self.settings, session_id(request), self.engine, self.queue)
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,7 @@ class Visitor:
     settings: Settings
     session: str | None
     engine: Engine = None  # None: one of its own (a test's), sized by the settings
+    queue: QueueWatch | None = None  # None: no queue to ask (a handler called directly)
 
     def __post_init__(self):
         if self.engine is None:
@@ -64,6 +69,10 @@ class Visitor:
     def limits(self) -> Limits:
         """The caps on each run this visitor starts (a `runs` caller has them)."""
         return self.settings.limits
+
+    def still_queued(self) -> bool:
+        """Whether this visitor's run request is still in the app's queue (True when unknown)."""
+        return self.queue is None or not self.session or self.queue.holds(self.session)
 
 
 def handler(ctx: AppContext, fn):
@@ -99,6 +108,24 @@ def handler(ctx: AppContext, fn):
     wired.__signature__ = signature
     wired.__annotations__ = {"request": gr.Request}  # the one hint Gradio needs; others may be strings
     return friendly_errors(wired)
+
+
+def forget_session(visitor: Visitor) -> None:
+    """A browser tab closed: free everything its session held (the page's unload event)."""
+    visitor.store.drop(visitor.session)
+
+
+def standalone_demo(title: str, render: Callable[[AppContext], None], store: SessionStore | None,
+                    settings: Settings | None = None) -> gr.Blocks:
+    """One tab (any `render(ctx)`) on its own, for running or testing it alone: its sessions are
+    freed when their page closes and its requests queue as the app's do."""
+    settings = settings or Settings()
+    ctx = AppContext(store if store is not None else SessionStore(None), settings)
+    with gr.Blocks(title=f"bertdemo: {title}") as demo:
+        render(ctx)
+        demo.unload(handler(ctx, forget_session))
+    demo.queue(max_size=settings.queue_size)
+    return demo
 
 
 def form_fields(form: type) -> list[str]:

@@ -8,7 +8,8 @@ import gradio as gr
 
 from .. import explain, plots, validate
 from ..attention_views import attention, mask_rows
-from .context import AppContext, Visitor, handler
+from ..config import Settings
+from .context import AppContext, Visitor, handler, standalone_demo
 
 EXAMPLES = ["Paris is the [MASK] of France.", "The doctor said that [MASK] would be late.",
             "The man went to the [MASK] to buy a [MASK] of milk."]
@@ -72,11 +73,9 @@ def _section_saliency(n_layers: int):
     return target, method, steps, layer, button, note, coloured, raw
 
 
-def create_demo(ctx: AppContext) -> gr.Blocks:
+def create_demo(store=None, settings: Settings | None = None) -> gr.Blocks:
     """The tab on its own, for running or testing it alone."""
-    with gr.Blocks(title="bertdemo: inside a prediction") as demo:
-        render(ctx)
-    return demo
+    return standalone_demo("inside a prediction", render, store, settings)
 
 
 # ---------------------------------------------------------------- handlers

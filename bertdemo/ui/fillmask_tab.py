@@ -8,7 +8,7 @@ from .. import explain, fillmask, plots, validate
 from ..config import Settings
 from ..models import USER_MASK_RE, LoadedModel, allowed_choices, display_name
 from .common import plotly_chart
-from .context import AppContext, Visitor, handler
+from .context import AppContext, Visitor, handler, standalone_demo
 from .model_line import model_line
 from .model_picker import pick
 
@@ -121,11 +121,9 @@ def _section_compare(settings: Settings):
     return other_model, button, [note, bars, table, score_changes]
 
 
-def create_demo(store, settings: Settings) -> gr.Blocks:
+def create_demo(store=None, settings: Settings | None = None) -> gr.Blocks:
     """The tab on its own, for running or testing it alone."""
-    with gr.Blocks(title="bertdemo: fill mask") as demo:
-        render(AppContext(store, settings))
-    return demo
+    return standalone_demo("fill mask", render, store, settings)
 
 
 # ---------------------------------------------------------------- handlers

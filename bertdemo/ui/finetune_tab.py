@@ -13,10 +13,9 @@ import pandas as pd
 from .. import plots, runs
 from ..config import Limits, Settings
 from ..fine_tuning import FinetuneForm, MLMHistory, TuningRequest, compare_probes, default_probes
-from ..sessions import SessionStore
 from ..training import EventLog
 from . import export_button, live_run
-from .context import AppContext, Visitor, handler
+from .context import AppContext, Visitor, handler, standalone_demo
 from .model_line import model_line
 
 EXAMPLE_TEXT = """Paris is the capital of France.
@@ -113,17 +112,9 @@ def _section_compare():
         return gr.Markdown(), gr.Plot(label="Eval curves, overlaid")
 
 
-def create_demo(store: SessionStore, settings: Settings) -> gr.Blocks:
+def create_demo(store=None, settings: Settings | None = None) -> gr.Blocks:
     """The tab on its own, for running or testing it alone."""
-    with gr.Blocks(title="bertdemo: fine-tune") as demo:
-        render(AppContext(store, settings))
-
-        def forget_session(request: gr.Request):
-            store.drop(request.session_hash)
-
-        demo.unload(forget_session)
-    demo.queue(max_size=settings.queue_size)
-    return demo
+    return standalone_demo("fine-tune", render, store, settings)
 
 
 # ---------------------------------------------------------------- handlers

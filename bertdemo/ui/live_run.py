@@ -14,8 +14,6 @@ drawing the events as they arrive and showing the steps in `gr.Progress`.
 """
 from __future__ import annotations
 
-import functools
-
 import gradio as gr
 
 from .. import runs
@@ -32,7 +30,7 @@ def wire(ctx: AppContext, kind: str, button: gr.Button, inputs: list, outputs: l
     if len(inputs) != len(form_fields(spec.request)):
         raise ValueError(f"{kind}: {len(inputs)} inputs for the {len(form_fields(spec.request))} fields "
                          f"of {spec.request.__name__}")
-    watch_queue(ctx.store)
+    ctx.queue.watch(gr.context.Context.root_block)  # the Blocks being built
     button.click(handler(ctx, fn), inputs, outputs, api_name=kind, validator=handler(ctx, validator(kind)),
                  concurrency_id=FINETUNE_GROUP, concurrency_limit=ctx.settings.finetune_concurrency)
 
@@ -46,7 +44,7 @@ def validator(kind: str):
     def check(visitor: Visitor, form) -> list:
         verdicts = [gr.validate(True, "")] * len(names)
         try:
-            runs.reserve(visitor, kind, form)
+            runs.reserve(visitor, kind, form, waiting=visitor.still_queued)
         except ValueError as err:
             field = getattr(err, "field", None)
             verdicts[names.index(field) if field in names else 0] = gr.validate(False, str(err))
@@ -79,25 +77,3 @@ def show_steps(progress, log: EventLog, desc: str = "training") -> None:
 def stop(visitor: Visitor) -> bool:
     """Ask the visitor's run to stop after its current step; False if nothing runs."""
     return runs.stop(visitor)
-
-
-def watch_queue(store) -> None:
-    """Give `store.runs` its `queue_probe`: is a request of a session to a run endpoint
-    (`runs.RUNS`) still waiting in this app's queue or being processed? Call while rendering (it
-    finds the Blocks being built). With it, a reservation whose request was cancelled (`/cancel`,
-    or the page's connection lost) before its handler started is taken over by the next click."""
-    store.runs.queue_probe = functools.partial(in_queue, gr.context.Context.root_block, set(runs.RUNS))
-
-
-def in_queue(blocks, api_names: set[str], session: str) -> bool:
-    """Whether Gradio's queue of `blocks` holds (or is running) a live request of `session` to one
-    of `api_names`. Gradio has no public hook for "a queued job was cancelled", so this reads its
-    queue; where that is not there (no queue yet, another Gradio) it answers True: the
-    reservation then holds until its handler ends or the session is dropped."""
-    queue = getattr(blocks, "_queue", None)
-    if not hasattr(queue, "event_queue_per_concurrency_id") or not hasattr(queue, "active_jobs"):
-        return True
-    queued = [e for q in list(queue.event_queue_per_concurrency_id.values()) for e in list(q.queue)]
-    running = [e for job in list(queue.active_jobs) if job for e in job]
-    return any(e.session_hash == session and e.alive and getattr(e.fn, "api_name", None) in api_names
-               for e in queued + running)

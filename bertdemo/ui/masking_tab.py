@@ -9,8 +9,7 @@ import pandas as pd
 from .. import experiments, masking, plots
 from ..experiments import LabellingForm
 from ..config import Settings
-from ..sessions import SessionStore
-from .context import AppContext, Visitor, handler
+from .context import AppContext, Visitor, handler, standalone_demo
 from . import live_run
 
 EXAMPLES = [
@@ -151,11 +150,9 @@ def _section_consequence():
     return steps, lr, run_btn, stop_btn, [plot, table, gr.Markdown()]
 
 
-def create_demo(store: SessionStore, settings: Settings) -> gr.Blocks:
+def create_demo(store=None, settings: Settings | None = None) -> gr.Blocks:
     """The tab on its own, for running or testing it alone."""
-    with gr.Blocks(title="bertdemo: mask sampling") as demo:
-        render(AppContext(store, settings))
-    return demo
+    return standalone_demo("mask sampling", render, store, settings)
 
 
 # ---------------------------------------------------------------- handlers

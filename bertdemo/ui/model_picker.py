@@ -6,7 +6,7 @@ import gradio as gr
 
 from ..config import Settings
 from ..models import LoadedModel, allowed_choices, allowed_entry
-from .context import AppContext, Visitor, handler
+from .context import AppContext, Visitor, handler, standalone_demo
 from .model_line import model_card, model_line
 
 log = logging.getLogger("bertdemo")
@@ -34,11 +34,9 @@ def on_card(visitor: Visitor) -> str:
     return model_card(visitor.store, visitor.session)
 
 
-def create_demo(store, settings: Settings) -> gr.Blocks:
+def create_demo(store=None, settings: Settings | None = None) -> gr.Blocks:
     """The picker on its own, for running or testing it alone."""
-    with gr.Blocks(title="bertdemo: model picker") as demo:
-        render(AppContext(store, settings))
-    return demo
+    return standalone_demo("model picker", render, store, settings)
 
 
 def on_pick(visitor: Visitor, model) -> str:
