@@ -18,7 +18,7 @@ from ..classification import (ADAPT_MLM_STEPS, DEFAULT_SWEEP_LRS, MAX_TOKENS, Cl
 from ..config import Limits
 from ..training import EventLog
 from . import live_run
-from .context import AppContext, Visitor, form_fields, handler
+from .context import AppContext, Visitor, handler
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets" / "classify"
 EXAMPLE_SETS = {"Topics: sport, cooking, space (45 lines)": "topics.csv",
@@ -56,7 +56,7 @@ def render(ctx: AppContext) -> None:
     limits = ctx.settings.limits
     gr.Markdown(RECIPE)
     data = _section_data(limits)
-    form = [data["table"], *_section_settings(limits)]
+    form = {"examples": data["table"], **_section_settings(limits)}
     run = _section_run()
     use = _section_use()
     sweep = _section_forgetting()
@@ -68,9 +68,7 @@ def render(ctx: AppContext) -> None:
     use["classify"].click(handler(ctx, on_classify), use["sentences"], use["result"], api_name="classify")
     use["download"].click(handler(ctx, on_download), None, use["file"], api_name="download_classifier",
                           concurrency_id="model")
-    by_name = dict(zip(form_fields(ClassifierForm), form))
-    sweep_form = [by_name[name] for name in form_fields(SweepForm)]  # rates swept, body not frozen
-    live_run.wire(ctx, "forgetting_sweep", sweep["run"], sweep_form, sweep["outputs"], on_sweep)
+    live_run.wire(ctx, "forgetting_sweep", sweep["run"], form, sweep["outputs"], on_sweep)  # rates swept
     live_run.wire(ctx, "adapt_then_classify", adapt["run"], form, adapt["outputs"], on_adapt)
 
 
@@ -89,14 +87,14 @@ def _section_data(limits: Limits) -> dict:
     return {"example": example, "load": load, "upload": upload, "table": table}
 
 
-def _section_settings(limits: Limits) -> list:
+def _section_settings(limits: Limits) -> dict:
     with gr.Row():
         epochs = gr.Number(10, label="Epochs", precision=0, minimum=1, maximum=limits.max_steps)
         lr = gr.Number(2e-5, label="Learning rate", info="2e-5: the article's small rate.")
         batch = gr.Slider(1, limits.max_batch_size, value=8, step=1, label="Batch size")
         freeze = gr.Checkbox(False, label="Freeze the body (train the new layers only: a linear probe)")
         seed = gr.Number(0, label="Seed", precision=0, minimum=0)
-    return [epochs, lr, batch, freeze, seed]
+    return dict(epochs=epochs, learning_rate=lr, batch_size=batch, freeze_body=freeze, seed=seed)
 
 
 def _section_run() -> dict:

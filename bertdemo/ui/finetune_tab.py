@@ -46,7 +46,7 @@ def render(ctx: AppContext) -> None:
     export_button.render(ctx)
     compare_status, compare_plot = _section_compare()
 
-    live_run.wire(ctx, "finetune", run_btn, form + [keep_partial, probes],
+    live_run.wire(ctx, "finetune", run_btn, {**form, "keep_partial": keep_partial, "probes": probes},
                   [status, curve, metrics, probe_table, active], on_finetune)
     live_run.wire(ctx, "compare_masking", compare_btn, form, [compare_status, compare_plot], on_compare)
     stop_btn.click(handler(ctx, on_stop), None, status, api_name="stop_finetune", queue=False)
@@ -54,7 +54,7 @@ def render(ctx: AppContext) -> None:
     use_base_btn.click(handler(ctx, on_use_base), None, active, api_name="use_base", queue=False)
     download_btn.click(handler(ctx, on_download), None, download, api_name="download_tuned",
                        concurrency_id="model")
-    suggest.click(handler(ctx, on_suggest), form[0], probes, api_name="suggest_probes", queue=False)
+    suggest.click(handler(ctx, on_suggest), form["text"], probes, api_name="suggest_probes", queue=False)
 
 
 def _section_form(limits: Limits):
@@ -81,7 +81,9 @@ def _section_form(limits: Limits):
     probes = gr.Textbox(label="Probe sentences, one per line, with [MASK]", lines=3,
                         value="\n".join(default_probes(EXAMPLE_TEXT)))
     suggest = gr.Button("Suggest probes from my text", size="sm")
-    return [text, length, unit, lr, batch, block, probability, masking, seed], keep_partial, probes, suggest
+    form = dict(text=text, training_length=length, length_unit=unit, learning_rate=lr, batch_size=batch,
+                block_length=block, mask_probability=probability, masking=masking, seed=seed)
+    return form, keep_partial, probes, suggest
 
 
 def _section_run():

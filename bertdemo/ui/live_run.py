@@ -1,7 +1,7 @@
 """Any run, live in the page: how every tab that starts runs wires them. The run itself (its
 declaration, slot, plan, worker, Stop, time limit, what it keeps) lives in `bertdemo.runs`.
 
-    live_run.wire(ctx, "finetune", button, inputs, outputs, on_finetune)
+    live_run.wire(ctx, "finetune", button, form, outputs, on_finetune)   # form: {field name: component}
 
     def on_finetune(visitor, request: TuningRequest, progress=gr.Progress()):
         outcome = yield from live_run.stream(visitor, "finetune", request, progress, draw_live)
@@ -23,13 +23,15 @@ from .context import AppContext, Visitor, form_fields, handler
 FINETUNE_GROUP = "finetune"  # every run shares one concurrency group: the server never trains more at once
 
 
-def wire(ctx: AppContext, kind: str, button: gr.Button, inputs: list, outputs: list, fn) -> None:
-    """Start runs of `kind` (`runs.RUNS`) from `button` with `fn`, a handler whose inputs are the
-    kind's request (`inputs`: its components, in the order of the request's fields)."""
-    spec = runs.RUNS[kind]
-    if len(inputs) != len(form_fields(spec.request)):
-        raise ValueError(f"{kind}: {len(inputs)} inputs for the {len(form_fields(spec.request))} fields "
-                         f"of {spec.request.__name__}")
+def wire(ctx: AppContext, kind: str, button: gr.Button, form: dict, outputs: list, fn) -> None:
+    """Start runs of `kind` (`runs.RUNS`) from `button` with `fn`, a handler whose input is the
+    kind's request. `form` maps the request's field names to their components (more may be there:
+    each run takes the fields of its own request)."""
+    names = form_fields(runs.RUNS[kind].request)
+    missing = [name for name in names if name not in form]
+    if missing:
+        raise ValueError(f"{kind} needs a component for {', '.join(missing)}")
+    inputs = [form[name] for name in names]
     ctx.queue.watch(gr.context.Context.root_block)  # the Blocks being built
     button.click(handler(ctx, fn), inputs, outputs, api_name=kind, validator=handler(ctx, validator(kind)),
                  concurrency_id=FINETUNE_GROUP, concurrency_limit=ctx.settings.finetune_concurrency)

@@ -68,8 +68,8 @@ def render(ctx: AppContext) -> None:
     article_btn.click(handler(ctx, on_article), inputs + [max_length], article_out,
                       api_name="article_snippet", concurrency_id="model")
     # Two fine-tunes: they share the Fine-tune tab's slot, so the server never runs more at once.
-    live_run.wire(ctx, "article_finetune", consequence_btn, [text, seed, steps, lr], consequence_out,
-                  on_consequence)
+    live_run.wire(ctx, "article_finetune", consequence_btn,
+                  dict(text=text, seed=seed, steps=steps, learning_rate=lr), consequence_out, on_consequence)
     stop_btn.click(handler(ctx, on_stop), None, None, api_visibility="private", queue=False)
 
 
