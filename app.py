@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import io
 import logging
 import os
@@ -12,11 +13,12 @@ import tempfile
 
 import gradio as gr
 
-from bertdemo.config import Settings, parse_auth
+from bertdemo import bundled
+from bertdemo.config import DEFAULT_MODEL, Settings, parse_auth
 from bertdemo.engine import Engine
 from bertdemo.sessions import SessionStore
 from bertdemo.ui import (about_tab, attention_tab, classify_tab, explain_tab, fillmask_tab, finetune_tab,
-                         masking_tab, mcp_tools, model_picker, no_model_banner, sent_values)
+                         masking_tab, mcp_tools, model_banner, model_picker, sent_values)
 from bertdemo.ui.common import hide_paths, refuse_non_finite_numbers
 from bertdemo.ui.context import AppContext, forget_session, handler
 
@@ -31,8 +33,9 @@ def parse_args(argv: list[str] | None = None) -> Settings:
 
 
 def load_store(settings: Settings, engine: Engine) -> SessionStore:
-    """Load the base model; if that fails the app still starts and says why in the page (where a
-    folder is named by its own name only: the log has the full path)."""
+    """Load the base model. If the default hub model cannot be had (no internet, hub down) the app
+    serves the bundled model instead and says why; if any other model fails the app still starts
+    and says why in the page (where a folder is named by its own name only: the log has the path)."""
     limits = dict(max_tuned=settings.finetune_max_models,
                   max_download_bytes=settings.download_max_mb * 2**20)
     try:
@@ -40,9 +43,21 @@ def load_store(settings: Settings, engine: Engine) -> SessionStore:
                                    allow_pickle=settings.allow_pickle, dtype=settings.dtype)
     except ValueError as err:
         log.error("%s", err)
-        return SessionStore(None, load_error=hide_paths(str(err) + no_model_banner.how_to_fix(settings)),
-                          **limits)
+        if settings.model == DEFAULT_MODEL and bundled.available():
+            log.warning("serving the bundled model instead of %s", settings.model)
+            notice = hide_paths(bundled.fallback_notice(settings.model, err))
+            return SessionStore(engine.load_bundled(settings.device), notice=notice, **limits)
+        return SessionStore(None, load_error=hide_paths(str(err) + model_banner.how_to_fix(settings)),
+                            **limits)
     return SessionStore(base, **limits)
+
+
+def served_settings(settings: Settings, store: SessionStore) -> Settings:
+    """The settings as the page serves them: after falling back to the bundled model, that is
+    the model the picker offers first, in the place of the one that failed."""
+    if store.notice is not None and store.base is not None and store.base.name == bundled.BUNDLED:
+        return dataclasses.replace(settings, model=bundled.BUNDLED)
+    return settings
 
 
 def build_demo(settings: Settings, store: SessionStore | None = None,
@@ -50,13 +65,14 @@ def build_demo(settings: Settings, store: SessionStore | None = None,
     """Compose the tabs into one Blocks app called `demo`. The engine holds every model served and
     what their requests share; `store`, what each visitor holds (both made here when not given)."""
     engine = engine or Engine(max_batch=settings.max_batch)
-    ctx = AppContext(store or load_store(settings, engine), settings, engine)
+    store = store or load_store(settings, engine)
+    ctx = AppContext(store, served_settings(settings, store), engine)
     age = settings.download_max_age  # Gradio's copies of downloads: checked every minute or so
     with gr.Blocks(title="bertdemo: BERT masked-language modelling",
                    delete_cache=(max(1, min(60, age)), age)) as demo:
         gr.Markdown("# bertdemo — see how BERT fills in `[MASK]`")
-        if ctx.store.base is None:
-            no_model_banner.render(ctx, demo)
+        if model_banner.shown(ctx.store):
+            model_banner.render(ctx, demo)
         model_picker.render(ctx)
         with gr.Tab("Fill mask"):
             fillmask_tab.render(ctx)

@@ -1,5 +1,6 @@
 """bertdemo: the model service behind the demo. Plain Python; the Gradio UI lives in `bertdemo.ui`."""
 from .attention_views import attention
+from .bundled import load_bundled
 from .engine import Engine
 from .classification import (adapt_then_classify, classify, forgetting, lr_sweep, parse_examples,
                              train_classifier)
@@ -11,7 +12,7 @@ from .masking import (article_comparison, article_mask_tokens, mask_sample, mask
 from .models import LoadedModel, load, pick_device
 from .fine_tuning import compare_masking, finetune
 
-__all__ = ["Engine", "LoadedModel", "load", "pick_device", "fill_mask", "fill_jointly", "score_candidates",
+__all__ = ["Engine", "LoadedModel", "load", "load_bundled", "pick_device", "fill_mask", "fill_jointly", "score_candidates",
            "sentence_score", "split_words", "mask_word", "attention",
            "mask_sample", "outcome_counts", "static_vs_dynamic", "masking_law", "article_mask_tokens",
            "article_comparison", "labelling_consequence", "finetune", "compare_masking",

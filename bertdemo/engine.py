@@ -23,7 +23,7 @@ import threading
 
 import torch
 
-from . import models, validate
+from . import bundled, models, validate
 from .batching import MicroBatcher
 from .models import (MINILM_NAME, LoadedModel, ModelCaches, allowed_choices, allowed_entry, minilm_path,
                      pick_device, pick_dtype, warm_up)
@@ -41,13 +41,14 @@ class Engine:
 
     def load(self, name_or_path: str | os.PathLike, device: str | None = None,
              allow_pickle: bool = False, dtype: str | torch.dtype | None = None) -> LoadedModel:
-        """`models.load`, once per name, device, pickle permission and precision: the same
-        object on every later call."""
+        """`models.load` (or, for "bundled", `bundled.load_bundled`), once per name, device, pickle
+        permission and precision: the same object on every later call."""
         name = validate.model_name(name_or_path)
         key = (name, str(pick_device(device)), allow_pickle, str(pick_dtype(dtype)))
         with self._lock:  # one load per key even when several visitors ask at once
             if key not in self._loaded:
-                self._loaded[key] = models.load(name, device, allow_pickle, dtype, caches=self.caches)
+                self._loaded[key] = (bundled.load_bundled(device, self.caches, dtype) if name == bundled.BUNDLED
+                                     else models.load(name, device, allow_pickle, dtype, caches=self.caches))
             return self._loaded[key]
 
     def load_allowed(self, choice, allowlist: list[str], device: str | None = None,
@@ -59,6 +60,11 @@ class Engine:
         entry = allowed_entry(choice, allowlist)
         label = {e: shown for shown, e in allowed_choices(allowlist).items()}[entry]
         return self._served_as(self.load(entry, device, allow_pickle, dtype), label)
+
+    def load_bundled(self, device: str | None = None) -> LoadedModel:
+        """The bundled masked LM (`bundled.load_bundled`), once, warmed up. ValueError naming the
+        file when its files are missing or damaged."""
+        return self._served_as(self.load(bundled.BUNDLED, device), bundled.BUNDLED)
 
     def load_minilm(self, device: str | None = None) -> LoadedModel:
         """The packaged MiniLM (`models.load_minilm`), once, named so every model line says what

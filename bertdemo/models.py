@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Hashable
 
+import httpx
 import torch
 from transformers import AutoModelForMaskedLM, AutoTokenizer, PreTrainedModel
 from transformers.activations import gelu
@@ -46,6 +47,7 @@ class ModelCard:
     head_missing: tuple[str, ...] = ()  # MLM-head weights the checkpoint lacked: randomly initialised
     body_missing: tuple[str, ...] = ()  # other weights it lacked (also randomly initialised)
     unused: tuple[str, ...] = ()  # checkpoint weights this architecture has no place for (e.g. pooler)
+    provenance: str | None = None  # where the weights come from, when known (the bundled model's training)
 
     @property
     def head_trained(self) -> bool:
@@ -220,8 +222,12 @@ def load(name_or_path: str | os.PathLike = "bert-base-uncased", device: str | No
     # Asked for safetensors a hub repo lacks, transformers would otherwise ask a conversion Space
     # (safetensors-convert.hf.space) to open a pull request on that repo: never from this app.
     os.environ.setdefault("DISABLE_SAFETENSORS_CONVERSION", "1")
+    # With no connection huggingface_hub retries for about 50 s before it reads its cache: ask
+    # once, briefly, and read the cache at once when the hub does not answer.
+    cache_only = not Path(name_or_path).exists() and not hub_reachable()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=False)
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=False,
+                                                  local_files_only=cache_only)
         model, loading_info = AutoModelForMaskedLM.from_pretrained(
             name_or_path,
             trust_remote_code=False,
@@ -229,9 +235,10 @@ def load(name_or_path: str | os.PathLike = "bert-base-uncased", device: str | No
             attn_implementation="sdpa",  # fast path; attention views ask for eager weights separately
             output_loading_info=True,  # what the checkpoint lacked, for the model card
             dtype=weights_dtype,
+            local_files_only=cache_only,
         )
     except (OSError, ValueError, KeyError, EnvironmentError) as err:
-        raise ValueError(_load_error_message(name_or_path, err, allow_pickle)) from err
+        raise ValueError(_load_error_message(name_or_path, err, allow_pickle, cache_only)) from err
     if tokenizer.mask_token is None:
         raise ValueError(f"Model {name_or_path!r} has no mask token, so it cannot fill masks: "
                          "choose a masked-language model such as bert-base-uncased.")
@@ -303,9 +310,25 @@ def _weights_format(name_or_path: str, allow_pickle: bool) -> str:
     return "safetensors or pickle"
 
 
-def _load_error_message(name_or_path: str, err: Exception, allow_pickle: bool) -> str:
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face Hub (`HF_ENDPOINT`) answers at all within `timeout` seconds;
+    False at once when `HF_HUB_OFFLINE` is set."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    try:
+        httpx.head(constants.ENDPOINT, timeout=timeout)
+    except httpx.HTTPError:
+        return False
+    return True
+
+
+def _load_error_message(name_or_path: str, err: Exception, allow_pickle: bool, cache_only: bool = False) -> str:
     folder = Path(name_or_path)
-    where = "local folder" if folder.exists() else "Hugging Face Hub id (or local folder)"
+    where = ("local folder" if folder.exists() else
+             "Hugging Face Hub id, in this machine's cache (the hub did not answer)" if cache_only else
+             "Hugging Face Hub id (or local folder)")
     pickle_only = folder.is_dir() and any(folder.glob("*.bin")) and not any(folder.glob("*.safetensors"))
     no_safetensors = "cannot be loaded with `safetensors`" in str(err)  # transformers' words, hub repos
     hint = (" It has only pickle weights (*.bin): convert them to safetensors, or start the app "

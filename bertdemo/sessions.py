@@ -56,7 +56,7 @@ class _Session:
 class SessionStore:
     """The base model (shared, read-only) plus everything each session holds, keyed by session id."""
 
-    def __init__(self, base: LoadedModel | None, load_error: str | None = None,
+    def __init__(self, base: LoadedModel | None, load_error: str | None = None, notice: str | None = None,
                  max_tuned: int = DEFAULT_MAX_TUNED, max_download_bytes: int = DEFAULT_MAX_DOWNLOAD_BYTES,
                  max_models: dict[str, int] | None = None, max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
                  max_idle_s: float = DEFAULT_MAX_IDLE_S):
@@ -65,6 +65,7 @@ class SessionStore:
             raise ValueError(f"max_tuned must be at least 1, got {min(self.max_models.values())}.")
         self.base = base
         self.load_error = load_error  # why `base` is None, shown in the page
+        self.notice = notice  # why `base` is not the model asked for (the bundled one served instead)
         self.max_tuned = max_tuned
         self.max_download_bytes = max_download_bytes
         self.max_result_bytes = max_result_bytes

@@ -8,8 +8,7 @@ from playwright.sync_api import expect
 import app
 import bertdemo
 from bertdemo.config import Settings
-from bertdemo.models import MINILM_NAME
-from bertdemo.ui.no_model_banner import MINILM_BUTTON
+from bertdemo.ui.model_banner import BUNDLED_BUTTON
 
 SENTENCE = "Paris is the [MASK] of France."
 
@@ -82,19 +81,19 @@ def no_model_url():
     demo.close()
 
 
-def test_without_a_model_the_page_says_how_to_fix_and_the_minilm_button_works(page, no_model_url,
-                                                                               screenshot):
+def test_without_a_model_the_page_says_how_to_fix_and_the_bundled_button_works(page, no_model_url,
+                                                                                screenshot):
     page.goto(no_model_url)
     expect(page.get_by_role("heading", name="No model is loaded")).to_be_visible()
     expect(page.get_by_text("python -m bertdemo download").first).to_be_visible()
     screenshot("no_model_banner")
-    page.get_by_role("button", name=MINILM_BUTTON).click()
-    expect(page.get_by_role("heading", name=f"Using {MINILM_NAME}")).to_be_visible()
-    expect(page.get_by_role("button", name=MINILM_BUTTON)).to_be_hidden()
+    page.get_by_role("button", name=BUNDLED_BUTTON).click()
+    expect(page.get_by_role("heading", name="Using bundled")).to_be_visible()
+    expect(page.get_by_role("button", name=BUNDLED_BUTTON)).to_be_hidden()
     predict(page, SENTENCE)
     expect(block(page, "Predictions per mask").locator(".barlayer .point")).to_have_count(5)
-    expect(page.get_by_text(f"Model: {MINILM_NAME}")).to_be_visible()  # the tab's model line
-    screenshot("no_model_minilm_loaded")
+    expect(page.get_by_text("Model: bundled")).to_be_visible()  # the tab's model line
+    screenshot("no_model_bundled_loaded")
 
 
 def test_compare_shows_both_models_tokens_and_refuses_a_missing_tuned_model(page, app_url, tiny_bert,

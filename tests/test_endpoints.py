@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ENDPOINTS = Path(__file__).with_name("endpoints.json")
-ONLY_WITHOUT_A_MODEL = {"/use_minilm"}  # the no-model banner's button
+ONLY_WITHOUT_A_MODEL = {"/use_bundled"}  # the model banner's button
 
 
 def endpoint_list(client) -> dict:
@@ -42,7 +42,7 @@ def test_the_apps_endpoints_are_the_committed_list(client):
 
 
 @pytest.mark.slow
-def test_without_a_model_the_app_adds_only_the_minilm_button(no_model_app):
+def test_without_a_model_the_app_adds_only_the_bundled_button(no_model_app):
     assert_same_api(endpoint_list(no_model_app), committed(with_no_model_extras=True))
 
 

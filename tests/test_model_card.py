@@ -105,12 +105,14 @@ def test_a_complete_model_has_no_warning_and_its_card_says_so(tiny_bert):
     assert "Every weight of the masked LM was in the checkpoint" in model_card(store, "s1")
 
 
-def test_the_no_model_pages_minilm_button_leads_to_the_warning():
+def test_the_no_model_pages_button_serves_the_bundled_model_and_says_what_it_is():
+    from bertdemo import bundled
     from bertdemo.config import Settings
     from bertdemo.sessions import SessionStore
-    from bertdemo.ui import no_model_banner
+    from bertdemo.ui import model_banner
     from bertdemo.ui.context import Visitor
 
     store = SessionStore(None, load_error="No model")
-    banner, _ = no_model_banner.on_use_minilm(Visitor(store, Settings(device="cpu"), "s1"))
-    assert UNTRAINED_HEAD in banner
+    banner, _ = model_banner.on_use_bundled(Visitor(store, Settings(device="cpu"), "s1"))
+    assert store.base.name == bundled.BUNDLED and UNTRAINED_HEAD not in banner
+    assert bundled.describe(bundled.read_report()) in banner  # corpus, tokens seen, held-out scores

@@ -24,8 +24,9 @@ from bertdemo.__main__ import main as bertdemo_cli
 from bertdemo import models
 from bertdemo.config import DEFAULT_MODEL, Settings
 from bertdemo.engine import Engine
+from bertdemo import bundled
 from bertdemo.models import MINILM_NAME, minilm_path
-from bertdemo.ui.no_model_banner import MINILM_BUTTON
+from bertdemo.ui.model_banner import BUNDLED_BUTTON
 
 ROOT = Path(__file__).parent.parent
 SENTENCE = "Paris is the [MASK] of France."
@@ -161,13 +162,13 @@ def no_model_client():
 
 
 @pytest.mark.slow
-def test_without_a_model_the_page_says_how_to_fix_and_offers_the_real_minilm(no_model_client):
-    with pytest.raises(AppError, match=r"python -m bertdemo download .* --model .*MiniLM"):
+def test_without_a_model_the_page_says_how_to_fix_and_offers_the_bundled_model(no_model_client):
+    with pytest.raises(AppError, match=r"python -m bertdemo download .* --model .*bundled"):
         no_model_client.predict(SENTENCE, 3, api_name="/fill_mask")
-    banner = no_model_client.predict(api_name="/use_minilm")
-    assert MINILM_NAME in banner and "untrained" in banner
+    banner = no_model_client.predict(api_name="/use_bundled")
+    assert "Using bundled" in banner and "trained offline" in banner and "untrained" not in banner
     _, raw, model_line = no_model_client.predict(SENTENCE, 3, api_name="/fill_mask")
-    assert MINILM_NAME in model_line  # every tab's model line says what it is
+    assert "bundled" in model_line and "noise" not in model_line  # every tab's line says what it is
     assert len(raw[0]) == 3
 
 
@@ -183,15 +184,15 @@ def test_minilm_fallback_has_the_real_pretrained_body():
     assert torch.equal(lm.model.bert.encoder.layer[0].attention.self.query.weight, saved[key])
 
 
-def test_without_the_minilm_package_no_button_is_offered(monkeypatch):
-    monkeypatch.setattr(models, "minilm_path", lambda: None)
+def test_without_the_bundled_files_no_button_is_offered(monkeypatch, tmp_path):
+    monkeypatch.setattr(bundled, "FOLDER", tmp_path / "no-bundled-model")
     settings = Settings(model="bertdemo-tests/no-such-model", device="cpu")
     engine = Engine()
     store = app.load_store(settings, engine)
     demo = app.build_demo(settings, store, engine)
-    buttons = [b for b in demo.blocks.values() if isinstance(b, gr.Button) and b.value == MINILM_BUTTON]
+    buttons = [b for b in demo.blocks.values() if isinstance(b, gr.Button) and b.value == BUNDLED_BUTTON]
     assert buttons and not buttons[0].visible
-    assert "MiniLM" not in store.load_error and "--model" in store.load_error
+    assert "bundled" not in store.load_error and "--model" in store.load_error
 
 
 def test_local_folder_with_hub_offline_loads(tiny_bert_dir, monkeypatch):

@@ -3,13 +3,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from ..models import MINILM_NAME, LoadedModel
+from ..models import LoadedModel
 
 Place = Literal["tab", "picker", "finetune", "banner"]
-MINILM_NOTE = ("Real pretrained MiniLM-L6 attention and hidden states, so the Attention tab is "
-               "meaningful; but its MLM head is **untrained (random)**, so the fill-mask predictions "
-               "are noise until you fine-tune it in the Fine-tune tab. Restart with `--model` to use "
-               "a real masked LM.")
 
 
 def model_line(store, session: str | None = None, place: Place = "tab") -> str:
@@ -52,10 +48,11 @@ def _precision(lm: LoadedModel) -> str:
 
 def _warnings(lm: LoadedModel, place: Place) -> list[str]:
     """What a visitor must know about `lm` wherever its name is shown: what its checkpoint lacked
-    (its model card's warning, e.g. an MLM head never trained), and the MiniLM's story above the tabs."""
+    (its model card's warning, e.g. an MLM head never trained), and above the tabs where its
+    weights come from when the card says (the bundled model's training)."""
     found = [f"⚠️ **{lm.card.warning}.**"] if lm.card.warning else []
-    if lm.name == MINILM_NAME and place == "banner":
-        found.append(MINILM_NOTE)
+    if lm.card.provenance and place == "banner":
+        found.append(lm.card.provenance)
     return found
 
 
@@ -68,6 +65,8 @@ def model_card(store, session: str | None = None) -> str:
         return f"⚠️ {err}"
     card = lm.card
     lines = [f"**{lm.name}**: {card.summary()}."]
+    if card.provenance:
+        lines.append(card.provenance)
     if card.head_missing:
         lines.append(f"⚠️ **{card.warning}.** Not in the checkpoint: "
                      + ", ".join(f"`{k}`" for k in card.head_missing) + ".")

@@ -1,0 +1,58 @@
+"""The banner above the tabs when the app does not serve the model it was started with: none could
+be loaded (why, how to fix it, and one button that loads the bundled model for everyone), or the
+bundled model is served instead of a default that could not be reached (why, and what that model
+is). Visitors never choose a path: the button loads only the model shipped with bertdemo."""
+from __future__ import annotations
+
+import gradio as gr
+
+from .. import bundled
+from ..config import Settings
+from .context import AppContext, Visitor, handler
+from .model_line import model_line
+
+BUNDLED_BUTTON = "Use the bundled model (MiniLM-L6 with an MLM head trained offline)"
+
+
+def how_to_fix(settings: Settings) -> str:
+    """The rest of the 'no model' message every tab shows: how to get a model from here."""
+    hint = (f" To make such a folder where there is internet: `python -m bertdemo download "
+            f"{settings.model} --dir models/model`, then `python app.py --model models/model`.")
+    if bundled.available():
+        hint += f" Or press “{BUNDLED_BUTTON}” at the top of this page (or start with `--model bundled`)."
+    return hint
+
+
+def shown(store) -> bool:
+    """Whether the page needs the banner: no model, or the bundled one served in another's place."""
+    return store.base is None or store.notice is not None
+
+
+def render(ctx: AppContext, demo: gr.Blocks) -> None:
+    """The banner and its button, inside the current Blocks context."""
+    banner = gr.Markdown(_text(ctx.store), elem_id="model-banner")
+    button = gr.Button(BUNDLED_BUTTON, visible=_offer_bundled(ctx.store))
+    button.click(handler(ctx, on_use_bundled), None, [banner, button], api_name="use_bundled",
+                 concurrency_id="model")
+    demo.load(handler(ctx, on_page_load), None, [banner, button], api_visibility="private", queue=False)
+
+
+def on_use_bundled(visitor: Visitor):
+    """Load the bundled model as the app's model (for everyone); a second click keeps the first."""
+    store = visitor.store
+    if store.base is None:
+        store.base, store.load_error = visitor.engine.load_bundled(visitor.settings.device), None
+    return on_page_load(visitor)
+
+
+def on_page_load(visitor: Visitor):
+    """The banner as it is now: someone else may have loaded the bundled model since the page was built."""
+    return _text(visitor.store), gr.update(visible=_offer_bundled(visitor.store))
+
+
+def _text(store) -> str:
+    return store.notice if store.notice else model_line(store, place="banner")
+
+
+def _offer_bundled(store) -> bool:
+    return store.base is None and bundled.available()
