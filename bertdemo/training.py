@@ -132,7 +132,8 @@ def train(model: torch.nn.Module, batches: Iterator[dict], loss: Callable[[dict]
           evaluate: Callable[[int], Evaluation], history: RunHistory, *, learning_rate: float,
           max_seconds: float = math.inf, eval_every: int | None = None, weight_decay: float = 0.01,
           warmup_ratio: float = 0.1, on_event: Callable[[Event], None] | None = None,
-          should_stop: Callable[[], bool] | None = None, run: str | None = None) -> RunHistory:
+          should_stop: Callable[[], bool] | None = None, run: str | None = None,
+          rate_scale: Callable[[str], float] | None = None) -> RunHistory:
     """`history.planned_steps` optimizer steps of `model` on `loss(next(batches))`.
 
     `evaluate(step)` runs before training (step 0), every `eval_every` steps (default: ten times
@@ -141,12 +142,13 @@ def train(model: torch.nn.Module, batches: Iterator[dict], loss: Callable[[dict]
     ends if `should_stop()` (`history.stopped` is "stopped", or the callable's `.reason` when it
     has one: `runs.StopCheck` says "time limit"), or after `max_seconds` ("time limit"); a
     non-finite loss ends it too ("diverged"). Batches are dicts of (B, ...) tensors;
-    `batch["attention_mask"]`, when present, counts the step's tokens.
+    `batch["attention_mask"]`, when present, counts the step's tokens. `rate_scale`: see
+    `make_optimizer` (the steps report the base rate).
     """
     steps = history.planned_steps
     eval_every = max(1, steps // 10) if eval_every is None else eval_every
     emit = on_event or (lambda event: None)
-    optimizer = make_optimizer(model, learning_rate, weight_decay)
+    optimizer = make_optimizer(model, learning_rate, weight_decay, rate_scale)
     scheduler = linear_schedule(optimizer, steps, round(warmup_ratio * steps))
     params = [p for p in model.parameters() if p.requires_grad]
     start = time.perf_counter()
@@ -160,7 +162,7 @@ def train(model: torch.nn.Module, batches: Iterator[dict], loss: Callable[[dict]
         history.stopped = _why_stop(should_stop, time.perf_counter() - start, max_seconds)
         if history.stopped:
             break
-        tick, rate = time.perf_counter(), scheduler.get_last_lr()[0]
+        tick, rate = time.perf_counter(), learning_rate * scheduler.lr_lambdas[0](step - 1)
         batch = next(batches)
         value = _optimizer_step(loss(batch), params, optimizer, scheduler)
         if not math.isfinite(value):
@@ -200,18 +202,22 @@ def _tokens(batch) -> int:
 
 # ---------------------------------------------------------------- optimisation
 
-def make_optimizer(model: torch.nn.Module, learning_rate: float, weight_decay: float = 0.01):
-    """AdamW without weight decay on biases and LayerNorm weights (as BERT and run_mlm do).
+def make_optimizer(model: torch.nn.Module, learning_rate: float, weight_decay: float = 0.01,
+                   rate_scale: Callable[[str], float] | None = None):
+    """AdamW without weight decay on biases and LayerNorm weights (as BERT and run_mlm do), over
+    the parameters that require grad. `rate_scale(name)`: a parameter's learning rate as a multiple
+    of `learning_rate` (e.g. a new head faster than a pretrained body); default 1 for all.
 
     The fused kernel wherever torch has one, CPU included: on MiniLM-L6 it took 0.02 s per step
     against 0.10 s for the default, more than the forward and backward of a short batch.
     """
-    decay, no_decay = [], []
+    groups: dict[tuple[bool, float], list] = {}
     for name, param in model.named_parameters():
         if param.requires_grad:
-            (no_decay if param.ndim < 2 or "norm" in name.lower() else decay).append(param)
-    groups = [{"params": decay, "weight_decay": weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
+            decays = not (param.ndim < 2 or "norm" in name.lower())
+            groups.setdefault((decays, rate_scale(name) if rate_scale else 1.0), []).append(param)
+    groups = [{"params": params, "weight_decay": weight_decay if decays else 0.0, "lr": learning_rate * scale}
+              for (decays, scale), params in sorted(groups.items(), key=lambda kv: (not kv[0][0], kv[0][1]))]
     try:
         return torch.optim.AdamW(groups, lr=learning_rate, fused=True)
     except RuntimeError:  # no fused kernel for this device or dtype

@@ -2,10 +2,12 @@
 default hub model cannot be had, a missing or damaged file is named, and, since its MLM head is
 trained, tests finally check meaning: what it predicts, what the logit lens and the attributions
 say, and that a fine-tune on a text lowers that text's held-out loss."""
+import json
 import shutil
 import socket
 
 import pytest
+import torch
 
 import app
 import bertdemo
@@ -135,3 +137,29 @@ def test_a_short_fine_tune_lowers_the_held_out_loss_of_its_text(lm):
     _, history = bertdemo.finetune(lm, text, steps=30, learning_rate=5e-5, batch_size=4, seed=0)
     assert not history.eval_on_train  # scored on lines it never trained on
     assert history.after.loss < history.before.loss - 0.2
+
+
+# ---------------------------------------------------------------- the training script
+
+@pytest.mark.slow
+def test_the_training_script_writes_a_folder_load_bundled_reads(tmp_path):
+    """`python -m bertdemo train-bundled` in miniature: two steps on a corpus written here."""
+    from bertdemo.bundled_training import Recipe, train_bundled
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    lines = [f"The {animal} sat on the {thing} near the door." for animal in ("cat", "dog", "bird")
+             for thing in ("mat", "chair", "bed", "floor")]
+    (corpus / "train.txt").write_text("\n".join(lines) + "\n")
+    (corpus / "train.src").write_text("\n".join(["harvard"] * len(lines)) + "\n")
+    (corpus / "heldout.txt").write_text("The cow sat on the grass near the gate.\n")
+    source = {"package": "written-here", "kind": "test", "licence": "CC0", "licence_file": "-",
+              "what": "test lines", "texts": len(lines), "wordpieces": 120}
+    (corpus / "sources.json").write_text(json.dumps({"sources": {"harvard": source},
+                                                     "total": {"texts": len(lines)}}))
+    report = train_bundled(Recipe(steps=2, batch_tokens=64), corpus_dir=corpus, out=tmp_path / "out",
+                           device="cpu", fetch=False, echo=lambda line: None)
+    assert report["steps"] == 2 and report["tokens_seen"] > 0 and 0 <= report["held_out"]["top5"] <= 1
+    lm = bundled.load_bundled("cpu", folder=tmp_path / "out")
+    assert lm.card.provenance == bundled.describe(report) and "harvard" in lm.card.provenance
+    assert all(p.dtype == torch.float32 for p in lm.model.parameters())  # shipped in fp16, served in fp32
