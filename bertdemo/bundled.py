@@ -66,7 +66,8 @@ def read_report(folder: Path | None = None) -> dict:
 def describe(report: dict) -> str:
     """One paragraph for the model card and the banner: what the bundled model is and how it scores."""
     held_out, everyday = report["held_out"], report["everyday"]
-    corpus = ", ".join(source["name"] for source in report["corpus"]["sources"])
+    labels = [source.get("label", source["name"]) for source in report["corpus"]["sources"]]
+    corpus = ", ".join(labels[:-1]) + f" and {labels[-1]}" if len(labels) > 1 else labels[0]
     return (f"MiniLM-L6-H384 (the all-MiniLM-L6-v2 body) with an MLM head and {report['trained']} "
             f"trained offline by bertdemo for {report['minutes']:.0f} minutes on {report['hardware']}, "
             f"{report['tokens_seen'] / 1e6:.1f}M tokens of {corpus}. On held-out text it puts the "

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
+from pathlib import Path
 from dataclasses import MISSING, Field, dataclass, field, fields
 
 DEFAULT_MODEL = "bert-base-uncased"
@@ -99,6 +101,18 @@ class Limits:
     max_batch_size: int = 64
     max_learning_rate: float = 1e-2
     max_examples: int = 2_000  # labelled examples per classifier run
+
+
+def cpu_model() -> str:
+    """The processor's name (e.g. "AMD EPYC"), for reports of measured figures: speed and quality
+    differ by CPU."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
 
 
 def env_var(f: Field) -> str:

@@ -14,15 +14,11 @@ DEFAULT_EXAMPLE = "Paris is the [MASK] of France."
 
 
 class InputError(ValueError):
-    """A ValueError that names the input at fault ("text", "steps", "learning rate", ...)."""
+    """A ValueError that names the input at fault (`field`: "text", "steps", "learning_rate", ...)."""
 
     def __init__(self, field: str, message: str):
         super().__init__(message)
         self.field = field
-
-    @property
-    def setting(self) -> str:  # the fine-tune form's older name for `field`
-        return self.field
 
 
 def number(value, name: str, low: float = -math.inf, high: float = math.inf, *,

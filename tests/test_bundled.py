@@ -50,7 +50,7 @@ def test_its_card_says_what_it_is_and_warns_of_nothing(lm):
     assert lm.card.head_trained and lm.card.warning is None
     assert lm.card.provenance == bundled.describe(report)
     for source in report["corpus"]["sources"]:
-        assert source["name"] in lm.card.provenance
+        assert source["label"] in lm.card.provenance
     assert f"{report['held_out']['top5']:.0%}" in lm.card.provenance
 
 
@@ -153,13 +153,13 @@ def test_the_training_script_writes_a_folder_load_bundled_reads(tmp_path):
     (corpus / "train.txt").write_text("\n".join(lines) + "\n")
     (corpus / "train.src").write_text("\n".join(["harvard"] * len(lines)) + "\n")
     (corpus / "heldout.txt").write_text("The cow sat on the grass near the gate.\n")
-    source = {"package": "written-here", "kind": "test", "licence": "CC0", "licence_file": "-",
-              "what": "test lines", "texts": len(lines), "wordpieces": 120}
+    source = {"label": "lines written for this test", "package": "-", "kind": "test", "licence": "CC0",
+              "licence_file": "-", "what": "test lines", "texts": len(lines), "wordpieces": 120}
     (corpus / "sources.json").write_text(json.dumps({"sources": {"harvard": source},
                                                      "total": {"texts": len(lines)}}))
     report = train_bundled(Recipe(steps=2, batch_tokens=64), corpus_dir=corpus, out=tmp_path / "out",
                            device="cpu", fetch=False, echo=lambda line: None)
     assert report["steps"] == 2 and report["tokens_seen"] > 0 and 0 <= report["held_out"]["top5"] <= 1
     lm = bundled.load_bundled("cpu", folder=tmp_path / "out")
-    assert lm.card.provenance == bundled.describe(report) and "harvard" in lm.card.provenance
+    assert lm.card.provenance == bundled.describe(report) and "lines written for this test" in lm.card.provenance
     assert all(p.dtype == torch.float32 for p in lm.model.parameters())  # shipped in fp16, served in fp32

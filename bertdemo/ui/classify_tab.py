@@ -40,9 +40,9 @@ on: every score below is on those. Few examples need more epochs than GLUE's 3."
 FORGETTING_NOTE = """Trains the same classifier at learning rates {lrs} (same seed, split and
 steps) and plots its held-out accuracy against how much masked-LM skill its body kept (loss on
 fixed masks of your text under the original MLM head; right is more forgetting). **Meaningful
-only for a model whose MLM head is trained** (bert-base and other masked LMs). The bundled
-MiniLM body has a random MLM head: its MLM loss is high before and after, so this plot says
-nothing there."""
+only for a model whose MLM head is trained** (bert-base, the bundled model, other masked LMs). A
+bare body whose MLM head is random (the MiniLM sentence-embedding package loaded as it is) has a
+high MLM loss before and after, so this plot says nothing there."""
 ADAPT_NOTE = """Don't stop pretraining (Gururangan et al. 2020): first train the model with MLM on
 text from your domain, then train the classifier. This trains the same classifier (seed, split,
 head initialisation, batches and steps) from the base body and from an MLM-adapted body, and
@@ -316,7 +316,7 @@ def _final_status(history: ClassifierHistory, model: str, kept: str, limits: Lim
 
 
 def _head_trained(lm) -> bool:
-    """False for a body with a newly initialised MLM head (the bundled MiniLM): its MLM loss
+    """False for a body with a newly initialised MLM head (a bare sentence-embedding body): its MLM loss
     measures nothing, before or after."""
     card = getattr(lm, "card", None)
     return bool(getattr(card, "head_trained", True))
