@@ -44,7 +44,7 @@ EVAL_DIR = Path(__file__).resolve().parent.parent / "assets" / "bundled"  # ever
 class Recipe:
     """What `train_bundled` does; the defaults made the shipped weights."""
 
-    steps: int = 4000  # ~60 minutes on 2 CPU threads (AMD EPYC, AVX-512: ~2,300 tokens/s)
+    steps: int = 2800  # ~60 minutes on 2 CPU threads of an AVX2 AMD EPYC (~1,600 tokens/s); ~40 with AVX-512
     batch_tokens: int = 2048  # tokens per batch (padding included), lines of up to `max_length`
     max_length: int = 64
     learning_rate: float = 3e-4  # the body's; the head's is `head_rate_scale` times it
