@@ -1,6 +1,7 @@
 """bertdemo: the model service behind the demo. Plain Python; the Gradio UI lives in `bertdemo.ui`."""
 from .attention_views import attention
 from .bundled import load_bundled
+from .embeddings import embedding_map, probe_layers
 from .engine import Engine
 from .classification import (adapt_then_classify, classify, forgetting, lr_sweep, parse_examples,
                              train_classifier)
@@ -17,4 +18,5 @@ __all__ = ["Engine", "LoadedModel", "load", "load_bundled", "pick_device", "fill
            "mask_sample", "outcome_counts", "static_vs_dynamic", "masking_law", "article_mask_tokens",
            "article_comparison", "labelling_consequence", "finetune", "compare_masking",
            "train_classifier", "classify", "forgetting", "lr_sweep", "adapt_then_classify",
-           "parse_examples", "layer_predictions", "saliency", "compare_predictions", "compare_scores"]
+           "parse_examples", "layer_predictions", "saliency", "compare_predictions", "compare_scores",
+           "embedding_map", "probe_layers"]

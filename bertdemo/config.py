@@ -41,6 +41,8 @@ class Settings:
     finetune_max_seconds: int = option(120, "wall-clock seconds per fine-tune run (stops cleanly there)")
     finetune_max_models: int = option(8, "tuned models kept in memory (least recently used evicted)")
     finetune_concurrency: int = option(1, "fine-tunes running at once (the rest wait in the queue)")
+    embedding_max_lines: int = option(50, "most sentences per embedding map")
+    embedding_max_tokens: int = option(2000, "most tokens of all the sentences of one embedding map")
     classify_max_examples: int = option(2000, "most labelled examples per classifier run (its other "
                                               "caps are the fine-tune's)")
     queue_size: int = option(64, "most requests waiting in the queue")
@@ -50,8 +52,6 @@ class Settings:
                                         "sessions' deleted first)")
     download_max_age: int = option(3600, "seconds a download stays available before it is deleted")
     allow_pickle: bool = option(False, "accept checkpoints without safetensors (pickle can run code)")
-    mcp: bool = option(False, "also serve the quick tools (fill-mask, scores, mask sampling, layer "
-                              "predictions, saliency) to MCP clients at /gradio_api/mcp/; on in a Space")
     share: bool = option(False, "also serve on a public *.gradio.live link: anyone with it can use the demo")
     mcp: bool = option(False, "also serve the quick tools (fill-mask, scores, mask sampling, layer "
                               "predictions, saliency) to MCP clients at /gradio_api/mcp/; on in a "

@@ -448,3 +448,40 @@ def forgetting_plot(points: list[dict], mlm_before: float) -> go.Figure:
     fig.update_yaxes(title_text="held-out accuracy", range=[0, 1.05], tickformat=".0%")
     fig.update_layout(height=380, margin=dict(l=10, r=10, t=30, b=10), showlegend=False)
     return fig
+
+
+def embedding_scatter(result: dict, title: str) -> go.Figure:
+    """`embeddings.embedding_map`'s points, one colour per sentence; hover: the token and its sentence."""
+    fig = go.Figure()
+    by_sentence: dict[int, list[dict]] = {}
+    for point in result["points"]:
+        by_sentence.setdefault(point["sentence"], []).append(point)
+    word_only = result["word"] is not None
+    for s, points in by_sentence.items():
+        text = points[0]["text"]
+        name = f"{s + 1}: {_plotly_text(text[:40] + ('…' if len(text) > 40 else ''))}"
+        fig.add_trace(go.Scatter(
+            x=[p["x"] for p in points], y=[p["y"] for p in points], name=name,
+            mode="markers+text" if word_only else "markers", marker=dict(size=11 if word_only else 8),
+            text=[_plotly_text(p["token"]) for p in points], textposition="top center",
+            customdata=[[_plotly_text(p["text"])] for p in points],
+            hovertemplate="<b>%{text}</b><br>%{customdata[0]}<extra></extra>"))
+    x, y = (f"PC{i + 1} ({share:.0%} of the variance)" for i, share in enumerate(result["explained"]))
+    fig.update_layout(title=title, height=460, xaxis=dict(title=x), yaxis=dict(title=y),
+                      legend=dict(title="sentence"), margin=dict(l=10, r=10, t=50, b=10))
+    return fig
+
+
+def probe_accuracy_lines(result: dict, title: str) -> go.Figure:
+    """`embeddings.probe_layers`' held-out accuracy per layer, with the majority-class baseline."""
+    layers = [entry["layer"] for entry in result["layers"]]
+    fig = go.Figure(go.Scatter(x=layers, y=[entry["accuracy"] for entry in result["layers"]],
+                               mode="lines+markers", name="linear probe (held-out)",
+                               hovertemplate="layer %{x}: %{y:.1%}<extra></extra>"))
+    fig.add_trace(go.Scatter(x=layers, y=[result["baseline"]] * len(layers), mode="lines",
+                             name="majority class", line=dict(dash="dash"),
+                             hovertemplate="always the most frequent label: %{y:.1%}<extra></extra>"))
+    fig.update_layout(title=title, height=340, margin=dict(l=10, r=10, t=50, b=10),
+                      xaxis=dict(title="layer (0 = embeddings)", dtick=1),
+                      yaxis=dict(title="held-out accuracy", range=[0, 1.05], tickformat=".0%"))
+    return fig

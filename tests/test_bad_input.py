@@ -62,6 +62,9 @@ ENDPOINTS = {
     "/layer_predictions": [("text", SENTENCE), ("number", 1), ("number", 3)],
     "/saliency": [("text", SENTENCE), ("text", ""), ("number", 1), ("choice", "gradient_x_input"),
                   ("number", 2), ("number", 0)],
+    "/embedding_map": [("text", "I sat on the river bank.\nThe bank lent me money."), ("number", 1),
+                       ("text", "bank")],
+    "/probe_layers": [CLASSIFY_FORM[0], CLASSIFY_FORM[5]],
     "/classify_example": [("choice", "Reviews: positive, negative (24 lines)")],
     "/train_classifier": CLASSIFY_FORM,  # before /classify and /download_classifier: they need its classifier
     "/stop_classifier": [],

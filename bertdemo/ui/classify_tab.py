@@ -12,9 +12,10 @@ from pathlib import Path
 import gradio as gr
 import pandas as pd
 
-from .. import plots, runs
+from .. import embeddings, plots, runs, validate
 from ..classification import (ADAPT_MLM_STEPS, DEFAULT_SWEEP_LRS, MAX_TOKENS, Classifier, ClassifierForm,
-                              ClassifierHistory, SweepForm, classify, forgetting, parse_examples)
+                              ClassifierHistory, SweepForm, classify, forgetting, parse_examples,
+                              table_examples)
 from ..config import Limits
 from ..training import EventLog
 from . import live_run
@@ -49,6 +50,11 @@ head initialisation, batches and steps) from the base body and from an MLM-adapt
 overlays them. The adapted body is your tuned model from the **Fine-tune** tab (domain-adaptive);
 if you have none, a copy of the base is first MLM-tuned for {steps} steps on your examples' own
 texts (task-adaptive)."""
+PROBE_NOTE = """A linear probe per layer: logistic regression on the frozen hidden states after the
+embeddings (layer 0) and after each layer, averaged over each text's tokens, trained on the same
+split as the classifier and scored on its held-out examples. Nothing in the model is trained: the
+chart says at which depth your labels can be read off by a straight line (the dashed line is
+always answering the most frequent label). Seconds, not minutes."""
 
 
 def render(ctx: AppContext) -> None:
@@ -61,6 +67,7 @@ def render(ctx: AppContext) -> None:
     use = _section_use()
     sweep = _section_forgetting()
     adapt = _section_adapt()
+    probe = _section_probe()
     data["load"].click(handler(ctx, on_example), data["example"], data["table"], api_name="classify_example")
     data["upload"].upload(handler(ctx, on_upload), data["upload"], data["table"], api_visibility="private")
     live_run.wire(ctx, "train_classifier", run["train"], form, run["outputs"], on_train)
@@ -70,6 +77,8 @@ def render(ctx: AppContext) -> None:
                           concurrency_id="model")
     live_run.wire(ctx, "forgetting_sweep", sweep["run"], form, sweep["outputs"], on_sweep)  # rates swept
     live_run.wire(ctx, "adapt_then_classify", adapt["run"], form, adapt["outputs"], on_adapt)
+    probe["run"].click(handler(ctx, on_probe), [data["table"], form["seed"]], probe["outputs"],
+                       api_name="probe_layers", concurrency_id="model")
 
 
 # ---------------------------------------------------------------- layout sections
@@ -148,6 +157,15 @@ def _section_adapt() -> dict:
         plot = gr.Plot(label="Base body vs MLM-adapted body, overlaid")
         table = gr.Dataframe(interactive=False, label="Held-out scores after")
     return {"run": run, "outputs": [status, plot, table]}
+
+
+def _section_probe() -> dict:
+    with gr.Accordion("Which layer knows your labels?", open=False):
+        gr.Markdown(PROBE_NOTE)
+        run = gr.Button("Probe every layer")
+        status = gr.Markdown(elem_id="probe-status")
+        plot = gr.Plot(label="Held-out accuracy of a linear probe, by layer", elem_id="probe-chart")
+    return {"run": run, "outputs": [status, plot]}
 
 
 # ---------------------------------------------------------------- handlers
@@ -244,6 +262,28 @@ def on_adapt(visitor: Visitor, form: ClassifierForm, progress=gr.Progress()):
     adapted_by = ("your tuned model from the Fine-tune tab" if outcome.plan.adapted is not None
                   else f"{ADAPT_MLM_STEPS} MLM steps on your examples' texts")
     yield _adapt_status(histories, adapted_by), plots.classifier_curves(curves, planned), adapt_frame(histories)
+
+
+def on_probe(visitor: Visitor, examples, seed):
+    """Which layer knows the labels: a logistic-regression probe on each layer's frozen,
+    mean-pooled hidden states (0 = embeddings), trained and scored on the classifier's split.
+
+    Args:
+        examples: the labelled examples, a table of (text, label) rows, at least two labels with two examples each; at most the server's example limit (2,000 by default).
+        seed: fixes the held-out split (the classifier's with the same seed).
+
+    Returns:
+        a summary line and the accuracy-by-layer chart (plotly) with the majority-class baseline.
+    """
+    lm = visitor.lm
+    seed = validate.whole_number(seed, "seed", 0, 2**31 - 1, field="seed")
+    result = embeddings.probe_layers(lm, table_examples(examples), seed=seed,
+                                     max_examples=visitor.limits.max_examples)
+    best = result["layers"][result["best_layer"]]
+    status = (f"Best: layer {best['layer']}, {best['accuracy']:.0%} held-out accuracy on "
+              f"{result['held_out_size']} examples (trained on {result['train_size']}; always the most "
+              f"frequent label: {result['baseline']:.0%}), {lm.name}.")
+    return status, plots.probe_accuracy_lines(result, f"Which layer knows your labels? ({lm.name})")
 
 
 def _adapt_live(log: EventLog) -> tuple:

@@ -28,6 +28,7 @@ TOOLS = {
     "mask_sample": "one draw of BERT's 15% / 80-10-10 corruption of a sentence",
     "layer_predictions": "what each layer would predict at a mask (logit lens)",
     "saliency": "which input words caused a prediction (Captum attributions)",
+    "embedding_map": "a word's hidden states in several sentences at one layer, in 2-D (PCA), with neighbours",
 }
 
 
