@@ -9,7 +9,8 @@ oneDNN with frozen weights packed once (`_linear`). Same modules, same weights, 
 Written by hand because transformers runs every layer at every position, padding included
 (its padding-free path needs flash-attention on a GPU). The packed weights live in a
 `PackedWeights` the caller passes (an engine's, shared by the models it serves): none is kept here.
-Only for the architectures whose layers are BERT's (`SUPPORTED`), in eval mode without grad;
+Only for the architectures whose layers are BERT's (`SUPPORTED`), in eval mode without grad and
+with no probe active (`probes`: its hooks are on the modules this forward does not call);
 `hidden_at` returns None for anything else and the caller takes the usual forward.
 """
 from __future__ import annotations
@@ -21,15 +22,19 @@ import torch
 import torch.nn.functional as F
 from torch.utils.weak import WeakIdKeyDictionary
 
+from . import probes
+
 # model_type -> these copy BertLayer exactly (attention.self.query/key/value, attention.output,
 # intermediate, output) and embed with positions from `embeddings(input_ids, token_type_ids)`.
 SUPPORTED = {"bert", "roberta", "xlm-roberta", "camembert"}
 
 
 def supports(model) -> bool:
-    """Whether `hidden_at` can run `model` (a *ForMaskedLM) as it is now."""
+    """Whether `hidden_at` can run `model` (a *ForMaskedLM) as it is now: not while a probe
+    (heads switched off, projections read) needs the modules' own calls (`probes.active`)."""
     config = model.config
     return (config.model_type in SUPPORTED and not model.training and not torch.is_grad_enabled()
+            and not probes.active()
             and not config.is_decoder and not getattr(config, "add_cross_attention", False)
             and not getattr(config, "chunk_size_feed_forward", 0)
             and getattr(config, "position_embedding_type", "absolute") == "absolute"
