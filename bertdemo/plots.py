@@ -244,7 +244,7 @@ def neuron_view(result: dict) -> go.Figure:
     tokens = _unique_labels([_plotly_text(t) for t in result["tokens"]])
     asking = tokens[result["token"]]
     dims = list(range(result["head_dim"]))
-    fig = make_subplots(rows=2, cols=4, shared_yaxes=True, row_heights=[0.08, 0.92], vertical_spacing=0.04,
+    fig = make_subplots(rows=2, cols=4, shared_yaxes=True, row_heights=[0.08, 0.92], vertical_spacing=0.08,
                         horizontal_spacing=0.02, column_widths=[0.36, 0.36, 0.14, 0.14],
                         subplot_titles=["query", "", "", "", "keys", "query × key", "score", "weight"])
     span = max(max(abs(x) for x in result["query"]), max(abs(x) for row in result["keys"] for x in row), 1e-6)

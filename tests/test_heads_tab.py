@@ -73,8 +73,9 @@ def test_heads_off_endpoint_handler_and_its_refusals(visitor):
         heads_panel.on_importance(visitor, SENTENCE, 2, "", "")
 
 
-def _read(paths):
-    files = {Path(p).suffix: Path(p) for p in paths}
+def _read(update):
+    files = {Path(p).suffix: Path(p) for p in update["value"]}
+    assert update["visible"]
     assert set(files) == {".csv", ".json", ".png", ".svg"}
     assert files[".png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     svg = ET.parse(files[".svg"]).getroot()  # well-formed XML

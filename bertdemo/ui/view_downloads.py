@@ -15,7 +15,7 @@ def controls(what: str) -> tuple[gr.Button, gr.File]:
     with gr.Row():
         button = gr.Button(f"Export {what}: numbers and image", size="sm", scale=1)
         files = gr.File(label=f"{what[0].upper()}{what[1:]}: CSV, JSON, PNG, SVG", file_count="multiple",
-                        height=90, scale=3)
+                        height=120, scale=3, visible=False)  # shown once it has files
     return button, files
 
 
@@ -24,5 +24,6 @@ def folder(visitor: Visitor) -> Path:
     return visitor.store.session_dir(visitor.session) / "exports"
 
 
-def listed(paths) -> list[str]:
-    return [str(p) for p in paths]
+def listed(paths) -> dict:
+    """The file list's update: these files, shown."""
+    return gr.update(value=[str(p) for p in paths], visible=True)
