@@ -13,7 +13,7 @@ import re
 
 import torch
 
-from . import probes, validate
+from . import lean_forward, probes, validate
 from .attention_views import encode_input
 from .explain import target_token
 from .fillmask import DEFAULT_MAX_MASKS, encode
@@ -136,8 +136,11 @@ def _ablated(lm: LoadedModel, layers: list[probes.AttentionLayer], states: tuple
 
     `states[l]` (1, T, H) is the input of layer l with every head on (the view's off). A copy for
     (l, h) joins the batch at layer l from states[l]; at each layer the rows that join have their
-    head's factor 0 there, every row has the view's heads off."""
+    head's factor 0 there, every row has the view's heads off. BERT-family models run each layer
+    through the lean forward (packed weights, the last layer at `position` only); others through
+    their layer modules, with `probes` scaling the heads."""
     stack, head = probes.layer_stack(lm.model), _require_head(lm)
+    lean, last = lean_forward.supports(lm.model), len(layers) - 1
     n_heads, length = layers[0].heads, states[0].shape[1]
     pairs = [(layer, h) for layer in range(len(layers)) for h in range(n_heads)]
     view = probes.factors(lm.heads_off, layers, lm.device)
@@ -153,9 +156,14 @@ def _ablated(lm: LoadedModel, layers: list[probes.AttentionLayer], states: tuple
             scale = view.get(layer, torch.ones(1, n_heads, device=lm.device)).repeat(len(hidden), 1)
             if joining:
                 scale[torch.arange(len(hidden) - len(joining), len(hidden)), joining] = 0.0
-            with probes.probed(lm.model, {layer: scale}):
-                hidden = stack[layer](hidden, None)  # one sentence, no padding: no mask needed
-        results += head(hidden[:, position]).float().log_softmax(-1)[:, token_id].tolist()
+            if lean:  # (rows, H) at the position after the last layer
+                hidden = lean_forward.layer_rows(lm.model, layer, hidden, scale, lm.caches.packed,
+                                                 at=position if layer == last else None)
+            else:
+                with probes.probed(lm.model, {layer: scale}):
+                    hidden = stack[layer](hidden, None)  # one sentence, no padding: no mask needed
+        final = hidden if lean else hidden[:, position]  # (rows, H)
+        results += head(final).float().log_softmax(-1)[:, token_id].tolist()
     return results
 
 

@@ -71,8 +71,17 @@ def test_neuron_view_weights_equal_output_attentions(arch, texts, request):
 
 
 @pytest.mark.slow
-def test_neuron_view_of_real_minilm_weights_equals_output_attentions(engine):
+def test_real_minilm_weights_neuron_view_and_importance(engine, monkeypatch):
+    """The neuron view equals output_attentions on real weights; head importance through the
+    lean forward equals it through the modules, and one head's delta equals its ablation."""
     lm = engine.load_minilm("cpu")
+    fast = bertdemo.head_importance(lm, SENTENCE)
+    assert np.shape(fast["delta"]) == (6, 12)
+    expected = float(mask_logits(bertdemo.heads_off(lm, [(3, 7)]), SENTENCE)[0].log_softmax(-1)[fast["target"]["token_id"]])
+    assert fast["delta"][3][7] == pytest.approx(expected - fast["log_prob"], abs=1e-4)
+    with monkeypatch.context() as patched:
+        patched.setattr(bertdemo.lean_forward, "supports", lambda model: False)
+        np.testing.assert_allclose(bertdemo.head_importance(lm, SENTENCE)["delta"], fast["delta"], atol=1e-4)
     path = str(bertdemo.models.minilm_path())
     model = AutoModelForMaskedLM.from_pretrained(path, attn_implementation="eager").eval()
     inputs = lm.tokenizer(SENTENCE.replace("[MASK]", lm.mask_token), return_tensors="pt")
@@ -250,6 +259,14 @@ def test_importance_of_a_word_in_small_batches_and_of_a_view(tiny_bert, monkeypa
     expected = one_at_a_time(view, SENTENCE, 0, whole["target"]["token_id"])
     np.testing.assert_allclose(of_view["delta"], expected, atol=1e-4)
     assert of_view["delta"][0][1] == pytest.approx(0, abs=1e-6) and of_view["heads_off"] == [(0, 1)]
+
+
+def test_importance_through_the_lean_forward_equals_the_layer_modules(tiny_bert, tiny_roberta, monkeypatch):
+    """BERT-family models run the copies through the lean forward; the modules with hooks agree."""
+    lean = [bertdemo.head_importance(lm, TWO_MASKS, mask=1)["delta"] for lm in (tiny_bert, tiny_roberta)]
+    monkeypatch.setattr(bertdemo.lean_forward, "supports", lambda model: False)
+    for lm, fast in zip((tiny_bert, tiny_roberta), lean):
+        np.testing.assert_allclose(fast, bertdemo.head_importance(lm, TWO_MASKS, mask=1)["delta"], atol=1e-5)
 
 
 def test_importance_refuses_a_mask_out_of_range_and_unknown_words(tiny_bert):
