@@ -251,8 +251,9 @@ def neuron_view(result: dict) -> go.Figure:
     products = max(max(abs(x) for row in result["products"] for x in row), 1e-6)
 
     def cells(z, y, limit, name):
-        return go.Heatmap(z=z, x=dims, y=y, zmin=-limit, zmax=limit, zmid=0, colorscale="RdBu", reversescale=True,
-                          showscale=False, hovertemplate=f"{name}: %{{y}}, dimension %{{x}}: %{{z:.4f}}<extra></extra>")
+        return go.Heatmap(z=z, x=dims, y=y, zmin=-limit, zmax=limit, zmid=0, colorscale="RdBu",
+                          reversescale=True, showscale=False,
+                          hovertemplate=f"{name}: %{{y}}, dimension %{{x}}: %{{z:.4f}}<extra></extra>")
     fig.add_trace(cells([result["query"]], [asking], span, "query"), row=1, col=1)
     fig.add_trace(cells(result["keys"], tokens, span, "key"), row=2, col=1)
     fig.add_trace(cells(result["products"], tokens, products, "query × key"), row=2, col=2)

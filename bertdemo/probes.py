@@ -127,7 +127,8 @@ def instrument(model) -> None:
         if any(getattr(h, "func", None) is _scale_heads for h in layers[0].output._forward_pre_hooks.values()):
             return
         for i, layer in enumerate(layers):
-            layer.output.register_forward_pre_hook(functools.partial(_scale_heads, layer=i, head_dim=layer.head_dim))
+            scale = functools.partial(_scale_heads, layer=i, head_dim=layer.head_dim)
+            layer.output.register_forward_pre_hook(scale)
             layer.query.register_forward_hook(functools.partial(_keep, layer=i, kind="query"))
             layer.key.register_forward_hook(functools.partial(_keep, layer=i, kind="key"))
 

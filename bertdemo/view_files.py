@@ -8,7 +8,6 @@ SVG the text is drawn as paths, so no token can become markup.
 """
 from __future__ import annotations
 
-import contextlib
 import csv
 import json
 import textwrap
@@ -146,7 +145,8 @@ def comparison(result: dict, folder: Path) -> list[Path]:
             ax.set_ylabel("probability")
             ax.set_title(f"[MASK] {mask['mask']}")
         axes[0].legend()
-    size = (max(6, 0.6 * max((len(m["changes"]) for m in result["masks"]), default=5)), 3.5 * len(result["masks"]) + 1)
+    widest = max((len(m["changes"]) for m in result["masks"]), default=5)
+    size = (max(6, 0.6 * widest), 3.5 * len(result["masks"]) + 1)
     return _write(folder, "heads-off-predictions", header, rows, result, title, size, draw)
 
 
@@ -187,10 +187,9 @@ def _cells(fig, ax, values: np.ndarray, rows: list[str], cols: list[str], cmap: 
         every = max(1, len(labels) // 60)  # at most ~60 labels an axis
         at = list(range(0, len(labels), every))
         setter(at, [labels[i] for i in at] if ticks or axis == 0 else [], **({"rotation": 90} if axis else {}))
-    if text is not None and values.size <= 400:
+    if text is not None and values.size <= 400:  # a label in each cell while they are readable
         for (i, j), label in np.ndenumerate(np.array(text, dtype=object)):
-            with contextlib.suppress(ValueError):
-                ax.text(j, i, label, ha="center", va="center", fontsize=7)
+            ax.text(j, i, label, ha="center", va="center", fontsize=7)
     if bar_label is not None:
         fig.colorbar(image, ax=ax, label=bar_label, shrink=0.8)
 

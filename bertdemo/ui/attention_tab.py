@@ -190,16 +190,15 @@ def on_mask(visitor: Visitor, mask_number, hide_special):
     return _mask_outputs(att, mask_number, hide_special) if att is not None else (gr.skip(),) * 3
 
 
-def on_export_heatmap(visitor: Visitor, heatmap, layer, head, whole_words, hide_special, threshold) -> list[str]:
+def on_export_heatmap(visitor: Visitor, heatmap, layer, head, whole_words, hide_special, threshold) -> dict:
     """The heatmap as shown, as files: its numbers (CSV, JSON with the tokens) and image (PNG, SVG)."""
     att = _recalled(visitor)
-    layer, head = min(int(layer), att.num_layers - 1), min(int(head), att.num_heads - 1)
-    shown = view(att, heatmap, layer, head, bool(whole_words), bool(hide_special))
+    shown = _shown(att, heatmap, layer, head, whole_words, hide_special)
     return view_downloads.listed(view_files.heatmap(shown, view_downloads.folder(visitor), att.tokens,
                                                     float(threshold or 0)))
 
 
-def on_export_mask(visitor: Visitor, mask_number, hide_special) -> list[str]:
+def on_export_mask(visitor: Visitor, mask_number, hide_special) -> dict:
     """What the [MASK] looked at, as files: every layer's and head's weights and the grid's image."""
     att = _recalled(visitor)
     if not att.mask_positions:
@@ -207,6 +206,12 @@ def on_export_mask(visitor: Visitor, mask_number, hide_special) -> list[str]:
     index = _mask_index(mask_number, len(att.mask_positions))
     return view_downloads.listed(view_files.mask_grid(att, index, view_downloads.folder(visitor),
                                                       bool(hide_special)))
+
+
+def _shown(att: Attention, heatmap, layer, head, whole_words, hide_special):
+    """The heatmap's view, its layer and head kept within the model's (the sliders are the app's)."""
+    layer, head = min(int(layer), att.num_layers - 1), min(int(head), att.num_heads - 1)
+    return view(att, heatmap, layer, head, bool(whole_words), bool(hide_special))
 
 
 def _recalled(visitor: Visitor) -> Attention:
@@ -264,8 +269,7 @@ def _viz_outputs(visitor: Visitor, att: Attention, bertviz_view: str, layers, he
 
 
 def _heatmap_outputs(att: Attention, heatmap, layer, head, whole_words, hide_special, threshold):
-    layer, head = min(int(layer), att.num_layers - 1), min(int(head), att.num_heads - 1)
-    shown = view(att, heatmap, layer, head, bool(whole_words), bool(hide_special))
+    shown = _shown(att, heatmap, layer, head, whole_words, hide_special)
     fig = plots.attention_heatmap(shown.labels, shown.matrix, shown.title, shown.boundary,
                                   float(threshold or 0))
     raw = {"tokens": att.tokens, "sentence_b_start": att.sentence_b_start,

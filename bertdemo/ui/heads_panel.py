@@ -181,7 +181,7 @@ def on_token_click(evt: gr.SelectData) -> int:
     return int(index) if index is not None else gr.skip()
 
 
-def on_export_neuron(visitor: Visitor, layer, head, token) -> list[str]:
+def on_export_neuron(visitor: Visitor, layer, head, token) -> dict:
     query = visitor.store.result(visitor.session, "neuron")
     if query is None:
         raise ValueError("Press Show the neuron view first: there is nothing to export yet.")
@@ -217,8 +217,10 @@ def on_importance(visitor: Visitor, sentence, mask_number, target, heads):
     lm = visitor.lm
     view = _view(lm, heads)
     masks = len(encode(lm, sentence, max_masks=visitor.settings.max_masks).mask_positions)
-    mask = validate.whole_number(mask_number, "mask number", 1, masks, " (1 = the first [MASK])", field="mask") - 1
-    result = head_importance(view, sentence, mask=mask, target=target or None, max_masks=visitor.settings.max_masks)
+    mask = validate.whole_number(mask_number, "mask number", 1, masks, " (1 = the first [MASK])",
+                                 field="mask") - 1
+    result = head_importance(view, sentence, mask=mask, target=target or None,
+                             max_masks=visitor.settings.max_masks)
     kept = Importance(weakref.ref(lm), sentence, result)
     visitor.store.keep_result(visitor.session, "importance", kept, kept.nbytes)
     return _summary(lm.name, result), importance_table(result, view.heads_off), result
@@ -261,12 +263,12 @@ def on_marks(visitor: Visitor, heads):
     return importance_table(kept.result, _parsed(heads, kept.result["layers"], kept.result["heads"]))
 
 
-def on_export_importance(visitor: Visitor) -> list[str]:
+def on_export_importance(visitor: Visitor) -> dict:
     return view_downloads.listed(view_files.importance(_kept_importance(visitor).result,
                                                        view_downloads.folder(visitor)))
 
 
-def on_export_heads_off(visitor: Visitor, sentence, heads) -> list[str]:
+def on_export_heads_off(visitor: Visitor, sentence, heads) -> dict:
     lm = visitor.lm
     result = _compared(lm, sentence, _at_least_one(lm, heads), visitor.settings.max_masks)
     return view_downloads.listed(view_files.comparison(result, view_downloads.folder(visitor)))
@@ -287,8 +289,8 @@ def importance_table(result: dict, off) -> pd.io.formats.style.Styler:
         d = delta[layer][h] / span
         rgb = "220, 38, 38" if d < 0 else "37, 99, 235"
         return f"background-color: rgba({rgb}, {min(abs(d), 1.0) * 0.85:.3f}); color: #111"
-    styles = pd.DataFrame([["", *[colour(layer, h) for h in range(result["heads"])]] for layer in range(len(delta))],
-                          columns=frame.columns)
+    styles = pd.DataFrame([["", *[colour(layer, h) for h in range(result["heads"])]]
+                           for layer in range(len(delta))], columns=frame.columns)
     return frame.style.apply(lambda _: styles, axis=None)
 
 
