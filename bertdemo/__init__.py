@@ -7,6 +7,7 @@ from .classification import (adapt_then_classify, classify, forgetting, lr_sweep
                              train_classifier)
 from .explain import compare_predictions, compare_scores, layer_predictions, saliency
 from .experiments import labelling_consequence
+from .heads import head_importance, heads_off, neuron_view
 from .fillmask import fill_jointly, fill_mask, mask_word, score_candidates, sentence_score, split_words
 from .masking import (article_comparison, article_mask_tokens, mask_sample, masking_law, outcome_counts,
                       static_vs_dynamic)
@@ -19,4 +20,4 @@ __all__ = ["Engine", "LoadedModel", "load", "load_bundled", "pick_device", "fill
            "article_comparison", "labelling_consequence", "finetune", "compare_masking",
            "train_classifier", "classify", "forgetting", "lr_sweep", "adapt_then_classify",
            "parse_examples", "layer_predictions", "saliency", "compare_predictions", "compare_scores",
-           "embedding_map", "probe_layers"]
+           "neuron_view", "heads_off", "head_importance", "embedding_map", "probe_layers"]

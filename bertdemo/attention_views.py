@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from bertviz import head_view, model_view
 
-from . import validate
+from . import hooks, validate
 from .fillmask import check_text, prediction
 from .models import LoadedModel, mlm_logits
 
@@ -109,14 +109,17 @@ def _make_eager_twin(model: torch.nn.Module) -> torch.nn.Module:
 def attention(lm: LoadedModel, text: str, text_b: str | None = None, top_k: int = 5) -> Attention:
     """Tokens and attention weights (layers, heads, T, T) of `text` (and `text_b`, as an NSP pair).
 
-    Equal to the model's own `output_attentions`. With [MASK]s in the text, the same forward pass
-    also gives the top-k predictions at each mask. Raises ValueError for empty or over-long text.
+    Equal to the model's own `output_attentions` (of the view, for a view with heads switched off,
+    `heads.heads_off`). With [MASK]s in the text, the same forward pass also gives the top-k
+    predictions at each mask. Raises ValueError for empty or over-long text.
     """
-    inputs, meta = _encode(lm, text, text_b)
+    inputs, meta = encode_input(lm, text, text_b)
     positions = meta.pop("mask_positions")
     cols = torch.tensor(positions, dtype=torch.long, device=lm.device)
-    logits, out = mlm_logits(eager_twin(lm), inputs, torch.zeros_like(cols), cols,
-                             packed=lm.caches.packed, output_attentions=True)
+    twin = eager_twin(lm)
+    with hooks.switched_off(lm, twin):
+        logits, out = mlm_logits(twin, inputs, torch.zeros_like(cols), cols,
+                                 packed=lm.caches.packed, output_attentions=True)
     if not out.attentions:
         raise ValueError(f"{lm.name} returns no attention weights, so there is nothing to show.")
     weights = torch.cat(out.attentions).float().cpu().numpy()  # (L, H, T, T)
@@ -126,8 +129,9 @@ def attention(lm: LoadedModel, text: str, text_b: str | None = None, top_k: int 
     return Attention(weights=weights, mask_positions=positions, predictions=predictions, **meta)
 
 
-def _encode(lm: LoadedModel, text: str, text_b: str | None):
-    """Model inputs (1, T) on the model's device, plus what `Attention` keeps about the tokens."""
+def encode_input(lm: LoadedModel, text: str, text_b: str | None = None):
+    """Model inputs (1, T) on the model's device, plus what `Attention` keeps about the tokens
+    (and the mask positions). ValueError for empty or over-long text."""
     check_text(text)
     text_b = text_b if isinstance(text_b, str) and text_b.strip() else None
     texts = (lm.to_model_text(text), lm.to_model_text(text_b) if text_b else None)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import validate
+from . import hooks, validate
 from .classification import check_examples, stratified_split
 from .config import Limits
 from .models import LoadedModel
@@ -70,7 +70,8 @@ def encode(lm: LoadedModel, texts: list[str], *, max_tokens: int = MAX_TOKENS) -
     for start in range(0, len(texts), BATCH):
         rows = [{"input_ids": ids} for ids in enc["input_ids"][start:start + BATCH]]
         batch = lm.tokenizer.pad(rows, return_tensors="pt").to(lm.device)
-        hidden = lm.model.base_model(**batch, output_hidden_states=True).hidden_states  # L+1 x (B, T, H)
+        with hooks.switched_off(lm):  # a heads-off view (heads.heads_off) maps without its heads
+            hidden = lm.model.base_model(**batch, output_hidden_states=True).hidden_states  # L+1 x (B, T, H)
         stacked = torch.stack(hidden, 1).float().cpu().numpy()  # (B, L+1, T, H)
         states += [stacked[i, :, :lengths[start + i]] for i in range(len(rows))]
     return Encoded(texts, [lm.tokenizer.convert_ids_to_tokens(ids) for ids in enc["input_ids"]],
@@ -213,7 +214,8 @@ def pooled(lm: LoadedModel, texts: list[str], max_length: int = 128) -> np.ndarr
     for start in range(0, len(texts), BATCH):
         batch = lm.tokenizer(texts[start:start + BATCH], truncation=True, max_length=min(max_length, lm.max_length),
                              padding=True, return_tensors="pt").to(lm.device)
-        hidden = torch.stack(lm.model.base_model(**batch, output_hidden_states=True).hidden_states, 1)
+        with hooks.switched_off(lm):
+            hidden = torch.stack(lm.model.base_model(**batch, output_hidden_states=True).hidden_states, 1)
         mask = batch["attention_mask"][:, None, :, None].to(hidden.dtype)  # (B, 1, T, 1)
         out.append(((hidden * mask).sum(2) / mask.sum(2)).float().cpu().numpy())  # (B, L+1, H)
     return np.concatenate(out)

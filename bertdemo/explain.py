@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from captum.attr import InputXGradient, IntegratedGradients
 
-from . import validate
+from . import hooks, validate
 from .fillmask import (DEFAULT_MAX_MASKS, Encoded, check_top_k, encode, fill_jointly, logits_at,
                        prediction, sentence_score)
 from .models import USER_MASK, USER_MASK_RE, LoadedModel, mlm_head
@@ -58,7 +58,8 @@ def layer_predictions(lm: LoadedModel, text: str, top_k: int = 5,
 def _layer_probs(lm: LoadedModel, enc: Encoded) -> torch.Tensor:
     """Probabilities (L+1, M, V) of the head on each hidden state at the M mask positions."""
     head = _require_head(lm)
-    out = lm.model.base_model(**enc.inputs, output_hidden_states=True)
+    with hooks.switched_off(lm):
+        out = lm.model.base_model(**enc.inputs, output_hidden_states=True)
     states = torch.stack([h[0, enc.mask_positions] for h in out.hidden_states])  # (L+1, M, H)
     logits = head(states.flatten(0, 1)).float()  # ((L+1) * M, V): 2-D, the head's fast path
     return logits.view(*states.shape[:2], -1).softmax(-1)
@@ -113,7 +114,7 @@ def saliency(lm: LoadedModel, text: str, target: str | None = None, mask: int = 
         inputs = embeddings(enc.input_ids)  # (1, T, H)
         baseline = embeddings(pad_baseline(lm, enc.input_ids))  # (1, T, H)
         before, after = score(torch.cat([inputs, baseline])).cpu()  # (V,) each
-    chosen = _target(lm, text, mask - 1, target, int(before.argmax()))
+    chosen = target_token(lm, text, mask - 1, target, int(before.argmax()))
     attributions = _attribute(score, inputs, baseline, chosen["token_id"], method, steps)
     gap = float(before[chosen["token_id"]] - after[chosen["token_id"]])  # f(x) - f(baseline)
     delta = float(attributions.sum()) - gap if method == "integrated_gradients" else None  # Captum's sign
@@ -142,10 +143,11 @@ def _mask_log_probs(lm: LoadedModel, position: int):
     head = mlm_head(lm.model, lm.caches.packed)
 
     def score(embeds: torch.Tensor) -> torch.Tensor:
-        if head is None:  # an unknown architecture: its full output, still correct
-            logits = lm.model(inputs_embeds=embeds).logits[:, position]
-        else:
-            logits = head(lm.model.base_model(inputs_embeds=embeds).last_hidden_state[:, position])
+        with hooks.switched_off(lm):
+            if head is None:  # an unknown architecture: its full output, still correct
+                logits = lm.model(inputs_embeds=embeds).logits[:, position]
+            else:
+                logits = head(lm.model.base_model(inputs_embeds=embeds).last_hidden_state[:, position])
         # float32 at least (a half-precision model's softmax loses the small probabilities)
         return logits.to(torch.promote_types(logits.dtype, torch.float32)).log_softmax(-1)
     return score
@@ -165,8 +167,10 @@ def _check_method(method) -> str:
     return method
 
 
-def _target(lm: LoadedModel, text: str, mask_index: int, target, top_id: int) -> dict:
-    """The token explained: the top prediction, or the first piece of the word asked for."""
+def target_token(lm: LoadedModel, text: str, mask_index: int, target, top_id: int) -> dict:
+    """The token explained at mask `mask_index` (from 0): the top prediction `top_id` when
+    `target` is empty, else the first piece of the word asked for. {"token", "token_id", "word",
+    "pieces"}; ValueError for a word the vocabulary lacks."""
     if target is None or (isinstance(target, str) and not target.strip()):
         return {"token": lm.tokenizer.decode([top_id]), "token_id": top_id, "word": None,
                 "pieces": lm.tokenizer.convert_ids_to_tokens([top_id])}

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import validate
+from . import hooks, validate
 from .models import USER_MASK, USER_MASK_RE, LoadedModel, mlm_logits
 
 DEFAULT_MAX_MASKS = 10
@@ -63,8 +63,10 @@ def encode(lm: LoadedModel, text: str, *, min_masks: int = 1,
 
 @torch.inference_mode()
 def logits_at(lm: LoadedModel, inputs: dict, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-    """Float32 logits (N, V) at the N positions (rows[i], cols[i]) of a (B, T) batch."""
-    return mlm_logits(lm.model, inputs, rows, cols, packed=lm.caches.packed)[0].float()
+    """Float32 logits (N, V) at the N positions (rows[i], cols[i]) of a (B, T) batch, with the
+    view's heads switched off (`lm.heads_off`) if any."""
+    with hooks.switched_off(lm):
+        return mlm_logits(lm.model, inputs, rows, cols, packed=lm.caches.packed)[0].float()
 
 
 def fill_mask(lm: LoadedModel, text: str, top_k: int = 5,
@@ -195,18 +197,19 @@ def _beam_tops(lm, enc: Encoded, beams, open_cols, beam_size: int) -> list[tuple
 
 def _remember_first_steps(lm: LoadedModel, encs: list[Encoded], log_probs: torch.Tensor) -> None:
     """Keep, per sentence, the top log-probs and ids at its masks ((masks, MAX_BEAM_SIZE) each):
-    the first step of its joint fill (`lm.caches`, the model's recent results)."""
+    the first step of its joint fill (`lm.caches`, the model's recent results, which every view of
+    the model shares: keyed by the heads the view has off)."""
     top = log_probs.topk(min(MAX_BEAM_SIZE, log_probs.shape[-1]), dim=-1)  # (sum of masks, k)
     start = 0
     for enc in encs:
         n = len(enc.mask_positions)
-        lm.caches.remember(lm.model, ("first step", enc.key), (top.values[start:start + n],
-                                                               top.indices[start:start + n]))
+        lm.caches.remember(lm.model, ("first step", lm.heads_off, enc.key),
+                           (top.values[start:start + n], top.indices[start:start + n]))
         start += n
 
 
 def _first_step(lm: LoadedModel, enc: Encoded):
-    return lm.caches.recall(lm.model, ("first step", enc.key))
+    return lm.caches.recall(lm.model, ("first step", lm.heads_off, enc.key))
 
 
 def _best_unique(candidates, beam_size: int):

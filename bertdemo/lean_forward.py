@@ -9,7 +9,8 @@ oneDNN with frozen weights packed once (`_linear`). Same modules, same weights, 
 Written by hand because transformers runs every layer at every position, padding included
 (its padding-free path needs flash-attention on a GPU). The packed weights live in a
 `PackedWeights` the caller passes (an engine's, shared by the models it serves): none is kept here.
-Only for the architectures whose layers are BERT's (`SUPPORTED`), in eval mode without grad;
+Only for the architectures whose layers are BERT's (`SUPPORTED`), in eval mode without grad and
+with no probe active (`hooks`: its hooks are on the modules this forward does not call);
 `hidden_at` returns None for anything else and the caller takes the usual forward.
 """
 from __future__ import annotations
@@ -21,15 +22,19 @@ import torch
 import torch.nn.functional as F
 from torch.utils.weak import WeakIdKeyDictionary
 
+from . import hooks
+
 # model_type -> these copy BertLayer exactly (attention.self.query/key/value, attention.output,
 # intermediate, output) and embed with positions from `embeddings(input_ids, token_type_ids)`.
 SUPPORTED = {"bert", "roberta", "xlm-roberta", "camembert"}
 
 
 def supports(model) -> bool:
-    """Whether `hidden_at` can run `model` (a *ForMaskedLM) as it is now."""
+    """Whether `hidden_at` can run `model` (a *ForMaskedLM) as it is now: not while a probe
+    (heads switched off, projections read) needs the modules' own calls (`hooks.active`)."""
     config = model.config
     return (config.model_type in SUPPORTED and not model.training and not torch.is_grad_enabled()
+            and not hooks.active()
             and not config.is_decoder and not getattr(config, "add_cross_attention", False)
             and not getattr(config, "chunk_size_feed_forward", 0)
             and getattr(config, "position_embedding_type", "absolute") == "absolute"
@@ -112,19 +117,21 @@ def _keys_values(attention, hidden: torch.Tensor, tokens: _Tokens,
             _heads(tokens.padded(linear(attention.value, hidden)), n))
 
 
-def _layer(layer, hidden: torch.Tensor, tokens: _Tokens, linear: Linear) -> torch.Tensor:
-    """One BertLayer on the real tokens (real tokens, H) -> (real tokens, H)."""
+def _layer(layer, hidden: torch.Tensor, tokens: _Tokens, linear: Linear,
+           head_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """One BertLayer on the real tokens (real tokens, H) -> (real tokens, H); `head_scale`
+    (B, heads): each row's factor on each head's output (0 switches it off, `hooks`)."""
     attention = layer.attention.self
     keys, values = _keys_values(attention, hidden, tokens, linear)
     queries = _heads(tokens.padded(linear(attention.query, hidden)), attention.num_attention_heads)
     mixed = F.scaled_dot_product_attention(queries, keys, values, attn_mask=tokens.key_mask,
-                                           scale=attention.scaling)
-    mixed = tokens.real(_merge_heads(mixed).reshape(-1, hidden.shape[-1]))
+                                           scale=attention.scaling)  # (B, heads, T, d)
+    mixed = tokens.real(_merge_heads(_scaled(mixed, head_scale)).reshape(-1, hidden.shape[-1]))
     return _feed_forward(layer, mixed, hidden, linear)
 
 
 def _last_layer(layer, hidden: torch.Tensor, tokens: _Tokens, rows: torch.Tensor,
-                cols: torch.Tensor, linear: Linear) -> torch.Tensor:
+                cols: torch.Tensor, linear: Linear, head_scale: torch.Tensor | None = None) -> torch.Tensor:
     """The last BertLayer at the N asked positions only: (real tokens, H) -> (N, H).
     Each sentence's asked positions are its queries, padded to the most any sentence has."""
     attention = layer.attention.self
@@ -135,7 +142,29 @@ def _last_layer(layer, hidden: torch.Tensor, tokens: _Tokens, rows: torch.Tensor
     queries[rows, slot] = linear(attention.query, asked)
     mixed = F.scaled_dot_product_attention(_heads(queries, attention.num_attention_heads), keys, values,
                                            attn_mask=tokens.key_mask, scale=attention.scaling)
-    return _feed_forward(layer, _merge_heads(mixed)[rows, slot], asked, linear)
+    return _feed_forward(layer, _merge_heads(_scaled(mixed, head_scale))[rows, slot], asked, linear)
+
+
+def _scaled(mixed: torch.Tensor, head_scale: torch.Tensor | None) -> torch.Tensor:
+    """(B, heads, T, d) with each row's heads multiplied by head_scale (B, heads)."""
+    return mixed if head_scale is None else mixed * head_scale.to(mixed.dtype)[:, :, None, None]
+
+
+def layer_rows(model, index: int, hidden: torch.Tensor, head_scale: torch.Tensor | None = None,
+               packed: PackedWeights | None = None, at: int | None = None) -> torch.Tensor:
+    """Layer `index` of a `supports`-ed model on a (B, T, H) batch of unpadded rows, each row's
+    heads multiplied by `head_scale` (B, heads) before the output projection: (B, T, H); or, with
+    `at`, that position's output only (B, H): the last layer for a prediction there. Same results
+    as the layer module (with `hooks` switching the heads off) up to float rounding."""
+    batch, length, width = hidden.shape
+    tokens = _Tokens(None, batch, length)
+    kernel = functools.partial(linear, packed=packed)
+    layer = model.base_model.encoder.layer[index]
+    flat = hidden.reshape(batch * length, width)
+    if at is None:
+        return _layer(layer, flat, tokens, kernel, head_scale).view(batch, length, width)
+    rows = torch.arange(batch, device=hidden.device)
+    return _last_layer(layer, flat, tokens, rows, torch.full_like(rows, at), kernel, head_scale)
 
 
 def _slot_in_row(rows: torch.Tensor, batch: int) -> torch.Tensor:

@@ -142,7 +142,9 @@ class LoadedModel:
 
     `card` says what was loaded (see `ModelCard`); built from the model itself when not given
     (a tuned copy, a model made in code), where nothing is known to be missing. `caches` are the
-    engine's when an engine loaded it; a model made in code gets caches of its own.
+    engine's when an engine loaded it; a model made in code gets caches of its own. `heads_off`:
+    the (layer, head) pairs this view runs without (`heads.heads_off`: same model and weights,
+    the heads switched off for its own requests only); empty for the model itself.
     """
 
     name: str
@@ -151,6 +153,7 @@ class LoadedModel:
     device: torch.device
     card: ModelCard | None = field(default=None, compare=False)
     caches: ModelCaches = field(default_factory=ModelCaches, compare=False, repr=False)
+    heads_off: frozenset[tuple[int, int]] = field(default=frozenset(), compare=False)
 
     def __post_init__(self):
         if self.card is None:

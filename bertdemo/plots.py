@@ -237,6 +237,42 @@ def mask_attention_grid(rows, labels: list[str], hidden: list[bool] | None = Non
         yaxis=dict(title=dict(text="layer"), dtick=1, autorange="reversed")))
 
 
+def neuron_view(result: dict) -> go.Figure:
+    """One head's query against every key (`heads.neuron_view`'s result): the query (one row of
+    head_dim cells), each token's key and query * key per dimension (T rows each, red positive,
+    blue negative), then each key's score (sum of products / sqrt(head_dim)) and its weight."""
+    tokens = _unique_labels([_plotly_text(t) for t in result["tokens"]])
+    asking = tokens[result["token"]]
+    dims = list(range(result["head_dim"]))
+    fig = make_subplots(rows=2, cols=4, shared_yaxes=True, row_heights=[0.08, 0.92], vertical_spacing=0.08,
+                        horizontal_spacing=0.02, column_widths=[0.36, 0.36, 0.14, 0.14],
+                        subplot_titles=["query", "", "", "", "keys", "query × key", "score", "weight"])
+    span = max(max(abs(x) for x in result["query"]), max(abs(x) for row in result["keys"] for x in row), 1e-6)
+    products = max(max(abs(x) for row in result["products"] for x in row), 1e-6)
+
+    def cells(z, y, limit, name):
+        return go.Heatmap(z=z, x=dims, y=y, zmin=-limit, zmax=limit, zmid=0, colorscale="RdBu",
+                          reversescale=True, showscale=False,
+                          hovertemplate=f"{name}: %{{y}}, dimension %{{x}}: %{{z:.4f}}<extra></extra>")
+    fig.add_trace(cells([result["query"]], [asking], span, "query"), row=1, col=1)
+    fig.add_trace(cells(result["keys"], tokens, span, "key"), row=2, col=1)
+    fig.add_trace(cells(result["products"], tokens, products, "query × key"), row=2, col=2)
+    fig.add_trace(go.Bar(x=result["scores"], y=tokens, orientation="h", marker_color="#64748b",
+                         hovertemplate="%{y}: score %{x:.4f}<extra></extra>"), row=2, col=3)
+    fig.add_trace(go.Bar(x=result["weights"], y=tokens, orientation="h", marker_color="#f59e0b",
+                         text=[f"{w:.2f}" for w in result["weights"]], textposition="auto",
+                         hovertemplate="%{y}: weight %{x:.4f}<extra></extra>"), row=2, col=4)
+    fig.update_yaxes(type="category", autorange="reversed")
+    fig.update_xaxes(showticklabels=False, row=1)
+    fig.update_xaxes(title_text="dimension", row=2, col=1)
+    fig.update_xaxes(title_text="dimension", row=2, col=2)
+    fig.update_xaxes(range=[0, 1], row=2, col=4)
+    fig.update_layout(title=f"Layer {result['layer']}, head {result['head']}: the query of {asking} "
+                            f"(token {result['token']}) against every key", showlegend=False,
+                      height=min(max(360, 140 + 24 * len(tokens)), 2400), margin=dict(l=10, r=10, t=70, b=10))
+    return fig
+
+
 @functools.lru_cache(maxsize=8)
 def _colorscale(name: str) -> tuple:
     """A named plotly colour scale as the (position, colour) pairs the validated figure sends."""

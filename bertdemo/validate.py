@@ -26,13 +26,13 @@ def number(value, name: str, low: float = -math.inf, high: float = math.inf, *,
     """`value` as a finite float in [low, high] ((low, high] with `open_low`). Booleans and text
     are refused: a script can send anything, and `float("1e3")` would quietly accept a string."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InputError(field or name, f"The {name} must be a number, got {_shown(value)}.")
+        raise InputError(field or name, f"The {name} must be a number, got {shown(value)}.")
     value = float(value)
     too_low = value <= low if open_low else value < low
     if not math.isfinite(value) or too_low or value > high:
         bound = f"more than {low:g}" if open_low else f"at least {low:g}"
         upper = f" and at most {high:g}" if math.isfinite(high) else ""
-        raise InputError(field or name, f"The {name} must be {bound}{upper}, got {_shown(value)}.")
+        raise InputError(field or name, f"The {name} must be {bound}{upper}, got {shown(value)}.")
     return value
 
 
@@ -43,7 +43,7 @@ def whole_number(value, name: str, low: int, high: int, hint: str = "", *,
     if (isinstance(value, bool) or not isinstance(value, (int, float))
             or not math.isfinite(value) or value != int(value) or not low <= value <= high):
         raise InputError(field or name, f"The {name} must be a whole number from {low:,} to "
-                                        f"{high:,}{hint}, got {_shown(value)}.")
+                                        f"{high:,}{hint}, got {shown(value)}.")
     return int(value)
 
 
@@ -92,7 +92,7 @@ def model_name(value) -> str:
     return value.strip()
 
 
-def _shown(value) -> str:
+def shown(value) -> str:
     """The offending value for a message: short, whatever a script sent."""
-    shown = repr(value)
-    return shown if len(shown) <= 40 else shown[:37] + "..."
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."

@@ -46,6 +46,9 @@ ENDPOINTS = {
     "/attention": [("text", SENTENCE), ("text", ""), ("choice", "head"), ("choices", []),
                    ("choices", []), ("choice", "head"), ("number", 1), ("number", 0), ("flag", False),
                    ("flag", False), ("number", 0), ("number", 1)],
+    "/neuron_view": [("text", SENTENCE), ("text", ""), ("number", 1), ("number", 0), ("number", 4)],
+    "/head_importance": [("text", SENTENCE), ("number", 1), ("text", ""), ("text", "")],
+    "/heads_off": [("text", SENTENCE), ("text", "*:*")],  # every head of every layer off: still answers
     "/mask_sample": [("text", TEXT), *RATES],
     "/static_vs_dynamic": [("text", TEXT), *RATES, ("number", 3), ("number", 1)],
     "/masking_law": [("text", TEXT), *RATES, ("number", 1000)],

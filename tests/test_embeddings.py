@@ -183,3 +183,13 @@ def test_the_classify_tab_charts_accuracy_by_layer_with_the_baseline(minilm):
     assert [trace.name for trace in chart.data] == ["linear probe (held-out)", "majority class"]
     assert list(chart.data[0].y) == [entry["accuracy"] for entry in result["layers"]]
     assert f"layer {result['best_layer']}" in status
+
+
+def test_a_heads_off_view_maps_without_its_heads_and_the_shared_model_is_untouched(tiny_bert):
+    texts = ["the cat sat on the mat", "a dog ran in the park"]
+    whole = bertdemo.embedding_map(tiny_bert, texts, layer=2)
+    view = bertdemo.heads_off(tiny_bert, [(0, 0), (1, 1)])
+    without = bertdemo.embedding_map(view, texts, layer=2)
+    assert [p["x"] for p in without["points"]] != pytest.approx([p["x"] for p in whole["points"]], abs=1e-4)
+    assert bertdemo.embedding_map(tiny_bert, texts, layer=2) == whole
+    assert bertdemo.embedding_map(view, texts, layer=0) == bertdemo.embedding_map(tiny_bert, texts, layer=0)

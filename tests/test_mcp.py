@@ -12,7 +12,7 @@ from bertdemo.config import Settings
 
 SENTENCE = "Paris is the [MASK] of France."
 EXPECTED_TOOLS = {"fill_mask", "fill_jointly", "score_candidates", "sentence_score", "mask_sample",
-                  "layer_predictions", "saliency", "embedding_map"}
+                  "layer_predictions", "saliency", "neuron_view", "head_importance", "embedding_map"}
 
 
 def test_mcp_is_off_by_default_on_with_the_env_var_and_in_a_space():
@@ -76,6 +76,23 @@ def test_fill_mask_tool_gives_the_python_apis_predictions(mcp_url, tiny_bert):
     _plot, predictions, model_line = ast.literal_eval(result.content[0].text)
     assert predictions == bertdemo.fill_mask(tiny_bert, SENTENCE, 4)
     assert model_line.startswith("Model: ")
+
+
+def test_the_heads_tools_give_the_python_apis_numbers(mcp_url, tiny_bert):
+    async def call(session):
+        neuron = await session.call_tool("neuron_view", {"sentence": SENTENCE, "second_sentence": "",
+                                                         "layer": 1, "head": 0, "token": 4})
+        importance = await session.call_tool("head_importance", {"sentence": SENTENCE, "mask_number": 1,
+                                                                 "target": "", "heads": ""})
+        return neuron, importance
+    neuron, importance = session_call(mcp_url, call)
+    assert not neuron.isError and not importance.isError
+    _plot, _tokens, numbers = ast.literal_eval(neuron.content[0].text)
+    expected = bertdemo.neuron_view(tiny_bert, SENTENCE, layer=1, head=0, token=4)
+    assert numbers["weights"] == pytest.approx(expected["weights"], abs=1e-6)
+    _note, _grid, numbers = ast.literal_eval(importance.content[0].text)
+    expected = bertdemo.head_importance(tiny_bert, SENTENCE)["delta"]
+    assert [d for row in numbers["delta"] for d in row] == pytest.approx([d for row in expected for d in row], abs=1e-5)
 
 
 def test_a_bad_input_is_a_tool_error_with_the_message(mcp_url):

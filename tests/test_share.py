@@ -21,7 +21,6 @@ import app
 import bertdemo
 from bertdemo.__main__ import download
 from bertdemo.__main__ import main as bertdemo_cli
-from bertdemo import models
 from bertdemo.config import DEFAULT_MODEL, Settings
 from bertdemo.engine import Engine
 from bertdemo import bundled

@@ -12,12 +12,13 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from .. import plots, validate
+from .. import plots, validate, view_files
 from ..attention_views import (VENDOR_DIR, VIEWS, Attention, attention, bertviz_html, default_selection,
                                mask_rows, script_urls, srcdoc_iframe, standalone, view, view_height)
 from ..config import Settings
 from ..models import LoadedModel
 from ..sessions import SessionStore
+from . import heads_panel, view_downloads
 from .context import AppContext, Visitor, handler, standalone_demo
 
 GRADIO_FILE_ROUTE = "gradio_api/file="  # where Gradio serves files by path (set_static_paths)
@@ -72,10 +73,13 @@ def render(ctx: AppContext) -> None:
     n_layers, n_heads = _model_shape(ctx.store)
     text, text_b, run = _section_input()
     viz_inputs, viz_outputs = _section_bertviz(n_layers, n_heads)
-    heatmap_inputs, heatmap = _section_heatmaps(n_layers, n_heads)
-    mask_number, mask_outputs, raw = _section_mask()
+    heatmap_inputs, heatmap, heatmap_export = _section_heatmaps(n_layers, n_heads)
+    mask_number, mask_outputs, raw, mask_export = _section_mask()
     heatmap_outputs = [heatmap, raw]
     mask_inputs = [mask_number, heatmap_inputs[4]]  # the mask number and "Hide [CLS]/[SEP]"
+    heads_panel.render(ctx, text, text_b, n_layers, n_heads)
+    with gr.Accordion("What attention weights are, and are not", open=False):
+        gr.Markdown(EXPLAINER)
 
     run_inputs = [text, text_b, *viz_inputs, *heatmap_inputs, mask_number]
     run_outputs = [*viz_outputs, *heatmap_outputs, *mask_outputs]
@@ -88,6 +92,10 @@ def render(ctx: AppContext) -> None:
           api_visibility="private", trigger_mode="always_last", concurrency_id="model")
     gr.on([c.change for c in mask_inputs], handler(ctx, on_mask), mask_inputs, mask_outputs,
           api_visibility="private", trigger_mode="always_last", concurrency_id="model")
+    heatmap_export[0].click(handler(ctx, on_export_heatmap), heatmap_inputs, heatmap_export[1],
+                            api_visibility="private", concurrency_id="model")
+    mask_export[0].click(handler(ctx, on_export_mask), mask_inputs, mask_export[1], api_visibility="private",
+                         concurrency_id="model")
 
 
 def _section_input():
@@ -126,22 +134,22 @@ def _section_heatmaps(n_layers: int, n_heads: int):
         threshold = gr.Slider(0, 1, value=0, step=0.01, label="Hide weights below")
     heatmap = gr.Plot(label="Attention heatmap")
     gr.Markdown(WORDS_HELP)
-    return [kind, layer, head, words, hide_special, threshold], heatmap
+    export = view_downloads.controls("the heatmap")
+    return [kind, layer, head, words, hide_special, threshold], heatmap, export
 
 
 def _section_mask():
-    """The [MASK] section, then the accordions: the JSON one shows the heatmap's numbers."""
+    """The [MASK] section, then the accordion that shows the heatmap's numbers (JSON)."""
     gr.Markdown("### What the [MASK] looked at")
     mask_number = gr.Number(label="Mask number (1 = first)", value=1, precision=0, minimum=1)
     mask_note = gr.Markdown()
     with gr.Row():
         mask_grid = gr.Plot(label="Most-attended token per layer and head", scale=3)
         mask_preds = gr.Plot(label="Fill-mask predictions for this mask", scale=2)
+    export = view_downloads.controls("what the [MASK] looked at")
     with gr.Accordion("Tokens and the heatmap's numbers (JSON)", open=False):
         raw = gr.JSON()
-    with gr.Accordion("What attention weights are, and are not", open=False):
-        gr.Markdown(EXPLAINER)
-    return mask_number, [mask_grid, mask_preds, mask_note], raw
+    return mask_number, [mask_grid, mask_preds, mask_note], raw, export
 
 
 def create_demo(store=None, settings: Settings | None = None) -> gr.Blocks:
@@ -180,6 +188,37 @@ def on_heatmap(visitor: Visitor, heatmap, layer, head, whole_words, hide_special
 def on_mask(visitor: Visitor, mask_number, hide_special):
     att = recall(visitor)
     return _mask_outputs(att, mask_number, hide_special) if att is not None else (gr.skip(),) * 3
+
+
+def on_export_heatmap(visitor: Visitor, heatmap, layer, head, whole_words, hide_special, threshold) -> dict:
+    """The heatmap as shown, as files: its numbers (CSV, JSON with the tokens) and image (PNG, SVG)."""
+    att = _recalled(visitor)
+    shown = _shown(att, heatmap, layer, head, whole_words, hide_special)
+    return view_downloads.listed(view_files.heatmap(shown, view_downloads.folder(visitor), att.tokens,
+                                                    float(threshold or 0)))
+
+
+def on_export_mask(visitor: Visitor, mask_number, hide_special) -> dict:
+    """What the [MASK] looked at, as files: every layer's and head's weights and the grid's image."""
+    att = _recalled(visitor)
+    if not att.mask_positions:
+        raise ValueError("There is no [MASK] in the sentence: put one where a word is missing.")
+    index = _mask_index(mask_number, len(att.mask_positions))
+    return view_downloads.listed(view_files.mask_grid(att, index, view_downloads.folder(visitor),
+                                                      bool(hide_special)))
+
+
+def _shown(att: Attention, heatmap, layer, head, whole_words, hide_special):
+    """The heatmap's view, its layer and head kept within the model's (the sliders are the app's)."""
+    layer, head = min(int(layer), att.num_layers - 1), min(int(head), att.num_heads - 1)
+    return view(att, heatmap, layer, head, bool(whole_words), bool(hide_special))
+
+
+def _recalled(visitor: Visitor) -> Attention:
+    att = recall(visitor)
+    if att is None:
+        raise ValueError("Press Show attention first: there is nothing to export yet.")
+    return att
 
 
 def recall(visitor: Visitor) -> Attention | None:
@@ -230,8 +269,7 @@ def _viz_outputs(visitor: Visitor, att: Attention, bertviz_view: str, layers, he
 
 
 def _heatmap_outputs(att: Attention, heatmap, layer, head, whole_words, hide_special, threshold):
-    layer, head = min(int(layer), att.num_layers - 1), min(int(head), att.num_heads - 1)
-    shown = view(att, heatmap, layer, head, bool(whole_words), bool(hide_special))
+    shown = _shown(att, heatmap, layer, head, whole_words, hide_special)
     fig = plots.attention_heatmap(shown.labels, shown.matrix, shown.title, shown.boundary,
                                   float(threshold or 0))
     raw = {"tokens": att.tokens, "sentence_b_start": att.sentence_b_start,

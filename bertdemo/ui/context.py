@@ -78,12 +78,15 @@ class Visitor:
 def handler(ctx: AppContext, fn):
     """The Gradio event function for `fn(visitor, *inputs, [progress=gr.Progress()])`.
 
-    Gradio finds `request` by its annotation and `progress` by its default, and names the API's
-    parameters after the signature: the wrapper shows `fn`'s parameters without `visitor`, with
-    each form parameter (annotated with a dataclass) replaced by the form's fields, plus `request`.
-    Works for plain and generator handlers alike.
+    Gradio finds `request` and event data (`evt: gr.SelectData`, a click's cell) by their
+    annotations and `progress` by its default, and names the API's parameters after the signature:
+    the wrapper shows `fn`'s parameters without `visitor`, with each form parameter (annotated with
+    a dataclass) replaced by the form's fields, plus `request`. Works for plain and generator
+    handlers alike.
     """
     params, forms = _expand_forms(fn)
+    events = {name: hint for name, hint in typing.get_type_hints(fn).items()
+              if isinstance(hint, type) and issubclass(hint, gr.EventData)}
     request = inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=gr.Request)
     split = next((i for i, p in enumerate(params) if isinstance(p.default, gr.Progress)), len(params))
     signature = inspect.Signature([*params[:split], request, *params[split:]])
@@ -106,7 +109,7 @@ def handler(ctx: AppContext, fn):
     functools.update_wrapper(wired, fn)
     del wired.__wrapped__  # Gradio must see the signature below, not fn's
     wired.__signature__ = signature
-    wired.__annotations__ = {"request": gr.Request}  # the one hint Gradio needs; others may be strings
+    wired.__annotations__ = {"request": gr.Request, **events}  # the hints Gradio needs; others may be strings
     return friendly_errors(wired)
 
 

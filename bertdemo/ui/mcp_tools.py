@@ -28,6 +28,8 @@ TOOLS = {
     "mask_sample": "one draw of BERT's 15% / 80-10-10 corruption of a sentence",
     "layer_predictions": "what each layer would predict at a mask (logit lens)",
     "saliency": "which input words caused a prediction (Captum attributions)",
+    "neuron_view": "one attention head's query for a token against every key: scores and weights",
+    "head_importance": "how much switching off each attention head changes a [MASK]'s prediction",
     "embedding_map": "a word's hidden states in several sentences at one layer, in 2-D (PCA), with neighbours",
 }
 

@@ -1,0 +1,354 @@
+"""The attention tab's heads, deeper: the neuron view (one head's query against every key) and head
+importance (a clickable layers x heads grid: click a head to switch it off or on and see the
+predictions change), each with its export.
+
+What a session keeps between events is small: the neuron view's query (model by weak reference,
+text) and the last importance result (layers x heads numbers). The heads switched off are the
+text of one box, `layer:head` pairs: the grid's clicks edit it and every event reads it.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import weakref
+from dataclasses import dataclass
+
+import gradio as gr
+import pandas as pd
+
+from .. import plots, validate, view_files
+from ..explain import compare_predictions
+from ..fillmask import encode, fill_mask
+from ..heads import (
+    check_heads,
+    format_heads,
+    head_importance,
+    heads_off,
+    neuron_view,
+    parse_heads,
+    shape,
+)
+from ..models import LoadedModel
+from . import view_downloads
+from .context import AppContext, Visitor, handler
+
+NEURON_HELP = """**Neuron view** (Vig 2019, as in bertviz). For one layer and head: the query of the
+token you pick (click it, or type its index), every token's key, their product per dimension (red
+positive, blue negative), the score (sum of the products / √head size) and the weight (softmax of the
+scores: the row of the attention heatmap for that head). The vectors are the model's own query and
+key projections, read while it runs."""
+IMPORTANCE_HELP = """**Reading the grid.** Each cell: Δ = log p(word | that head switched off alone) −
+log p(word with every head on), at the chosen [MASK]. **Red**: switching the head off lowers the
+word's probability (the head supports it); **blue**: it raises it. **✕**: switched off now. Click a
+cell to switch that head off or on (the *layer* cell: the whole layer); the predictions below follow.
+A head switched off has its part of the attention output set to zero (transformers' `head_mask=0`),
+for your requests only. All layers x heads copies run in a few batched forwards."""
+TOP_K = 5
+
+
+@dataclass(frozen=True)
+class NeuronQuery:
+    """What the neuron view was asked of: enough to draw it again for another layer, head or token."""
+
+    model: weakref.ref[LoadedModel]
+    text: str
+    text_b: str | None
+
+    @property
+    def nbytes(self) -> int:
+        return sys.getsizeof(self.text) + sys.getsizeof(self.text_b) + 200
+
+
+@dataclass(frozen=True)
+class Importance:
+    """The last head importance: its sentence and result (layers x heads floats, a few kB)."""
+
+    model: weakref.ref[LoadedModel]
+    text: str
+    result: dict
+
+    @property
+    def nbytes(self) -> int:
+        return len(json.dumps(self.result)) + sys.getsizeof(self.text) + 200
+
+
+def render(ctx: AppContext, text, text_b, n_layers: int, n_heads: int) -> None:
+    """The two sections, below the tab's own; `text`, `text_b` are the tab's sentence boxes."""
+    layer, head, token, tokens, show, neuron_outputs, neuron_export = _section_neuron(n_layers, n_heads)
+    mask_number, target, compute, grid, note, raw, importance_export = _section_importance()
+    off, predict, bars, off_note, off_raw, off_export = _section_heads_off()
+
+    neuron_options = [layer, head, token]
+    show.click(handler(ctx, on_neuron), [text, text_b, *neuron_options], neuron_outputs, api_name="neuron_view",
+               concurrency_id="model")
+    gr.on([c.change for c in neuron_options], handler(ctx, on_neuron_options), neuron_options, neuron_outputs,
+          api_visibility="private", trigger_mode="always_last", concurrency_id="model")
+    tokens.select(on_token_click, None, token, api_visibility="private")
+    neuron_export[0].click(handler(ctx, on_export_neuron), neuron_options, neuron_export[1],
+                           api_visibility="private", concurrency_id="model")
+
+    compute.click(handler(ctx, on_importance), [text, mask_number, target, off], [note, grid, raw],
+                  api_name="head_importance", concurrency_id="model")
+    grid.select(handler(ctx, on_grid_click), off, [off, grid, bars, off_note, off_raw],
+                api_visibility="private", concurrency_id="model")
+    importance_export[0].click(handler(ctx, on_export_importance), None, importance_export[1],
+                               api_visibility="private")
+    predict.click(handler(ctx, on_heads_off), [text, off], [bars, off_note, off_raw], api_name="heads_off",
+                  concurrency_id="model").success(handler(ctx, on_marks), off, grid, api_visibility="private")
+    off_export[0].click(handler(ctx, on_export_heads_off), [text, off], off_export[1], api_visibility="private",
+                        concurrency_id="model")
+
+
+def _section_neuron(n_layers: int, n_heads: int):
+    gr.Markdown("### Neuron view: how one head weighs every key")
+    gr.Markdown(NEURON_HELP)
+    with gr.Row():
+        layer = gr.Slider(0, n_layers - 1, value=0, step=1, label="Neuron view: layer (from 0)", scale=2)
+        head = gr.Slider(0, n_heads - 1, value=0, step=1, label="Neuron view: head (from 0)", scale=2)
+        token = gr.Number(label="Query token (its index, [CLS] = 0)", value=1, precision=0, minimum=0, scale=1)
+    tokens = gr.HighlightedText(label="Click a token to see its query", combine_adjacent=False, show_legend=False,
+                                color_map={"query": "orange"}, elem_id="neuron-tokens")
+    show = gr.Button("Show the neuron view", variant="primary")
+    plot = gr.Plot(label="Neuron view: query, keys, query × key, score, weight")
+    with gr.Accordion("The neuron view's numbers (JSON)", open=False):
+        raw = gr.JSON()
+    export = view_downloads.controls("the neuron view")
+    return layer, head, token, tokens, show, [plot, tokens, raw], export
+
+
+def _section_importance():
+    gr.Markdown("### Head importance: what each head does for the [MASK]")
+    with gr.Row():
+        mask_number = gr.Number(label="Head importance at mask number (1 = first)", value=1, precision=0,
+                                minimum=1, scale=1)
+        target = gr.Textbox(label="Word to score (empty: the top prediction)", scale=2)
+    compute = gr.Button("Compute head importance", variant="primary")
+    note = gr.Markdown()
+    grid = gr.Dataframe(label="Change in log p(word) with each head switched off: click a head", interactive=False,
+                        elem_id="head-importance")
+    gr.Markdown(IMPORTANCE_HELP)
+    with gr.Accordion("Head importance's numbers (JSON)", open=False):
+        raw = gr.JSON()
+    export = view_downloads.controls("the head importance")
+    return mask_number, target, compute, grid, note, raw, export
+
+
+def _section_heads_off():
+    with gr.Row():
+        off = gr.Textbox(label="Heads switched off (layer:head, e.g. 0:1, 3:*)", scale=3,
+                         info="Click the grid above, or type; * is every layer or head.")
+        predict = gr.Button("Predict with these heads off", scale=1)
+    bars = gr.Plot(label="Predictions: every head on vs these heads off")
+    note = gr.Markdown()
+    with gr.Accordion("The predictions' numbers (JSON)", open=False):
+        raw = gr.JSON()
+    export = view_downloads.controls("the predictions with heads off")
+    return off, predict, bars, note, raw, export
+
+
+# ---------------------------------------------------------------- handlers: the neuron view
+
+def on_neuron(visitor: Visitor, sentence, second_sentence, layer, head, token):
+    """One attention head's query for one token against every token's key (bertviz's neuron view).
+
+    Args:
+        sentence: the text, e.g. "The cat sat on the mat."; at most the model's length (512 tokens for BERT).
+        second_sentence: optional second sentence of a pair ([CLS] A [SEP] B [SEP]); empty for one sentence.
+        layer: the layer, counted from 0.
+        head: the head in that layer, counted from 0.
+        token: the query token's index among the tokens ([CLS] = 0).
+
+    Returns:
+        the plotly figure (query, keys, query x key per dimension, scores, weights), the tokens with the query token marked, and the numbers {"tokens", "query", "keys", "products", "scores", "weights", "layer", "head", "token", "head_dim"}; the weights equal the model's own attention.
+    """
+    lm = visitor.lm
+    result = neuron_view(lm, sentence, layer=layer, head=head, token=token, text_b=second_sentence or None)
+    query = NeuronQuery(weakref.ref(lm), sentence, second_sentence or None)
+    visitor.store.keep_result(visitor.session, "neuron", query, query.nbytes)
+    return _neuron_outputs(result)
+
+
+def on_neuron_options(visitor: Visitor, layer, head, token):
+    query = visitor.store.result(visitor.session, "neuron")
+    if query is None:
+        return (gr.skip(),) * 3
+    return _neuron_outputs(_neuron_again(query, layer, head, token))
+
+
+def on_token_click(evt: gr.SelectData) -> int:
+    """The index of the token clicked (the neuron view's query)."""
+    index = evt.index[0] if isinstance(evt.index, (list, tuple)) else evt.index
+    return int(index) if index is not None else gr.skip()
+
+
+def on_export_neuron(visitor: Visitor, layer, head, token) -> dict:
+    query = visitor.store.result(visitor.session, "neuron")
+    if query is None:
+        raise ValueError("Press Show the neuron view first: there is nothing to export yet.")
+    return view_downloads.listed(view_files.neuron(_neuron_again(query, layer, head, token),
+                                                   view_downloads.folder(visitor)))
+
+
+def _neuron_again(query: NeuronQuery, layer, head, token) -> dict:
+    lm = _alive(query.model)
+    return neuron_view(lm, query.text, layer=layer, head=head, token=token, text_b=query.text_b)
+
+
+def _neuron_outputs(result: dict):
+    marked = [(f"{t} ", "query" if i == result["token"] else None) for i, t in enumerate(result["tokens"])]
+    return plots.neuron_view(result), marked, result
+
+
+# ---------------------------------------------------------------- handlers: importance, heads off
+
+def on_importance(visitor: Visitor, sentence, mask_number, target, heads):
+    """How much each attention head matters to a [MASK]'s prediction: for every layer and head,
+    log p(word | that head switched off alone) - log p(word).
+
+    Args:
+        sentence: text with one or more [MASK] (any case), e.g. "Paris is the [MASK] of France.".
+        mask_number: which [MASK], 1 = the first.
+        target: the word to score; empty for the model's top prediction. A word the tokenizer splits is scored by its first piece.
+        heads: heads already switched off, "layer:head" pairs such as "0:1, 3:*" (* is every layer or head); empty for none. Their change is 0.
+
+    Returns:
+        a summary line, the layers x heads grid of changes (a table; rows are layers, columns heads), and the numbers {"target", "log_prob", "delta" (layers x heads), "tokens", "mask", "position", "heads_off"}.
+    """
+    lm = visitor.lm
+    view = _view(lm, heads)
+    masks = len(encode(lm, sentence, max_masks=visitor.settings.max_masks).mask_positions)
+    mask = validate.whole_number(mask_number, "mask number", 1, masks, " (1 = the first [MASK])",
+                                 field="mask") - 1
+    result = head_importance(view, sentence, mask=mask, target=target or None,
+                             max_masks=visitor.settings.max_masks)
+    kept = Importance(weakref.ref(lm), sentence, result)
+    visitor.store.keep_result(visitor.session, "importance", kept, kept.nbytes)
+    return _summary(lm.name, result), importance_table(result, view.heads_off), result
+
+
+def on_grid_click(visitor: Visitor, heads, evt: gr.SelectData):
+    """A click on the grid: switch that head (or the whole layer) off or on; the predictions follow."""
+    kept = _kept_importance(visitor)
+    n_layers, n_heads = kept.result["layers"], kept.result["heads"]
+    now = _parsed(heads, n_layers, n_heads)
+    row, col = evt.index if isinstance(evt.index, (list, tuple)) else (None, None)
+    if row is None or not 0 <= row < n_layers:
+        return (gr.skip(),) * 5
+    clicked = {(row, h) for h in range(n_heads)} if col == 0 else {(row, col - 1)}
+    now = now - clicked if clicked <= now else now | clicked
+    lm = _alive(kept.model)
+    bars, note, raw = _predictions(lm, kept.text, now, visitor.settings.max_masks)
+    return format_heads(now), importance_table(kept.result, now), bars, note, raw
+
+
+def on_heads_off(visitor: Visitor, sentence, heads):
+    """The predictions at each [MASK] with some attention heads switched off, beside every head on.
+
+    Args:
+        sentence: text with one or more [MASK] (any case), e.g. "Paris is the [MASK] of France.".
+        heads: "layer:head" pairs counted from 0, e.g. "0:1, 3:*" (* is every layer or head; "*:*" every head of every layer).
+
+    Returns:
+        grouped bars of each token's probability with every head on and with these heads off, a summary line, and the numbers {"models", "masks": [{"mask", "a", "b", "changes": [{"token", "a", "b", "change"}]}]}.
+    """
+    lm = visitor.lm
+    return _predictions(lm, sentence, _at_least_one(lm, heads), visitor.settings.max_masks)
+
+
+def on_marks(visitor: Visitor, heads):
+    """The grid again, with the heads of the box marked."""
+    kept = visitor.store.result(visitor.session, "importance")
+    if kept is None:
+        return gr.skip()
+    return importance_table(kept.result, _parsed(heads, kept.result["layers"], kept.result["heads"]))
+
+
+def on_export_importance(visitor: Visitor) -> dict:
+    return view_downloads.listed(view_files.importance(_kept_importance(visitor).result,
+                                                       view_downloads.folder(visitor)))
+
+
+def on_export_heads_off(visitor: Visitor, sentence, heads) -> dict:
+    lm = visitor.lm
+    result = _compared(lm, sentence, _at_least_one(lm, heads), visitor.settings.max_masks)
+    return view_downloads.listed(view_files.comparison(result, view_downloads.folder(visitor)))
+
+
+def importance_table(result: dict, off) -> pd.io.formats.style.Styler:
+    """The grid as a table, a row per layer: each cell's change, red where switching the head off
+    lowers the word's probability and blue where it raises it; heads switched off marked ✕ (grey)."""
+    delta = result["delta"]
+    span = max((abs(d) for row in delta for d in row), default=0.0) or 1.0
+    frame = pd.DataFrame([[f"layer {layer}", *[("✕ " if (layer, h) in off else "") + f"{d:+.3f}"
+                                               for h, d in enumerate(row)]] for layer, row in enumerate(delta)],
+                         columns=["layer", *[f"head {h}" for h in range(result["heads"])]])
+
+    def colour(layer: int, h: int) -> str:
+        if (layer, h) in off:
+            return "background-color: #d1d5db; color: #4b5563"
+        d = delta[layer][h] / span
+        rgb = "220, 38, 38" if d < 0 else "37, 99, 235"
+        return f"background-color: rgba({rgb}, {min(abs(d), 1.0) * 0.85:.3f}); color: #111"
+    styles = pd.DataFrame([["", *[colour(layer, h) for h in range(result["heads"])]]
+                           for layer in range(len(delta))], columns=frame.columns)
+    return frame.style.apply(lambda _: styles, axis=None)
+
+
+def _predictions(lm: LoadedModel, sentence: str, off, max_masks: int):
+    """Bars, a note and the numbers: every head on vs `off` switched off (just the predictions
+    when none is)."""
+    if not off:
+        predictions = fill_mask(lm, sentence, TOP_K, max_masks)
+        return plots.prediction_bars(predictions), "Every head is on: the model's own predictions.", predictions
+    result = _compared(lm, sentence, off, max_masks)
+    note = (f"{len(off)} of {_total(lm)} heads switched off ({format_heads(off)}): bars show each token's "
+            "probability with every head on and with these off.")
+    return plots.comparison_bars(result), note, result
+
+
+def _compared(lm: LoadedModel, sentence: str, off, max_masks: int) -> dict:
+    result = compare_predictions(lm, heads_off(lm, off), sentence, TOP_K, max_masks)
+    return {**result, "models": ["every head on", f"{len(off)} heads off"]}
+
+
+def _summary(model: str, result: dict) -> str:
+    flat = sorted(((d, layer, h) for layer, row in enumerate(result["delta"]) for h, d in enumerate(row)))
+    most = ", ".join(f"{layer}:{h} ({d:+.3f})" for d, layer, h in flat[:3])
+    word = result["target"]["token"]
+    off = f", with {format_heads(result['heads_off'])} already off" if result["heads_off"] else ""
+    return (f"**{word}** at [MASK] {result['mask'] + 1} ({model}{off}): log p = {result['log_prob']:.3f}. "
+            f"The heads it most needs (switching them off lowers log p most): {most}.")
+
+
+def _view(lm: LoadedModel, text) -> LoadedModel:
+    pairs = _parsed(text, *shape(lm))
+    return heads_off(lm, pairs) if pairs else lm
+
+
+def _at_least_one(lm: LoadedModel, text) -> frozenset:
+    """The heads the text names; ValueError naming the ranges when it names none."""
+    return check_heads(_parsed(text, *shape(lm)), *shape(lm))
+
+
+def _parsed(text, n_layers: int, n_heads: int) -> frozenset:
+    return parse_heads(text if text is not None else "", n_layers, n_heads)
+
+
+def _total(lm: LoadedModel) -> int:
+    n_layers, n_heads = shape(lm)
+    return n_layers * n_heads
+
+
+def _kept_importance(visitor: Visitor) -> Importance:
+    kept = visitor.store.result(visitor.session, "importance")
+    if kept is None:
+        raise ValueError("Press Compute head importance first.")
+    return kept
+
+
+def _alive(model: weakref.ref[LoadedModel]) -> LoadedModel:
+    lm = model()
+    if lm is None:
+        raise ValueError("The model of this view was freed (a tuned model evicted or replaced): press the "
+                         "view's button again.")
+    return lm
