@@ -113,9 +113,9 @@ def test_everyday_sentences_get_a_sensible_word(lm, sentence, right):
 def test_the_logit_lens_ends_at_fill_mask_and_the_answer_rises_through_the_upper_layers(lm):
     text = "Paris is the [MASK] of France."
     entry = bertdemo.layer_predictions(lm, text, top_k=5)[0]
-    final = [(p["token_id"], p["score"]) for p in entry["layers"][-1]]
-    assert final == pytest.approx([(p["token_id"], p["score"]) for p in bertdemo.fill_mask(lm, text, 5)[0]],
-                                  abs=1e-5)
+    final, filled = entry["layers"][-1], bertdemo.fill_mask(lm, text, 5)[0]
+    assert [p["token_id"] for p in final] == [p["token_id"] for p in filled]
+    assert [p["score"] for p in final] == pytest.approx([p["score"] for p in filled], abs=1e-5)
     ranks = entry["final_rank"]  # the final answer's rank after the embeddings and each layer
     assert ranks[-1] == 1 and ranks[-1] < ranks[-3] < ranks[0]
 
