@@ -8,8 +8,11 @@ import io
 import logging
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import threading
+import time
 
 import gradio as gr
 
@@ -24,6 +27,8 @@ from bertdemo.ui.context import AppContext, forget_session, handler
 
 log = logging.getLogger("bertdemo")
 MAX_UPLOAD = "1mb"  # only the Classify tab's CSV upload takes files (it reads far less); cap the route
+EXIT_WITHIN_S = 10.0  # SIGTERM to exit: Docker's `stop` kills after 10 s
+RUNS_STOP_WITHIN_S = 6.0  # of which the running runs get this long to end their current step
 
 
 def parse_args(argv: list[str] | None = None) -> Settings:
@@ -104,18 +109,80 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # Gradio's own startup requests: noise
     settings = parse_args(argv)
-    use_own_gradio_temp_dir()
-    demo = build_demo(settings)
-    serve(demo, settings)
+    own_temp = use_own_gradio_temp_dir()
+    stopping = stop_on_signals()  # before the model loads: a SIGTERM then still exits cleanly
+    engine = Engine(max_batch=settings.max_batch)
+    store = load_store(settings, engine)
+    demo = build_demo(settings, store, engine)
+    serve(demo, settings, block=False)
+    while not stopping.wait(0.5):
+        pass
+    shut_down(demo, store, own_temp)
 
 
-def use_own_gradio_temp_dir() -> None:
+def stop_on_signals() -> threading.Event:
+    """SIGTERM (docker stop, kubectl, systemd) and Ctrl-C set the returned event instead of killing
+    the process mid-run: `shut_down` then ends the runs and removes the files. A second Ctrl-C
+    exits at once."""
+    stopping = threading.Event()
+
+    def on_signal(signum, frame):
+        if stopping.is_set():
+            os._exit(128 + signum)
+        log.info("%s: shutting down", signal.Signals(signum).name)
+        stopping.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, on_signal)
+    return stopping
+
+
+def shut_down(demo: gr.Blocks, store: SessionStore, gradio_temp: str | None = None) -> None:
+    """Stop every run after its current step (its visitor is told why), wait for their handlers
+    to send that (bounded), delete every session's downloads and exports, close the server. If
+    closing hangs on a connection, the process still exits within `EXIT_WITHIN_S`."""
+    started = time.monotonic()
+    watchdog = threading.Timer(EXIT_WITHIN_S - 1, _exit_now, args=(started,))
+    watchdog.daemon = True
+    watchdog.start()
+    running = store.runs.stop_all("shutdown")
+    ended = store.runs.wait_idle(RUNS_STOP_WITHIN_S)
+    _wait_for_handlers(demo, RUNS_STOP_WITHIN_S - (time.monotonic() - started))
+    store.close()
+    if gradio_temp:  # Gradio's copies of the downloads (atexit would too, unless the watchdog fires)
+        shutil.rmtree(gradio_temp, ignore_errors=True)
+    log.info("stopped %d run(s) after their current step%s; temp files removed in %.1f s", running,
+             "" if ended else " (some did not end in time)", time.monotonic() - started)
+    demo.close(verbose=False)
+    watchdog.cancel()
+
+
+def _wait_for_handlers(demo: gr.Blocks, seconds: float) -> None:
+    """Until Gradio's queue runs no event (a stopped run's handler sends its last message), at most
+    `seconds`. Reads the queue's job list: Gradio has no public "idle" call."""
+    deadline = time.monotonic() + max(0.0, seconds)
+    jobs = getattr(getattr(demo, "_queue", None), "active_jobs", None)
+    while jobs is not None and any(jobs) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.2)  # the last message's bytes, written after the job leaves the list
+
+
+def _exit_now(started: float) -> None:
+    log.warning("still closing %.0f s after the signal: exiting now", time.monotonic() - started)
+    logging.shutdown()
+    os._exit(0)
+
+
+def use_own_gradio_temp_dir() -> str | None:
     """Gradio serves files (downloads) from its temp folder, by default one shared by every Gradio
-    app of the machine: give this app its own, removed at exit, unless GRADIO_TEMP_DIR is set."""
-    if not os.environ.get("GRADIO_TEMP_DIR"):
-        folder = tempfile.mkdtemp(prefix="bertdemo-gradio-")
-        atexit.register(shutil.rmtree, folder, ignore_errors=True)
-        os.environ["GRADIO_TEMP_DIR"] = folder
+    app of the machine: give this app its own, removed at exit, unless GRADIO_TEMP_DIR is set.
+    Returns the folder made, if one was."""
+    if os.environ.get("GRADIO_TEMP_DIR"):
+        return None
+    folder = tempfile.mkdtemp(prefix="bertdemo-gradio-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    os.environ["GRADIO_TEMP_DIR"] = folder
+    return folder
 
 
 def serve(demo: gr.Blocks, settings: Settings, block: bool = True) -> tuple[str, str | None]:

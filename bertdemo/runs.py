@@ -45,7 +45,9 @@ ENDED_BECAUSE = {  # Run.ended / RunHistory.stopped -> why, for a sentence "the 
     "stopped": "you pressed Stop",
     "time limit": "it reached the time limit of {seconds} s per run",
     "diverged": "the loss became infinite or NaN (try a smaller learning rate)",
+    "shutdown": "the server is shutting down (its operator stopped it)",
 }
+SHUTTING_DOWN = "The server is shutting down: no new runs start now. Try again in a minute (reload the page)."
 Job = Callable[..., Any]  # job(plan, *, on_event=emit, should_stop=stop_check) -> result
 
 
@@ -60,6 +62,12 @@ class Ticket(threading.Event):
         self.kind, self.plan, self.waiting = kind, plan, waiting
         self.claimed = False
         self.reserved_at = time.monotonic()
+        self.why = "stopped"  # what the run's history says when this flag stops it
+
+    def stop(self, why: str = "stopped") -> None:
+        """Set the flag, saying why ("stopped": the visitor's Stop; "shutdown": the server's)."""
+        self.why = why
+        self.set()
 
     def abandoned(self) -> bool:
         """True if the request holding this ticket left the queue without its handler starting."""
@@ -77,6 +85,8 @@ class RunSlots:
     def __init__(self):
         self._tickets: dict[str, Ticket] = {}
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)  # notified when a slot is freed
+        self.closing = False  # the server is shutting down: no run starts any more
 
     def reserve(self, session: str | None, kind: str | None = None, plan=None,
                 waiting: Callable[[], bool] | None = None) -> Ticket:
@@ -85,6 +95,7 @@ class RunSlots:
         `waiting()` says whether this one's request is still queued; the web layer alone can tell)."""
         session = _needs_session(session)
         with self._lock:
+            self._refuse_if_closing()
             held = self._tickets.get(session)
             if held is not None and not held.abandoned():
                 raise ValueError("A run of yours (fine-tune, comparison or classifier) is already running "
@@ -97,6 +108,7 @@ class RunSlots:
         if another run of this session already started."""
         session = _needs_session(session)
         with self._lock:
+            self._refuse_if_closing()
             held = self._tickets.get(session)
             if held is None or held.abandoned():
                 held = self._tickets[session] = Ticket(kind)
@@ -110,6 +122,7 @@ class RunSlots:
         with self._lock:
             if session in self._tickets and self._tickets[session] is ticket:
                 del self._tickets[session]
+            self._changed.notify_all()
         ticket.plan = None  # its prepared data goes now, not with the last reference to the ticket
 
     def status(self, session: str | None) -> str | None:
@@ -133,12 +146,34 @@ class RunSlots:
         """The session ended: its run stops within a step and its slot is freed."""
         with self._lock:
             held = self._tickets.pop(session, None)
+            self._changed.notify_all()
         if held is not None:
             held.set()
 
     def busy(self, session: str | None) -> bool:
         with self._lock:
             return session in self._tickets
+
+    def stop_all(self, why: str = "shutdown") -> int:
+        """The server is stopping: refuse new runs from now on and ask every run, running or
+        queued, to stop after its current step. Returns how many were running."""
+        with self._lock:
+            self.closing = True
+            held = list(self._tickets.values())
+        for ticket in held:
+            ticket.stop(why)
+        return sum(ticket.claimed for ticket in held)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait up to `timeout` s until no run is running (their handlers freed their slots);
+        False if some still are. Reserved slots whose handler never started do not count."""
+        with self._changed:
+            return self._changed.wait_for(lambda: not any(t.claimed for t in self._tickets.values()),
+                                          timeout)
+
+    def _refuse_if_closing(self) -> None:
+        if self.closing:
+            raise ValueError(SHUTTING_DOWN)
 
 
 def _needs_session(session: str | None) -> str:
@@ -157,7 +192,7 @@ class StopCheck:
 
     def __call__(self) -> bool:
         if self.reason is None and self.ticket.is_set():
-            self.reason = "stopped"
+            self.reason = getattr(self.ticket, "why", "stopped")
         elif self.reason is None and self.max_seconds is not None and \
                 time.perf_counter() - self.started > self.max_seconds:
             self.reason = "time limit"
@@ -186,7 +221,7 @@ class Outcome:
     plan: Any
     result: Any
     note: str | None  # what the keep policy did, as a sentence for the page (None: keeps nothing)
-    ended: str | None  # None: ran to the end; "stopped" or "time limit" (the run's stop check)
+    ended: str | None  # None: ran to the end; "stopped", "shutdown" or "time limit" (its stop check)
 
 
 def reserve(caller, kind: str | RunSpec, request, waiting: Callable[[], bool] | None = None):

@@ -282,6 +282,19 @@ class SessionStore:
         self.runs.drop(session_id)
         _free(entry)
 
+    def close(self) -> None:
+        """The server is stopping: forget every session and delete this store's temp area (every
+        download and export). Stop the runs first (`runs.stop_all`, `runs.wait_idle`): a run still
+        going may write a file after this."""
+        with self._lock:
+            entries = list(self._sessions.values())
+            self._sessions.clear()
+            root, self._root = self._root, None
+        for entry in entries:
+            _free(entry)
+        if root is not None:
+            shutil.rmtree(root, ignore_errors=True)
+
     def sweep(self, now: float | None = None) -> list[str]:
         """Free the sessions unused for `max_idle_s` (not those whose run is still going), as
         `drop` would; returns their ids. Runs by itself at most once a minute as sessions are used."""

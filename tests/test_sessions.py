@@ -175,3 +175,17 @@ def test_a_file_is_made_once_per_owner(store):
     assert store.cached_file("a", "zip", first, make) == path and len(made) == 1
     store.cached_file("a", "zip", second, make)
     assert len(made) == 2
+
+
+def test_close_deletes_every_sessions_files_and_the_temp_area(store):
+    made = [store.cached_file(sid, "zip", store.base.model, lambda folder: _write(folder / "m.zip"))
+            for sid in ("a", "b")]
+    root = store.temp_root
+    store.close()
+    assert not root.exists() and not any(path.exists() for path in made)
+    assert "a" not in store and store.for_session("a") is store.base
+
+
+def _write(path):
+    path.write_bytes(b"zip")
+    return path
