@@ -16,7 +16,7 @@ import time
 
 import gradio as gr
 
-from bertdemo import bundled
+from bertdemo import bundled, memory
 from bertdemo.config import DEFAULT_MODEL, Settings, parse_auth
 from bertdemo.engine import Engine
 from bertdemo.sessions import SessionStore
@@ -108,7 +108,9 @@ def build_demo(settings: Settings, store: SessionStore | None = None,
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # Gradio's own startup requests: noise
+    arenas = memory.cap_arenas()  # before any thread starts: see bertdemo/memory.py
     settings = parse_args(argv)
+    log.info("malloc arenas: %s", arenas or "glibc's default")
     own_temp = use_own_gradio_temp_dir()
     stopping = stop_on_signals()  # before the model loads: a SIGTERM then still exits cleanly
     engine = Engine(max_batch=settings.max_batch)

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .classification import ClassifierForm, SweepForm, run_adaptation, run_classifier, run_sweep
+from . import memory
 from .experiments import LabellingForm, run_labelling
 from .fine_tuning import (FinetuneForm, TuningPlan, TuningRequest, run_masking_comparison, run_tuning,
                           save_zip)
@@ -277,6 +278,8 @@ class Run:
             self._result = self.spec.job(self.plan, on_event=self._events.put, should_stop=self.should_stop)
         except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread by finish()
             self._error = err
+        finally:  # the job's activations and optimizer state are freed now: give them back
+            memory.trim()
 
     def updates(self, every: float = 0.5):
         """`self.log` after each batch of new events, at most once per `every` seconds, until the
