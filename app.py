@@ -15,6 +15,7 @@ import threading
 import time
 
 import gradio as gr
+from starlette.middleware import Middleware
 
 from bertdemo import bundled, memory
 from bertdemo.config import DEFAULT_MODEL, Settings, parse_auth
@@ -24,6 +25,7 @@ from bertdemo.ui import (about_tab, attention_tab, classify_tab, embeddings_tab,
                          finetune_tab, masking_tab, mcp_tools, model_banner, model_picker, sent_values)
 from bertdemo.ui.common import hide_paths, refuse_non_finite_numbers
 from bertdemo.ui.context import AppContext, forget_session, handler
+from bertdemo.ui.health import Health
 
 log = logging.getLogger("bertdemo")
 MAX_UPLOAD = "1mb"  # only the Classify tab's CSV upload takes files (it reads far less); cap the route
@@ -116,7 +118,7 @@ def main(argv: list[str] | None = None) -> None:
     engine = Engine(max_batch=settings.max_batch)
     store = load_store(settings, engine)
     demo = build_demo(settings, store, engine)
-    serve(demo, settings, block=False)
+    serve(demo, settings, block=False, store=store)
     while not stopping.wait(0.5):
         pass
     shut_down(demo, store, own_temp)
@@ -175,6 +177,13 @@ def _exit_now(started: float) -> None:
     os._exit(0)
 
 
+def health_check(store: SessionStore | None, settings: Settings) -> dict:
+    """The FastAPI arguments that add `/healthz` (and, for a replica, the page's 503)."""
+    if store is None:
+        return {}
+    return {"middleware": [Middleware(Health, store=store, replica=settings.replica)]}
+
+
 def use_own_gradio_temp_dir() -> str | None:
     """Gradio serves files (downloads) from its temp folder, by default one shared by every Gradio
     app of the machine: give this app its own, removed at exit, unless GRADIO_TEMP_DIR is set.
@@ -187,9 +196,11 @@ def use_own_gradio_temp_dir() -> str | None:
     return folder
 
 
-def serve(demo: gr.Blocks, settings: Settings, block: bool = True) -> tuple[str, str | None]:
+def serve(demo: gr.Blocks, settings: Settings, block: bool = True,
+          store: SessionStore | None = None) -> tuple[str, str | None]:
     """Launch; returns (local URL, public share URL or None). If the share link can't be made
-    (no internet, share server down) the demo keeps serving locally and says so in one line."""
+    (no internet, share server down) the demo keeps serving locally and says so in one line.
+    With `store`, `/healthz` says whether its model loaded (bertdemo/ui/health.py)."""
     share = settings.share and not os.environ.get("SPACE_ID")  # a Space is already public
     gradio_says = io.StringIO()
     try:  # Gradio's own share-failure text is several lines and, offline, points at the wrong cause
@@ -198,7 +209,8 @@ def serve(demo: gr.Blocks, settings: Settings, block: bool = True) -> tuple[str,
                 server_name=settings.host, server_port=settings.port, share=share,
                 auth=parse_auth(settings.auth), auth_message="Log in to use this bertdemo.",
                 max_file_size=MAX_UPLOAD, state_session_capacity=settings.max_sessions,
-                mcp_server=settings.mcp, prevent_thread_lock=True, quiet=True)
+                mcp_server=settings.mcp, prevent_thread_lock=True, quiet=True,
+                app_kwargs=health_check(store, settings))
     except BaseException:
         sys.stdout.write(gradio_says.getvalue())
         raise
