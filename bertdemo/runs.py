@@ -47,6 +47,7 @@ ENDED_BECAUSE = {  # Run.ended / RunHistory.stopped -> why, for a sentence "the 
     "time limit": "it reached the time limit of {seconds} s per run",
     "diverged": "the loss became infinite or NaN (try a smaller learning rate)",
     "shutdown": "the server is shutting down (its operator stopped it)",
+    "closed": "the server lost this page's connection and took the page as closed",
 }
 SHUTTING_DOWN = "The server is shutting down: no new runs start now. Try again in a minute (reload the page)."
 Job = Callable[..., Any]  # job(plan, *, on_event=emit, should_stop=stop_check) -> result
@@ -149,7 +150,7 @@ class RunSlots:
             held = self._tickets.pop(session, None)
             self._changed.notify_all()
         if held is not None:
-            held.set()
+            held.stop("closed")
 
     def busy(self, session: str | None) -> bool:
         with self._lock:

@@ -265,3 +265,18 @@ def test_wait_idle_times_out_while_a_run_goes_on(tiny_bert):
         assert store.runs.wait_idle(timeout=0.2) is False
         release.set()
     assert store.runs.wait_idle(timeout=5)
+
+
+def test_a_run_whose_page_closed_says_so_not_stop(tiny_bert):
+    store = SessionStore(tiny_bert)
+
+    def close_the_page_at_step_2(event):
+        if isinstance(event, Step) and event.step == 2:
+            store.drop("a")  # what the page's unload does when the server loses its heartbeat
+
+    with runs.start(caller(store), tune_job(tiny_bert, also=close_the_page_at_step_2), {}) as run:
+        list(run.updates(every=0.01))
+        outcome = run.finish()
+    assert outcome.ended == "closed" and outcome.result[1].stopped == "closed"
+    assert "lost this page's connection" in runs.keep_or_discard(caller(store), outcome.result[0],
+                                                                 outcome.result[1], keep_partial=False)
