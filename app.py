@@ -114,6 +114,10 @@ def main(argv: list[str] | None = None) -> None:
     settings = parse_args(argv)
     log.info("malloc arenas: %s", arenas or "glibc's default")
     own_temp = use_own_gradio_temp_dir()
+    # gradio_client gives up a session's heartbeat stream after 20 s without a byte, and the server
+    # then takes the page as closed (its run stopped, its models freed): Gradio's default beat of
+    # 15 s leaves 5 s for a busy server to be late; 5 s leaves 15.
+    os.environ.setdefault("GRADIO_HEARTBEAT_INTERVAL", "5")
     stopping = stop_on_signals()  # before the model loads: a SIGTERM then still exits cleanly
     engine = Engine(max_batch=settings.max_batch)
     store = load_store(settings, engine)
