@@ -243,6 +243,7 @@ def start(caller, kind: str | RunSpec, request=None) -> "Run":
     on the plan reserved with the slot (or, for a caller that did not reserve, `request`'s)."""
     spec, slots = _spec(kind), caller.store.runs
     ticket = slots.claim(caller.session, spec.api_name)
+    caller.store.reopen(caller.session)
     try:
         reserved = ticket.kind == spec.api_name and ticket.plan is not None
         plan = ticket.plan if reserved else spec.check(caller, request)
@@ -334,6 +335,9 @@ def keep_or_discard(caller, model, history, keep_partial: bool, kind: str = "tun
     store, session, done = caller.store, caller.session, len(history.steps)
     if history.stopped is None or (keep_partial and history.stopped != "diverged" and done > 0):
         store.put_model(session, kind, model)
+        if store.model(session, kind) is not model:  # the page closed while it ran
+            return (f"Its model was **not kept**: the server took this page as closed while the run "
+                    f"went on. Reload the page to start again.")
         if kind == "tuned" and store.using_tuned(session):
             return "It is your tuned model now, already in use in the other tabs."
         if kind == "tuned":

@@ -118,6 +118,14 @@ class SessionStore:
             entry = self._get(session_id)
             return entry.models.get(kind) if entry else None
 
+    def reopen(self, session_id: str | None) -> None:
+        """This session, taken as closed (`drop`), asks for a new run: it is evidently alive (a
+        script whose heartbeat stream timed out goes on sending requests), so what that run makes
+        is kept again. Runs that were going when it closed still keep nothing."""
+        with self._lock:
+            if session_id in self._closed:
+                self._closed.remove(session_id)
+
     def put_model(self, session_id: str | None, kind: str, model) -> list[str]:
         """Keep `model` as this session's model of `kind` (replacing its earlier one). Returns the
         sessions whose models of that kind were evicted to stay within the kind's cap. A session

@@ -189,3 +189,12 @@ def test_close_deletes_every_sessions_files_and_the_temp_area(store):
 def _write(path):
     path.write_bytes(b"zip")
     return path
+
+
+def test_a_closed_session_that_starts_a_new_run_keeps_its_model_again(store):
+    store.drop("a")  # e.g. its heartbeat stream timed out while the script goes on
+    store.put_tuned("a", fake_model("during"))
+    assert store.tuned("a") is None  # a run going when it closed keeps nothing
+    store.reopen("a")  # a new run of it starts
+    store.put_tuned("a", fake_model("after"))
+    assert store.tuned("a").name == "after"
