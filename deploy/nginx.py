@@ -22,6 +22,7 @@ the page (a new Client) continues on another replica, without what the old one h
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import re
 import sys
@@ -40,7 +41,7 @@ def site(replicas: list[str], listen: str = "0.0.0.0:8080", fail_timeout_s: int 
     each = "".join(f"upstream bertdemo_{name} {{ server {addr}; keepalive 8; }}\n"
                    for name, addr in zip(names, replicas))
     by_cookie = "".join(f"    {name} bertdemo_{name};\n" for name in names)
-    by_addr = "".join(f'    "~(^|, ){re.escape(addr)}$" {name};\n' for name, addr in zip(names, replicas))
+    by_addr = "".join(f'    "~{pattern}" {name};\n' for name, pattern in zip(names, answered_patterns(replicas)))
     return f"""# bertdemo behind nginx: {len(replicas)} replicas, each visitor kept on one (deploy/nginx.py)
 upstream bertdemo_any {{  # a new visitor: the next replica that is up
 {pool}    keepalive 16;
@@ -92,6 +93,26 @@ server {{
     }}
 }}
 """
+
+
+def answered_patterns(replicas: list[str]) -> list[str]:
+    """For each replica, a regex matching nginx's `$upstream_addr` when it answered. nginx shows
+    an address, never a host name (resolved at start): a replica named by its host is known by
+    its port, which must then be its own (docker compose: one port per service)."""
+    hosts_ok = all(_is_ip(addr.rsplit(":", 1)[0]) for addr in replicas)
+    ports = [addr.rsplit(":", 1)[1] for addr in replicas]
+    if not hosts_ok and len(set(ports)) < len(ports):
+        raise ValueError("Replicas named by host need ports of their own (nginx knows them by address): "
+                         + ", ".join(replicas))
+    return [f"(^|, ){re.escape(addr)}$" if hosts_ok else f":{port}$" for addr, port in zip(replicas, ports)]
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+        return True
+    except ValueError:
+        return False
 
 
 def _gone_json() -> str:
