@@ -1,4 +1,4 @@
-"""A clean stop: SIGTERM during a fine-tune ends the run after its current step (its visitor is
+"""A clean stop: SIGTERM or Ctrl-C during a fine-tune ends the run after its current step (its visitor is
 told why), frees the slot, deletes the downloads and exports, and `python app.py` exits 0 within
 10 s. The app runs in a subprocess, with its own TMPDIR to look into afterwards."""
 import os
@@ -34,7 +34,8 @@ def wait_for_steps(job, timeout: float = 60) -> None:
     assert job.outputs(), "the fine-tune sent no update"
 
 
-def test_sigterm_mid_run_stops_the_run_removes_files_and_exits_in_time(tiny_bert_dir, tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
+def test_a_signal_mid_run_stops_the_run_removes_files_and_exits_in_time(signum, tiny_bert_dir, tmp_path):
     from gradio_client import Client
 
     tmp = tmp_path / "tmp"
@@ -49,7 +50,7 @@ def test_sigterm_mid_run_stops_the_run_removes_files_and_exits_in_time(tiny_bert
         job = client.submit(*finetune_args(100000), api_name="/finetune")
         wait_for_steps(job)
         signalled = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signum)
         returncode = proc.wait(timeout=15)
         took = time.monotonic() - signalled
         log = proc.stdout.read()
@@ -57,7 +58,7 @@ def test_sigterm_mid_run_stops_the_run_removes_files_and_exits_in_time(tiny_bert
         if proc.poll() is None:
             stop(proc)
     assert returncode == 0, log[-3000:]
-    assert took < 10, f"exited {took:.1f} s after SIGTERM"
+    assert took < 10, f"exited {took:.1f} s after the signal"
     assert "stopped 1 run(s) after their current step; temp files removed" in log, log[-3000:]
     status = job.outputs()[-1][0]
     assert "ended early because the server is shutting down" in status, status
