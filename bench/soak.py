@@ -263,6 +263,10 @@ def abandoning(out: Outcomes, url: str, until: float) -> None:
         try:
             posted = httpx.post(f"{url}gradio_api/call/masking_law", timeout=30,
                                 json={**body, "session_hash": uuid.uuid4().hex})
+            if posted.status_code == 503 and "queue is full" in posted.text.lower():
+                out.add("abandoned mid-stream", "refused", f"503: {posted.text[:60]}")
+                time.sleep(0.5)
+                continue
             with httpx.stream("GET", f"{url}gradio_api/call/masking_law/{posted.json()['event_id']}",
                               timeout=30) as stream:
                 next(stream.iter_lines())  # then gone, mid-stream
@@ -335,7 +339,7 @@ def timed(args, url: str, pid: int) -> int:
     for title, messages in (("refused, most common reasons", out.refusals), ("failed", out.failures)):
         if messages:
             print(f"{title}:")
-            for message, count in messages.most_common(8):
+            for message, count in messages.most_common(12):
                 print(f"  {count:4d} x {message}")
     middle, last = memory_report(samples)
     first = samples[0][1]
