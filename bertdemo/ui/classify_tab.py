@@ -14,8 +14,8 @@ import pandas as pd
 
 from .. import embeddings, plots, runs, validate
 from ..classification import (ADAPT_MLM_STEPS, DEFAULT_SWEEP_LRS, MAX_TOKENS, Classifier, ClassifierForm,
-                              ClassifierHistory, SweepForm, classify, forgetting, parse_examples,
-                              table_examples)
+                              ClassifierHistory, SweepForm, check_examples, classify, forgetting,
+                              parse_examples, table_examples)
 from ..config import Limits
 from ..training import EventLog
 from . import live_run
@@ -78,7 +78,7 @@ def render(ctx: AppContext) -> None:
     live_run.wire(ctx, "forgetting_sweep", sweep["run"], form, sweep["outputs"], on_sweep)  # rates swept
     live_run.wire(ctx, "adapt_then_classify", adapt["run"], form, adapt["outputs"], on_adapt)
     probe["run"].click(handler(ctx, on_probe), [data["table"], form["seed"]], probe["outputs"],
-                       api_name="probe_layers", concurrency_id="model")
+                       api_name="probe_layers", validator=handler(ctx, check_probe), concurrency_id="model")
 
 
 # ---------------------------------------------------------------- layout sections
@@ -284,6 +284,20 @@ def on_probe(visitor: Visitor, examples, seed):
               f"{result['held_out_size']} examples (trained on {result['train_size']}; always the most "
               f"frequent label: {result['baseline']:.0%}), {lm.name}.")
     return status, plots.probe_accuracy_lines(result, f"Which layer knows your labels? ({lm.name})")
+
+
+def check_probe(visitor: Visitor, examples, seed) -> list:
+    """The probe's inputs checked before Gradio reads the table (a script may send anything),
+    each problem beside its field."""
+    verdicts = []
+    for check in (lambda: check_examples(table_examples(examples), visitor.limits),
+                  lambda: validate.whole_number(seed, "seed", 0, 2**31 - 1, field="seed")):
+        try:
+            check()
+            verdicts.append(gr.validate(True, ""))
+        except ValueError as err:
+            verdicts.append(gr.validate(False, str(err)))
+    return verdicts
 
 
 def _adapt_live(log: EventLog) -> tuple:
