@@ -2,6 +2,7 @@
 #   docker build -t bertdemo .
 #   docker run --rm -p 7860:7860 bertdemo                 # then open http://127.0.0.1:7860
 #   docker run --rm -p 7860:7860 -e BERTDEMO_AUTH=ann:s3cret bertdemo   # with a login
+#   several behind nginx: deploy/docker-compose.yml; on Kubernetes: deploy/kubernetes.yaml
 FROM python:3.11-slim
 
 ENV PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
@@ -27,9 +28,12 @@ RUN useradd --create-home --uid 1000 bertdemo
 USER bertdemo
 
 # The image needs no hub access; GRADIO_SERVER_NAME/PORT are what the app (and Gradio) read.
+# MALLOC_ARENA_MAX: app.py caps glibc's arenas itself (bertdemo/memory.py); set here as well so
+# that anything else started in the container gets the same cap.
 ENV BERTDEMO_MODEL=/models/bert-base-uncased HF_HUB_OFFLINE=1 \
-    GRADIO_SERVER_NAME=0.0.0.0 GRADIO_SERVER_PORT=7860
+    GRADIO_SERVER_NAME=0.0.0.0 GRADIO_SERVER_PORT=7860 MALLOC_ARENA_MAX=2
 EXPOSE 7860
+# /healthz: 200 once the model is loaded, 503 and why if it could not be
 HEALTHCHECK --interval=30s --timeout=5s --start-period=90s --retries=3 \
-    CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:7860/', timeout=4)"
+    CMD python -c "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:' + os.environ['GRADIO_SERVER_PORT'] + '/healthz', timeout=4)"
 CMD ["python", "app.py"]

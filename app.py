@@ -8,12 +8,16 @@ import io
 import logging
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import threading
+import time
 
 import gradio as gr
+from starlette.middleware import Middleware
 
-from bertdemo import bundled
+from bertdemo import bundled, memory
 from bertdemo.config import DEFAULT_MODEL, Settings, parse_auth
 from bertdemo.engine import Engine
 from bertdemo.sessions import SessionStore
@@ -21,9 +25,12 @@ from bertdemo.ui import (about_tab, attention_tab, classify_tab, embeddings_tab,
                          finetune_tab, masking_tab, mcp_tools, model_banner, model_picker, sent_values)
 from bertdemo.ui.common import hide_paths, refuse_non_finite_numbers
 from bertdemo.ui.context import AppContext, forget_session, handler
+from bertdemo.ui.health import Health
 
 log = logging.getLogger("bertdemo")
 MAX_UPLOAD = "1mb"  # only the Classify tab's CSV upload takes files (it reads far less); cap the route
+EXIT_WITHIN_S = 10.0  # SIGTERM to exit: Docker's `stop` kills after 10 s
+RUNS_STOP_WITHIN_S = 6.0  # of which the running runs get this long to end their current step
 
 
 def parse_args(argv: list[str] | None = None) -> Settings:
@@ -103,24 +110,101 @@ def build_demo(settings: Settings, store: SessionStore | None = None,
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # Gradio's own startup requests: noise
+    arenas = memory.cap_arenas()  # before any thread starts: see bertdemo/memory.py
     settings = parse_args(argv)
-    use_own_gradio_temp_dir()
-    demo = build_demo(settings)
-    serve(demo, settings)
+    log.info("malloc arenas: %s", arenas or "glibc's default")
+    own_temp = use_own_gradio_temp_dir()
+    # gradio_client gives up a session's heartbeat stream after 20 s without a byte, and the server
+    # then takes the page as closed (its run stopped, its models freed): Gradio's default beat of
+    # 15 s leaves 5 s for a busy server to be late; 5 s leaves 15.
+    os.environ.setdefault("GRADIO_HEARTBEAT_INTERVAL", "5")
+    stopping = stop_on_signals()  # before the model loads: a SIGTERM then still exits cleanly
+    engine = Engine(max_batch=settings.max_batch)
+    store = load_store(settings, engine)
+    demo = build_demo(settings, store, engine)
+    serve(demo, settings, block=False, store=store)
+    while not stopping.wait(0.5):
+        pass
+    shut_down(demo, store, own_temp)
 
 
-def use_own_gradio_temp_dir() -> None:
+def stop_on_signals() -> threading.Event:
+    """SIGTERM (docker stop, kubectl, systemd) and Ctrl-C set the returned event instead of killing
+    the process mid-run: `shut_down` then ends the runs and removes the files. A second Ctrl-C
+    exits at once."""
+    stopping = threading.Event()
+
+    def on_signal(signum, frame):
+        if stopping.is_set():
+            os._exit(128 + signum)
+        log.info("%s: shutting down", signal.Signals(signum).name)
+        stopping.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, on_signal)
+    return stopping
+
+
+def shut_down(demo: gr.Blocks, store: SessionStore, gradio_temp: str | None = None) -> None:
+    """Stop every run after its current step (its visitor is told why), wait for their handlers
+    to send that (bounded), delete every session's downloads and exports, close the server. If
+    closing hangs on a connection, the process still exits within `EXIT_WITHIN_S`."""
+    started = time.monotonic()
+    watchdog = threading.Timer(EXIT_WITHIN_S - 1, _exit_now, args=(started,))
+    watchdog.daemon = True
+    watchdog.start()
+    running = store.runs.stop_all("shutdown")
+    ended = store.runs.wait_idle(RUNS_STOP_WITHIN_S)
+    _wait_for_handlers(demo, RUNS_STOP_WITHIN_S - (time.monotonic() - started))
+    store.close()
+    if gradio_temp:  # Gradio's copies of the downloads (atexit would too, unless the watchdog fires)
+        shutil.rmtree(gradio_temp, ignore_errors=True)
+    log.info("stopped %d run(s) after their current step%s; temp files removed in %.1f s", running,
+             "" if ended else " (some did not end in time)", time.monotonic() - started)
+    demo.close(verbose=False)
+    watchdog.cancel()
+
+
+def _wait_for_handlers(demo: gr.Blocks, seconds: float) -> None:
+    """Until Gradio's queue runs no event (a stopped run's handler sends its last message), at most
+    `seconds`. Reads the queue's job list: Gradio has no public "idle" call."""
+    deadline = time.monotonic() + max(0.0, seconds)
+    jobs = getattr(getattr(demo, "_queue", None), "active_jobs", None)
+    while jobs is not None and any(jobs) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.2)  # the last message's bytes, written after the job leaves the list
+
+
+def _exit_now(started: float) -> None:
+    log.warning("still closing %.0f s after the signal: exiting now", time.monotonic() - started)
+    logging.shutdown()
+    os._exit(0)
+
+
+def health_check(store: SessionStore | None, settings: Settings) -> dict:
+    """The FastAPI arguments that add `/healthz` (and, for a replica, the page's 503)."""
+    if store is None:
+        return {}
+    return {"middleware": [Middleware(Health, store=store, replica=settings.replica)]}
+
+
+def use_own_gradio_temp_dir() -> str | None:
     """Gradio serves files (downloads) from its temp folder, by default one shared by every Gradio
-    app of the machine: give this app its own, removed at exit, unless GRADIO_TEMP_DIR is set."""
-    if not os.environ.get("GRADIO_TEMP_DIR"):
-        folder = tempfile.mkdtemp(prefix="bertdemo-gradio-")
-        atexit.register(shutil.rmtree, folder, ignore_errors=True)
-        os.environ["GRADIO_TEMP_DIR"] = folder
+    app of the machine: give this app its own, removed at exit, unless GRADIO_TEMP_DIR is set.
+    Returns the folder made, if one was."""
+    if os.environ.get("GRADIO_TEMP_DIR"):
+        return None
+    folder = tempfile.mkdtemp(prefix="bertdemo-gradio-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    os.environ["GRADIO_TEMP_DIR"] = folder
+    return folder
 
 
-def serve(demo: gr.Blocks, settings: Settings, block: bool = True) -> tuple[str, str | None]:
+def serve(demo: gr.Blocks, settings: Settings, block: bool = True,
+          store: SessionStore | None = None) -> tuple[str, str | None]:
     """Launch; returns (local URL, public share URL or None). If the share link can't be made
-    (no internet, share server down) the demo keeps serving locally and says so in one line."""
+    (no internet, share server down) the demo keeps serving locally and says so in one line.
+    With `store`, `/healthz` says whether its model loaded (bertdemo/ui/health.py)."""
     share = settings.share and not os.environ.get("SPACE_ID")  # a Space is already public
     gradio_says = io.StringIO()
     try:  # Gradio's own share-failure text is several lines and, offline, points at the wrong cause
@@ -129,7 +213,8 @@ def serve(demo: gr.Blocks, settings: Settings, block: bool = True) -> tuple[str,
                 server_name=settings.host, server_port=settings.port, share=share,
                 auth=parse_auth(settings.auth), auth_message="Log in to use this bertdemo.",
                 max_file_size=MAX_UPLOAD, state_session_capacity=settings.max_sessions,
-                mcp_server=settings.mcp, prevent_thread_lock=True, quiet=True)
+                mcp_server=settings.mcp, prevent_thread_lock=True, quiet=True,
+                app_kwargs=health_check(store, settings))
     except BaseException:
         sys.stdout.write(gradio_says.getvalue())
         raise

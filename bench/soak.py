@@ -5,13 +5,21 @@ and the queue refusing a flood politely.
     python bench/soak.py                      # tiny random BERT: about a minute
     python bench/soak.py --model bert-base    # bert-base-sized random weights, real vocab: minutes
     python bench/soak.py --model /path/to/folder --rounds 40
+    python bench/soak.py --seconds 180        # timed: everything at once, as on a busy shared link
 
 Prints the server's resident memory (VmRSS of its process) after warm-up, after the fine-tunes
 (their sessions closed or evicted) and at the end, with the growth in MB and %.
+
+The timed mode overlaps it all for `--seconds`: visitors predicting (15% of their requests bad
+input), one visitor abandoning its requests mid-stream, one session fine-tuning back to back
+through gradio_client, and a flood filling the queue every 30 s. It prints the requests answered,
+refused with a clear message and failed (goal: 0), and the server's memory over time (goal: it
+levels off, the peak of the last third at most 150 MB above the peak of the middle third).
 """
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import json
 import random
@@ -183,10 +191,169 @@ def flood(url: str, n: int, draws: int) -> Counter:
         return Counter(pool.map(send, range(n)))
 
 
+# ---------------------------------------------------------------- the timed mode
+
+BAD_INPUT = [("/fill_mask", ("No mask in this sentence.", 5)), ("/fill_mask", (SENTENCES[0], 0)),
+             ("/fill_mask", ("[MASK] " * 40, 5)), ("/fill_jointly", ("", 2)),
+             ("/mask_sample", ("Paris is nice.", 1, 1.5, 0.8, 0.1, False))]
+LEVEL_MB = 150  # the goal: the last third's peak at most this far above the middle third's
+UNCLEAR = ("has raised an exception", "Connection errored out", "Server stopped")
+
+
+def verdict(err: BaseException) -> str:
+    """"refused" if the server said why (a gr.Error, a field's check, "queue is full"), else
+    "failed": no message, a crash inside a handler, a connection or time-out error."""
+    text = str(err).strip()
+    if isinstance(err, (concurrent.futures.CancelledError, TimeoutError, httpx.HTTPError)) or not text \
+            or any(phrase in text for phrase in UNCLEAR):
+        return "failed"
+    return "refused"
+
+
+class Outcomes:
+    """answered / refused (with the message) / failed (with what came back), per kind of request."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.counts: dict[str, Counter] = defaultdict(Counter)
+        self.failures: Counter = Counter()
+        self.refusals: Counter = Counter()
+
+    def call(self, kind: str, fn, *args, **kwargs):
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as err:  # noqa: BLE001 - every outcome is counted
+            self.add(kind, verdict(err), f"{type(err).__name__}: {str(err)[:90]}")
+            return None
+        self.add(kind, "answered")
+        return result
+
+    def add(self, kind: str, outcome: str, message: str = "") -> None:
+        with self.lock:
+            self.counts[kind][outcome] += 1
+            if outcome == "failed":
+                self.failures[f"{kind}: {message}"] += 1
+            elif outcome == "refused":
+                self.refusals[f"{kind}: {message}"] += 1
+
+    def total(self, outcome: str) -> int:
+        with self.lock:
+            return sum(c[outcome] for c in self.counts.values())
+
+
+def predicting(out: Outcomes, client: Client, rng: random.Random, until: float) -> None:
+    """A visitor exploring the page; 15% of its requests are bad input."""
+    while time.monotonic() < until:
+        if rng.random() < 0.15:
+            api_name, args = rng.choice(BAD_INPUT)
+            out.call("bad input", client.predict, *args, api_name=api_name)
+            continue
+        sentence = rng.choice(SENTENCES)
+        api_name, args = rng.choice([
+            ("/fill_mask", (sentence, rng.randint(1, 10))), ("/fill_jointly", (sentence, rng.randint(1, 3))),
+            ("/attention", (sentence, "", rng.choice(["head", "model"]), [], [], "head", 0, 0, False, False, 0, 1)),
+            ("/mask_sample", (sentence.replace("[MASK]", "word"), rng.randint(0, 99), 0.15, 0.8, 0.1, False))])
+        out.call(api_name, client.predict, *args, api_name=api_name)
+
+
+def abandoning(out: Outcomes, url: str, until: float) -> None:
+    """A visitor who sends a slow request and leaves once its first event arrives."""
+    body = {"data": ["Paris is the capital of France.", 0, 0.15, 0.8, 0.1, False, 20_000]}
+    while time.monotonic() < until:
+        try:
+            posted = httpx.post(f"{url}gradio_api/call/masking_law", timeout=30,
+                                json={**body, "session_hash": uuid.uuid4().hex})
+            if posted.status_code == 503 and "queue is full" in posted.text.lower():
+                out.add("abandoned mid-stream", "refused", f"503: {posted.text[:60]}")
+                time.sleep(0.5)
+                continue
+            with httpx.stream("GET", f"{url}gradio_api/call/masking_law/{posted.json()['event_id']}",
+                              timeout=30) as stream:
+                next(stream.iter_lines())  # then gone, mid-stream
+            out.add("abandoned mid-stream", "answered")
+        except (httpx.HTTPError, KeyError, StopIteration) as err:
+            out.add("abandoned mid-stream", "failed", f"{type(err).__name__}: {err}")
+        time.sleep(0.5)
+
+
+def fine_tuning(out: Outcomes, url: str, until: float) -> None:
+    """One session fine-tuning back to back, using and downloading each model."""
+    client = Client(url, verbose=False)
+    while time.monotonic() < until:
+        if out.call("/finetune", client.predict, FT_TEXT, 20, "steps", 1e-3, 4, 32, 0.15, "dynamic",
+                    0, False, "", api_name="/finetune") is not None:
+            out.call("/use_tuned", client.predict, api_name="/use_tuned")
+            out.call("/download_tuned", client.predict, api_name="/download_tuned")
+
+
+def flooding(out: Outcomes, url: str, until: float, size: int) -> None:
+    """Every 30 s, twice the queue's size of slow requests at once: some are refused as 'queue full'."""
+    next_at = time.monotonic()
+    while next_at + 10 < until:
+        time.sleep(max(0.0, next_at - time.monotonic()))
+        next_at += 30
+        for answer, count in flood(url, size * 2, draws=20_000).items():
+            outcome = ("answered" if answer == "served" else
+                       "refused" if "queue is full" in answer.lower() else "failed")
+            for _ in range(count):
+                out.add("flood", outcome, answer)
+
+
+def memory_report(samples: list[tuple[float, float]], every_s: float = 15) -> tuple[float, float]:
+    """Print RSS over time; returns the peaks of the middle and of the last third."""
+    end = samples[-1][0]
+    print("\nserver memory (RSS) over time:")
+    for mark in range(0, int(end) + 1, int(every_s)):
+        window = [mb for t, mb in samples if mark <= t < mark + every_s]
+        if window:
+            print(f"  {mark:4d}-{mark + int(every_s):<4d} s  max {max(window):6.0f} MB")
+    thirds = [[mb for t, mb in samples if i * end / 3 <= t <= (i + 1) * end / 3] for i in range(3)]
+    return max(thirds[1]), max(thirds[2])
+
+
+def timed(args, url: str, pid: int) -> int:
+    out, samples, started = Outcomes(), [], time.monotonic()
+    until = started + args.seconds
+    stop = threading.Event()
+
+    def sample():
+        while not stop.wait(1.0):
+            samples.append((time.monotonic() - started, rss_mb(pid)))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    rng = random.Random(args.seed)
+    clients = [Client(url, verbose=False) for _ in range(args.clients)]
+    with ThreadPoolExecutor(len(clients) + 3) as pool:
+        jobs = [pool.submit(predicting, out, c, random.Random(rng.random()), until) for c in clients]
+        jobs += [pool.submit(abandoning, out, url, until), pool.submit(fine_tuning, out, url, until),
+                 pool.submit(flooding, out, url, until, args.queue_size)]
+        for job in jobs:
+            job.result()
+    stop.set()
+    sampler.join()
+    print(f"\n{args.seconds} s: {out.total('answered')} answered, {out.total('refused')} refused with a "
+          f"clear message, {out.total('failed')} failed (goal 0)")
+    for kind, counts in sorted(out.counts.items()):
+        print(f"  {kind:22s} {dict(counts)}")
+    for title, messages in (("refused, most common reasons", out.refusals), ("failed", out.failures)):
+        if messages:
+            print(f"{title}:")
+            for message, count in messages.most_common(12):
+                print(f"  {count:4d} x {message}")
+    middle, last = memory_report(samples)
+    first = samples[0][1]
+    level = last - middle <= LEVEL_MB
+    print(f"RSS: start {first:.0f} MB, peak {max(mb for _, mb in samples):.0f} MB; peak of the middle third "
+          f"{middle:.0f} MB, of the last third {last:.0f} MB ({last - middle:+.0f} MB: "
+          f"{'levels off' if level else 'still climbing'}; goal at most +{LEVEL_MB} MB)")
+    return 0 if level and out.total("failed") == 0 else 1
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="tiny", help="tiny (default), bert-base, or a model folder")
-    parser.add_argument("--clients", type=int, default=4, help="visitors exploring at once")
+    parser.add_argument("--clients", type=int, help="visitors exploring at once (default 4; timed: 6)")
     parser.add_argument("--rounds", type=int, default=20, help="rounds of 4 requests per visitor")
     parser.add_argument("--finetunes", type=int, default=6, help="people who fine-tune (separate sessions)")
     parser.add_argument("--drive-bys", type=int, default=24, help="one-request sessions per load")
@@ -195,7 +362,10 @@ def main() -> None:
     parser.add_argument("--loads", type=int, default=3, help="times the mixed load runs after warm-up")
     parser.add_argument("--queue-size", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seconds", type=int, default=0,
+                        help="timed mode: everything at once for this long (e.g. 180); --clients visitors")
     args = parser.parse_args()
+    args.clients = args.clients or (6 if args.seconds else 4)
 
     folder, port = model_folder(args.model), free_port()
     url = f"http://127.0.0.1:{port}/"
@@ -203,6 +373,9 @@ def main() -> None:
                 str(args.queue_size), "--finetune-max-models", "2", "--finetune-max-steps", "20",
                 "--max-sessions", str(args.max_sessions)]
     print(f"app: {' '.join(app_args)}")
+    if args.seconds:
+        with serve_app(app_args) as proc:
+            sys.exit(timed(args, url, proc.pid))
     with serve_app(app_args) as proc:
         tally, rng = Tally(), random.Random(args.seed)
         clients = [Client(url, verbose=False) for _ in range(args.clients)]

@@ -56,6 +56,9 @@ class Settings:
     mcp: bool = option(False, "also serve the quick tools (fill-mask, scores, mask sampling, layer "
                               "predictions, saliency) to MCP clients at /gradio_api/mcp/; on in a "
                               "Space unless BERTDEMO_MCP=0")
+    replica: bool = option(False, "one of several processes behind a load balancer (deploy/): with no "
+                                  "model loaded, answer the page with 503 and why, so the balancer "
+                                  "sends visitors to the others")
     auth: str | None = option(None, "require this login (kept out of logs)", metavar="USER:PASSWORD",
                               repr=False)
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .classification import ClassifierForm, SweepForm, run_adaptation, run_classifier, run_sweep
+from . import memory
 from .experiments import LabellingForm, run_labelling
 from .fine_tuning import (FinetuneForm, TuningPlan, TuningRequest, run_masking_comparison, run_tuning,
                           save_zip)
@@ -45,7 +46,10 @@ ENDED_BECAUSE = {  # Run.ended / RunHistory.stopped -> why, for a sentence "the 
     "stopped": "you pressed Stop",
     "time limit": "it reached the time limit of {seconds} s per run",
     "diverged": "the loss became infinite or NaN (try a smaller learning rate)",
+    "shutdown": "the server is shutting down (its operator stopped it)",
+    "closed": "the server lost this page's connection and took the page as closed",
 }
+SHUTTING_DOWN = "The server is shutting down: no new runs start now. Try again in a minute (reload the page)."
 Job = Callable[..., Any]  # job(plan, *, on_event=emit, should_stop=stop_check) -> result
 
 
@@ -60,6 +64,12 @@ class Ticket(threading.Event):
         self.kind, self.plan, self.waiting = kind, plan, waiting
         self.claimed = False
         self.reserved_at = time.monotonic()
+        self.why = "stopped"  # what the run's history says when this flag stops it
+
+    def stop(self, why: str = "stopped") -> None:
+        """Set the flag, saying why ("stopped": the visitor's Stop; "shutdown": the server's)."""
+        self.why = why
+        self.set()
 
     def abandoned(self) -> bool:
         """True if the request holding this ticket left the queue without its handler starting."""
@@ -77,6 +87,8 @@ class RunSlots:
     def __init__(self):
         self._tickets: dict[str, Ticket] = {}
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)  # notified when a slot is freed
+        self.closing = False  # the server is shutting down: no run starts any more
 
     def reserve(self, session: str | None, kind: str | None = None, plan=None,
                 waiting: Callable[[], bool] | None = None) -> Ticket:
@@ -85,6 +97,7 @@ class RunSlots:
         `waiting()` says whether this one's request is still queued; the web layer alone can tell)."""
         session = _needs_session(session)
         with self._lock:
+            self._refuse_if_closing()
             held = self._tickets.get(session)
             if held is not None and not held.abandoned():
                 raise ValueError("A run of yours (fine-tune, comparison or classifier) is already running "
@@ -97,6 +110,7 @@ class RunSlots:
         if another run of this session already started."""
         session = _needs_session(session)
         with self._lock:
+            self._refuse_if_closing()
             held = self._tickets.get(session)
             if held is None or held.abandoned():
                 held = self._tickets[session] = Ticket(kind)
@@ -110,6 +124,7 @@ class RunSlots:
         with self._lock:
             if session in self._tickets and self._tickets[session] is ticket:
                 del self._tickets[session]
+            self._changed.notify_all()
         ticket.plan = None  # its prepared data goes now, not with the last reference to the ticket
 
     def status(self, session: str | None) -> str | None:
@@ -133,12 +148,34 @@ class RunSlots:
         """The session ended: its run stops within a step and its slot is freed."""
         with self._lock:
             held = self._tickets.pop(session, None)
+            self._changed.notify_all()
         if held is not None:
-            held.set()
+            held.stop("closed")
 
     def busy(self, session: str | None) -> bool:
         with self._lock:
             return session in self._tickets
+
+    def stop_all(self, why: str = "shutdown") -> int:
+        """The server is stopping: refuse new runs from now on and ask every run, running or
+        queued, to stop after its current step. Returns how many were running."""
+        with self._lock:
+            self.closing = True
+            held = list(self._tickets.values())
+        for ticket in held:
+            ticket.stop(why)
+        return sum(ticket.claimed for ticket in held)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait up to `timeout` s until no run is running (their handlers freed their slots);
+        False if some still are. Reserved slots whose handler never started do not count."""
+        with self._changed:
+            return self._changed.wait_for(lambda: not any(t.claimed for t in self._tickets.values()),
+                                          timeout)
+
+    def _refuse_if_closing(self) -> None:
+        if self.closing:
+            raise ValueError(SHUTTING_DOWN)
 
 
 def _needs_session(session: str | None) -> str:
@@ -157,7 +194,7 @@ class StopCheck:
 
     def __call__(self) -> bool:
         if self.reason is None and self.ticket.is_set():
-            self.reason = "stopped"
+            self.reason = getattr(self.ticket, "why", "stopped")
         elif self.reason is None and self.max_seconds is not None and \
                 time.perf_counter() - self.started > self.max_seconds:
             self.reason = "time limit"
@@ -186,7 +223,7 @@ class Outcome:
     plan: Any
     result: Any
     note: str | None  # what the keep policy did, as a sentence for the page (None: keeps nothing)
-    ended: str | None  # None: ran to the end; "stopped" or "time limit" (the run's stop check)
+    ended: str | None  # None: ran to the end; "stopped", "shutdown" or "time limit" (its stop check)
 
 
 def reserve(caller, kind: str | RunSpec, request, waiting: Callable[[], bool] | None = None):
@@ -206,6 +243,7 @@ def start(caller, kind: str | RunSpec, request=None) -> "Run":
     on the plan reserved with the slot (or, for a caller that did not reserve, `request`'s)."""
     spec, slots = _spec(kind), caller.store.runs
     ticket = slots.claim(caller.session, spec.api_name)
+    caller.store.reopen(caller.session)
     try:
         reserved = ticket.kind == spec.api_name and ticket.plan is not None
         plan = ticket.plan if reserved else spec.check(caller, request)
@@ -242,6 +280,8 @@ class Run:
             self._result = self.spec.job(self.plan, on_event=self._events.put, should_stop=self.should_stop)
         except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread by finish()
             self._error = err
+        finally:  # the job's activations and optimizer state are freed now: give them back
+            memory.trim()
 
     def updates(self, every: float = 0.5):
         """`self.log` after each batch of new events, at most once per `every` seconds, until the
@@ -295,6 +335,9 @@ def keep_or_discard(caller, model, history, keep_partial: bool, kind: str = "tun
     store, session, done = caller.store, caller.session, len(history.steps)
     if history.stopped is None or (keep_partial and history.stopped != "diverged" and done > 0):
         store.put_model(session, kind, model)
+        if store.model(session, kind) is not model:  # the page closed while it ran
+            return (f"Its model was **not kept**: the server took this page as closed while the run "
+                    f"went on. Reload the page to start again.")
         if kind == "tuned" and store.using_tuned(session):
             return "It is your tuned model now, already in use in the other tabs."
         if kind == "tuned":

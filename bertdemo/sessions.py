@@ -118,6 +118,14 @@ class SessionStore:
             entry = self._get(session_id)
             return entry.models.get(kind) if entry else None
 
+    def reopen(self, session_id: str | None) -> None:
+        """This session, taken as closed (`drop`), asks for a new run: it is evidently alive (a
+        script whose heartbeat stream timed out goes on sending requests), so what that run makes
+        is kept again. Runs that were going when it closed still keep nothing."""
+        with self._lock:
+            if session_id in self._closed:
+                self._closed.remove(session_id)
+
     def put_model(self, session_id: str | None, kind: str, model) -> list[str]:
         """Keep `model` as this session's model of `kind` (replacing its earlier one). Returns the
         sessions whose models of that kind were evicted to stay within the kind's cap. A session
@@ -281,6 +289,19 @@ class SessionStore:
                 self._closed.append(session_id)
         self.runs.drop(session_id)
         _free(entry)
+
+    def close(self) -> None:
+        """The server is stopping: forget every session and delete this store's temp area (every
+        download and export). Stop the runs first (`runs.stop_all`, `runs.wait_idle`): a run still
+        going may write a file after this."""
+        with self._lock:
+            entries = list(self._sessions.values())
+            self._sessions.clear()
+            root, self._root = self._root, None
+        for entry in entries:
+            _free(entry)
+        if root is not None:
+            shutil.rmtree(root, ignore_errors=True)
 
     def sweep(self, now: float | None = None) -> list[str]:
         """Free the sessions unused for `max_idle_s` (not those whose run is still going), as

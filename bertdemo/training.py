@@ -25,7 +25,7 @@ from typing import Callable, Iterator, Union
 
 import torch
 
-STOP_REASONS = ("stopped", "time limit", "diverged")  # RunHistory.stopped, when not None
+STOP_REASONS = ("stopped", "time limit", "diverged", "shutdown", "closed")  # RunHistory.stopped, when not None
 _STREAM_OFFSETS = {  # seed + offset: random streams apart from the training one, the same every run
     "eval": 1_000_003,  # the fine-tune's fixed eval masks
     "forgetting": 2_000_003,  # the classifier's measure of the body's MLM loss

@@ -232,3 +232,51 @@ def test_a_queued_request_cancelled_before_it_starts_does_not_keep_the_slot(gate
     assert join(url, "visitor", fn_index).status_code == 200  # the cancelled one kept nothing
     gate.set()
     wait_for(lambda: store.runs.status("visitor") is None and store.tuned("visitor") is not None)
+
+
+def test_stop_all_ends_every_run_says_shutdown_and_refuses_new_ones(tiny_bert):
+    store = SessionStore(tiny_bert)
+    started = threading.Event()
+
+    def job(plan, on_event, should_stop):
+        started.set()
+        while not should_stop():
+            time.sleep(0.01)
+        return should_stop.reason
+
+    spec = spec_of(job)
+    store.runs.reserve("queued")  # its handler never starts: waiting for it must not block
+    with runs.start(caller(store), spec, {}) as run:
+        assert started.wait(10)
+        assert store.runs.stop_all() == 1
+        assert run.finish().result == "shutdown" and run.ended == "shutdown"
+    assert store.runs.wait_idle(timeout=5)
+    with pytest.raises(ValueError, match="shutting down"):
+        store.runs.reserve("b")
+    with pytest.raises(ValueError, match="shutting down"):
+        runs.start(caller(store, "b"), spec, {})
+
+
+def test_wait_idle_times_out_while_a_run_goes_on(tiny_bert):
+    store = SessionStore(tiny_bert)
+    release = threading.Event()
+    spec = spec_of(lambda plan, on_event, should_stop: release.wait(10))
+    with runs.start(caller(store), spec, {}):
+        assert store.runs.wait_idle(timeout=0.2) is False
+        release.set()
+    assert store.runs.wait_idle(timeout=5)
+
+
+def test_a_run_whose_page_closed_says_so_not_stop(tiny_bert):
+    store = SessionStore(tiny_bert)
+
+    def close_the_page_at_step_2(event):
+        if isinstance(event, Step) and event.step == 2:
+            store.drop("a")  # what the page's unload does when the server loses its heartbeat
+
+    with runs.start(caller(store), tune_job(tiny_bert, also=close_the_page_at_step_2), {}) as run:
+        list(run.updates(every=0.01))
+        outcome = run.finish()
+    assert outcome.ended == "closed" and outcome.result[1].stopped == "closed"
+    assert "lost this page's connection" in runs.keep_or_discard(caller(store), outcome.result[0],
+                                                                 outcome.result[1], keep_partial=False)

@@ -175,3 +175,26 @@ def test_a_file_is_made_once_per_owner(store):
     assert store.cached_file("a", "zip", first, make) == path and len(made) == 1
     store.cached_file("a", "zip", second, make)
     assert len(made) == 2
+
+
+def test_close_deletes_every_sessions_files_and_the_temp_area(store):
+    made = [store.cached_file(sid, "zip", store.base.model, lambda folder: _write(folder / "m.zip"))
+            for sid in ("a", "b")]
+    root = store.temp_root
+    store.close()
+    assert not root.exists() and not any(path.exists() for path in made)
+    assert "a" not in store and store.for_session("a") is store.base
+
+
+def _write(path):
+    path.write_bytes(b"zip")
+    return path
+
+
+def test_a_closed_session_that_starts_a_new_run_keeps_its_model_again(store):
+    store.drop("a")  # e.g. its heartbeat stream timed out while the script goes on
+    store.put_tuned("a", fake_model("during"))
+    assert store.tuned("a") is None  # a run going when it closed keeps nothing
+    store.reopen("a")  # a new run of it starts
+    store.put_tuned("a", fake_model("after"))
+    assert store.tuned("a").name == "after"

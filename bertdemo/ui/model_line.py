@@ -30,7 +30,9 @@ def model_line(store, session: str | None = None, place: Place = "tab") -> str:
     tabs = "The other tabs" if place == "finetune" else "Your tabs"
     if using_tuned:
         line = (f"{tabs} use **your tuned model** ({tuned.name}) in this browser session only; "
-                f"“Back to the base model” in the Fine-tune tab returns them to **{base.name}**.")
+                f"“Back to the base model” in the Fine-tune tab returns them to **{base.name}**. "
+                f"It lives in this server process's memory only: if the process stops or your "
+                f"connection moves to another one, it is gone (download it to keep it).")
     elif store.was_evicted(session):
         line = (f"{tabs} use **{base.name}**. Your tuned model was freed to make room for other "
                 f"visitors' (at most {store.max_tuned} are kept): fine-tune again.")
