@@ -299,7 +299,9 @@ def test_dockerfile_installs_requirements_bakes_the_default_model_and_runs_as_a_
     assert env["BERTDEMO_MODEL"] == baked and env["GRADIO_SERVER_NAME"] == "0.0.0.0"
     assert steps["EXPOSE"] == ["7860"] and env.get("GRADIO_SERVER_PORT", "7860") == "7860"
     assert steps["USER"] and steps["USER"][-1] not in {"root", "0"}
-    assert "7860" in steps["HEALTHCHECK"][0] and "app.py" in steps["CMD"][0]
+    check = steps["HEALTHCHECK"][0]  # the health endpoint on the port served (7860, or as run with -e)
+    assert "/healthz" in check and "os.environ['GRADIO_SERVER_PORT']" in check and env["GRADIO_SERVER_PORT"] == "7860"
+    assert "app.py" in steps["CMD"][0]
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert not {"app.py", "bertdemo", "requirements.txt", "bertdemo/"} & set(ignored)
 
