@@ -336,8 +336,8 @@ def keep_or_discard(caller, model, history, keep_partial: bool, kind: str = "tun
     if history.stopped is None or (keep_partial and history.stopped != "diverged" and done > 0):
         store.put_model(session, kind, model)
         if store.model(session, kind) is not model:  # the page closed while it ran
-            return (f"Its model was **not kept**: the server took this page as closed while the run "
-                    f"went on. Reload the page to start again.")
+            return ("Its model was **not kept**: the server took this page as closed while the run "
+                    "went on. Reload the page to start again.")
         if kind == "tuned" and store.using_tuned(session):
             return "It is your tuned model now, already in use in the other tabs."
         if kind == "tuned":

@@ -3,7 +3,6 @@ cannot load) behind Debian's nginx with deploy/nginx.py's configuration, all on 
 visitor stays on one replica (its tuned model with it), a crowd is spread over the two good
 ones and never sent to the broken one, and when a replica is killed the other keeps serving while
 its visitors are told, at once, that their process has gone."""
-import os
 import re
 import shutil
 import signal
