@@ -32,7 +32,7 @@ BATCH = 32  # sentences per forward
 @dataclass(frozen=True)
 class Encoded:
     """Sentences through the model: per sentence its tokens, character spans, which are special,
-    and its hidden states `states[s]`: float32 (layers + 1, T_s, hidden)."""
+    and its hidden states at one layer, `states[s]`: float32 (T_s, hidden)."""
 
     texts: list[str]
     tokens: list[list[str]]
@@ -57,9 +57,9 @@ def sentences(texts, *, max_lines: int = MAX_LINES) -> list[str]:
 
 
 @torch.inference_mode()
-def encode(lm: LoadedModel, texts: list[str], *, max_tokens: int = MAX_TOKENS) -> Encoded:
-    """Every sentence's hidden states after the embeddings and each layer (one padded forward per
-    BATCH sentences). Refuses a sentence past the model's length and `max_tokens` in all."""
+def encode(lm: LoadedModel, texts: list[str], layer: int, *, max_tokens: int = MAX_TOKENS) -> Encoded:
+    """Every sentence's hidden states after `layer` (0 = the embeddings; one padded forward per
+    BATCH sentences, only that layer's states kept). Refuses a sentence past the model's length and `max_tokens` in all."""
     enc = lm.tokenizer(texts, return_offsets_mapping=True, return_special_tokens_mask=True, truncation=False)
     lengths = [len(ids) for ids in enc["input_ids"]]
     for number, length in enumerate(lengths, 1):
@@ -72,8 +72,8 @@ def encode(lm: LoadedModel, texts: list[str], *, max_tokens: int = MAX_TOKENS) -
         batch = lm.tokenizer.pad(rows, return_tensors="pt").to(lm.device)
         with hooks.switched_off(lm):  # a heads-off view (heads.heads_off) maps without its heads
             hidden = lm.model.base_model(**batch, output_hidden_states=True).hidden_states  # L+1 x (B, T, H)
-        stacked = torch.stack(hidden, 1).float().cpu().numpy()  # (B, L+1, T, H)
-        states += [stacked[i, :, :lengths[start + i]] for i in range(len(rows))]
+        at_layer = hidden[layer].float().cpu().numpy()  # (B, T, H)
+        states += [at_layer[i, :lengths[start + i]] for i in range(len(rows))]
     return Encoded(texts, [lm.tokenizer.convert_ids_to_tokens(ids) for ids in enc["input_ids"]],
                    [[tuple(span) for span in spans] for spans in enc["offset_mapping"]],
                    [[bool(s) for s in mask] for mask in enc["special_tokens_mask"]], states)
@@ -109,8 +109,8 @@ def embedding_map(lm: LoadedModel, texts, *, layer: int, word: str | None = None
     if word is not None and not isinstance(word, str):
         raise validate.InputError("word", "The word must be text, e.g. 'bank', or empty to map every token.")
     word = word.strip() or None if word else None
-    encoded = encode(lm, lines, max_tokens=max_tokens)
-    points, vectors = (_word_points(encoded, layer, word) if word else _token_points(encoded, layer))
+    encoded = encode(lm, lines, layer, max_tokens=max_tokens)
+    points, vectors = _word_points(encoded, word) if word else _token_points(encoded)
     if len(points) < 2:
         raise validate.InputError("texts", "A map needs at least two points: add a sentence (or a word "
                                            "that occurs more than once).")
@@ -120,17 +120,17 @@ def embedding_map(lm: LoadedModel, texts, *, layer: int, word: str | None = None
     return {"layer": layer, "word": word, "points": points, "explained": explained}
 
 
-def _token_points(encoded: Encoded, layer: int) -> tuple[list[dict], np.ndarray]:
+def _token_points(encoded: Encoded) -> tuple[list[dict], np.ndarray]:
     points, vectors = [], []
     for s, text in enumerate(encoded.texts):
         for i, token in enumerate(encoded.tokens[s]):
             if not encoded.special[s][i]:
                 points.append({"sentence": s, "text": text, "token": token, "position": i})
-                vectors.append(encoded.states[s][layer, i])
+                vectors.append(encoded.states[s][i])
     return points, np.asarray(vectors)
 
 
-def _word_points(encoded: Encoded, layer: int, word: str) -> tuple[list[dict], np.ndarray]:
+def _word_points(encoded: Encoded, word: str) -> tuple[list[dict], np.ndarray]:
     """One point per occurrence of `word`: the mean of the pieces whose characters it covers."""
     pattern = re.compile(rf"(?<!\w){re.escape(word)}(?!\w)", re.IGNORECASE)
     points, vectors, missing = [], [], []
@@ -144,7 +144,7 @@ def _word_points(encoded: Encoded, layer: int, word: str) -> tuple[list[dict], n
             if pieces:
                 points.append({"sentence": s, "text": text, "token": match.group(0), "position": pieces[0],
                                "pieces": [encoded.tokens[s][i] for i in pieces]})
-                vectors.append(encoded.states[s][layer, pieces].mean(0))
+                vectors.append(encoded.states[s][pieces].mean(0))
     if missing:
         where = ", ".join(map(str, missing))
         shown = word if len(word) <= 40 else word[:40] + "…"
