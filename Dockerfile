@@ -14,6 +14,10 @@ ENV PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 
 WORKDIR /app
+# jemalloc: app.py runs under it where installed, which keeps the server's memory level as
+# fine-tunes and traffic overlap (bertdemo/memory.py; measured by bench/soak.py).
+RUN apt-get update && apt-get install -y --no-install-recommends libjemalloc2 \
+    && rm -rf /var/lib/apt/lists/*
 # README's install command (plus the torch index above).
 COPY requirements.txt .
 RUN pip install --extra-index-url "$TORCH_INDEX" -r requirements.txt
@@ -28,8 +32,8 @@ RUN useradd --create-home --uid 1000 bertdemo
 USER bertdemo
 
 # The image needs no hub access; GRADIO_SERVER_NAME/PORT are what the app (and Gradio) read.
-# MALLOC_ARENA_MAX: app.py caps glibc's arenas itself (bertdemo/memory.py); set here as well so
-# that anything else started in the container gets the same cap.
+# MALLOC_ARENA_MAX: for anything started in the container without jemalloc (app.py preloads it
+# itself, or caps glibc's arenas where it is missing: bertdemo/memory.py).
 ENV BERTDEMO_MODEL=/models/bert-base-uncased HF_HUB_OFFLINE=1 \
     GRADIO_SERVER_NAME=0.0.0.0 GRADIO_SERVER_PORT=7860 MALLOC_ARENA_MAX=2
 EXPOSE 7860

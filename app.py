@@ -1,6 +1,16 @@
 """bertdemo's web app: parse flags/env, build the demo from the tabs, launch."""
 from __future__ import annotations
 
+if __name__ == "__main__":  # first of all, before torch: run under jemalloc (bertdemo/memory.py)
+    import importlib.util as _util
+    import pathlib as _pathlib
+    import sys as _sys
+
+    _spec = _util.spec_from_file_location("_memory", _pathlib.Path(__file__).parent / "bertdemo" / "memory.py")
+    _memory = _util.module_from_spec(_spec)
+    _spec.loader.exec_module(_memory)  # loaded alone: importing the bertdemo package loads torch
+    _memory.exec_with_jemalloc(_sys.argv)
+
 import atexit
 import contextlib
 import dataclasses
@@ -71,7 +81,7 @@ def build_demo(settings: Settings, store: SessionStore | None = None,
                engine: Engine | None = None) -> gr.Blocks:
     """Compose the tabs into one Blocks app called `demo`. The engine holds every model served and
     what their requests share; `store`, what each visitor holds (both made here when not given)."""
-    engine = engine or Engine(max_batch=settings.max_batch)
+    engine = engine or Engine(max_batch=settings.max_batch, onnx=settings.onnx)
     store = store or load_store(settings, engine)
     ctx = AppContext(store, served_settings(settings, store), engine)
     age = settings.download_max_age  # Gradio's copies of downloads: checked every minute or so
@@ -112,14 +122,15 @@ def main(argv: list[str] | None = None) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # Gradio's own startup requests: noise
     arenas = memory.cap_arenas()  # before any thread starts: see bertdemo/memory.py
     settings = parse_args(argv)
-    log.info("malloc arenas: %s", arenas or "glibc's default")
+    log.info("malloc: %s", "jemalloc" if memory.allocator() == "jemalloc"
+             else f"glibc, arenas {arenas or 'by default'} (apt-get install libjemalloc2 to level memory)")
     own_temp = use_own_gradio_temp_dir()
     # gradio_client gives up a session's heartbeat stream after 20 s without a byte, and the server
     # then takes the page as closed (its run stopped, its models freed): Gradio's default beat of
     # 15 s leaves 5 s for a busy server to be late; 5 s leaves 15.
     os.environ.setdefault("GRADIO_HEARTBEAT_INTERVAL", "5")
     stopping = stop_on_signals()  # before the model loads: a SIGTERM then still exits cleanly
-    engine = Engine(max_batch=settings.max_batch)
+    engine = Engine(max_batch=settings.max_batch, onnx=settings.onnx)
     store = load_store(settings, engine)
     demo = build_demo(settings, store, engine)
     serve(demo, settings, block=False, store=store)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import platform
 import socket
 import statistics
 import subprocess
@@ -32,8 +33,16 @@ def bert_base_folder(folder: str | None = None) -> Path:
     return folder
 
 
-def load_bert_base(folder: str | None = None) -> bertdemo.LoadedModel:
-    return bertdemo.load(str(bert_base_folder(folder)), device="cpu")
+def load_bert_base(folder: str | None = None, device: str = "cpu") -> bertdemo.LoadedModel:
+    return bertdemo.load(str(bert_base_folder(folder)), device=device)
+
+
+def machine() -> str:
+    """The CPU model, threads and GPU (if any), for the first line of every bench's output."""
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor() or "unknown CPU")
+    gpu = f", GPU {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
+    return f"{cpu}, {os.cpu_count()} vCPUs, torch {torch.__version__} with {torch.get_num_threads()} threads{gpu}"
 
 
 def interleaved_medians(fns: dict, repeats: int = 15, warmup: int = 2) -> dict[str, float]:

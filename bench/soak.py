@@ -41,7 +41,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-from common import bert_base_folder, free_port, serve_app  # noqa: E402
+from common import bert_base_folder, free_port, machine, serve_app  # noqa: E402
 
 SENTENCES = ["Paris is the [MASK] of France.", "The man went to the [MASK] to buy a [MASK] of milk.",
              "The Eiffel tower is a famous [MASK].", "La Tour Eiffel est située à [MASK].",
@@ -58,6 +58,11 @@ def model_folder(choice: str) -> str:
     if choice == "bert-base":
         return str(bert_base_folder())
     return choice
+
+
+def server_malloc(pid: int) -> str:
+    """jemalloc if the server runs under it (app.py preloads it where installed), else glibc."""
+    return "jemalloc" if "libjemalloc" in Path(f"/proc/{pid}/maps").read_text() else "glibc"
 
 
 def rss_mb(pid: int) -> float:
@@ -375,8 +380,10 @@ def main() -> None:
     print(f"app: {' '.join(app_args)}")
     if args.seconds:
         with serve_app(app_args) as proc:
+            print(f"server's malloc: {server_malloc(proc.pid)}; {machine()}")
             sys.exit(timed(args, url, proc.pid))
     with serve_app(app_args) as proc:
+        print(f"server's malloc: {server_malloc(proc.pid)}; {machine()}")
         tally, rng = Tally(), random.Random(args.seed)
         clients = [Client(url, verbose=False) for _ in range(args.clients)]
         samples: list[float] = []

@@ -51,6 +51,9 @@ class Settings:
     download_max_mb: int = option(2048, "megabytes of downloads kept on disk (least recent "
                                         "sessions' deleted first)")
     download_max_age: int = option(3600, "seconds a download stays available before it is deleted")
+    onnx: bool = option(True, "run fill-mask through ONNX Runtime where installed (each served model "
+                        "exported once, kept in $BERTDEMO_ONNX_CACHE or ~/.cache/bertdemo/onnx); "
+                        "off: torch serves it")
     allow_pickle: bool = option(False, "accept checkpoints without safetensors (pickle can run code)")
     share: bool = option(False, "also serve on a public *.gradio.live link: anyone with it can use the demo")
     mcp: bool = option(False, "also serve the quick tools (fill-mask, scores, mask sampling, layer "

@@ -13,28 +13,37 @@ What it holds:
   the page shows for it (so the micro-batcher groups every visitor's requests to it);
 - `caches` (`models.ModelCaches`), shared by every model it loads and by the models tuned from
   them: weights packed for oneDNN, eager-attention twins, the joint fill's first steps;
-- `batcher` (`batching.MicroBatcher`): concurrent fill-mask requests share one forward.
+- `batcher` (`batching.MicroBatcher`): concurrent fill-mask requests share one forward;
+- with `onnx=True` (the app's default), each served model's ONNX Runtime forward
+  (`onnx_engine`), built in the background once the model is served: its requests take torch's
+  forward until it is ready (`onnx_ready`), the same results either way (within float rounding).
 """
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import threading
+import time
 
 import torch
 
-from . import bundled, models, validate
+from . import bundled, lean_forward, models, onnx_engine, validate
 from .batching import MicroBatcher
 from .models import (MINILM_NAME, LoadedModel, ModelCaches, allowed_choices, allowed_entry, minilm_path,
                      pick_device, pick_dtype, warm_up)
+
+log = logging.getLogger(__name__)
 
 
 class Engine:
     """Every model the app loaded and every cache their requests share (see the module doc)."""
 
-    def __init__(self, max_batch: int = 16):
+    def __init__(self, max_batch: int = 16, onnx: bool = False):
         self.caches = ModelCaches()
         self.batcher = MicroBatcher(max_batch=max_batch)
+        self.onnx = onnx and onnx_engine.available()
+        self._builds: dict[int, threading.Thread] = {}  # id of a served model -> its ONNX build
         self._loaded: dict[tuple, LoadedModel] = {}  # (name, device, pickle, dtype) -> model
         self._shown: dict[tuple[int, str], LoadedModel] = {}  # (id of the loaded one, shown name) -> model
         self._lock = threading.Lock()
@@ -83,4 +92,34 @@ class Engine:
             warm_up(lm)  # outside the lock: a load of another model need not wait for it
             with self._lock:
                 served = self._shown.setdefault(key, dataclasses.replace(lm, name=name))
+            self._build_onnx(lm)
         return served
+
+    def _build_onnx(self, lm: LoadedModel) -> None:
+        """Start building `lm`'s ONNX Runtime forward in the background, once per model."""
+        suitable = lm.device.type == "cpu" and next(lm.model.parameters()).dtype == torch.float32 \
+            and lm.model.config.model_type in lean_forward.SUPPORTED
+        with self._lock:
+            if not (self.onnx and suitable) or id(lm.model) in self._builds:
+                return
+            thread = threading.Thread(target=self._onnx_build, args=(lm.model,), daemon=True,
+                                      name=f"onnx-export-{lm.name}")
+            self._builds[id(lm.model)] = thread
+        thread.start()
+
+    def _onnx_build(self, model) -> None:
+        try:
+            started = time.perf_counter()
+            self.caches.set_onnx(model, onnx_engine.OnnxMaskedLM.build(model))
+            self.caches.packed.forget_model(model)  # its fill-mask no longer reads them: 430 MB on bert-base
+            log.info("ONNX Runtime forward ready for %s in %.1f s", model.name_or_path, time.perf_counter() - started)
+        except Exception:  # noqa: BLE001 - the torch forward serves on; the log says why
+            log.exception("ONNX Runtime export failed for %s: serving with torch", model.name_or_path)
+
+    def onnx_ready(self, lm: LoadedModel, timeout: float | None = None) -> bool:
+        """Wait up to `timeout` s for `lm`'s ONNX Runtime forward; whether it serves now."""
+        with self._lock:
+            thread = self._builds.get(id(lm.model))
+        if thread is not None:
+            thread.join(timeout)
+        return self.caches.onnx_for(lm.model) is not None

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import hooks, validate
+from . import hooks, lean_forward, validate
 from .models import USER_MASK, USER_MASK_RE, LoadedModel, mlm_logits
 
 DEFAULT_MAX_MASKS = 10
@@ -64,8 +64,13 @@ def encode(lm: LoadedModel, text: str, *, min_masks: int = 1,
 @torch.inference_mode()
 def logits_at(lm: LoadedModel, inputs: dict, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
     """Float32 logits (N, V) at the N positions (rows[i], cols[i]) of a (B, T) batch, with the
-    view's heads switched off (`lm.heads_off`) if any."""
+    view's heads switched off (`lm.heads_off`) if any. Through the model's ONNX Runtime forward
+    when it has one (`onnx_engine`: the app's served models) and nothing needs the modules' own
+    calls (`lean_forward.supports`: no heads switched off), else `mlm_logits`."""
     with hooks.switched_off(lm):
+        fast = lm.caches.onnx_for(lm.model)
+        if fast is not None and lean_forward.supports(lm.model):
+            return fast.logits(inputs, rows, cols)
         return mlm_logits(lm.model, inputs, rows, cols, packed=lm.caches.packed)[0].float()
 
 

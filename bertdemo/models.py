@@ -103,7 +103,9 @@ class ModelCaches:
     - `packed`: linear weights packed for oneDNN (`lean_forward.PackedWeights`), per weight tensor;
     - `twin(model, make)`: a companion of the model made once, e.g. its eager-attention twin;
     - `remember(model, key, value)` / `recall(model, key)`: the last `recent` results per model,
-      e.g. the first step of a joint fill, as the fill-mask forward saw it.
+      e.g. the first step of a joint fill, as the fill-mask forward saw it;
+    - `set_onnx(model, encoder)` / `onnx_for(model)`: its ONNX Runtime forward
+      (`onnx_engine.OnnxMaskedLM`), only while it computes the model as it is now.
 
     An `engine.Engine` holds one for every model it serves; a model made in code gets its own.
     """
@@ -113,7 +115,18 @@ class ModelCaches:
         self.recent = recent
         self._twins: "weakref.WeakKeyDictionary[torch.nn.Module, torch.nn.Module]" = weakref.WeakKeyDictionary()
         self._results: "weakref.WeakKeyDictionary[torch.nn.Module, OrderedDict]" = weakref.WeakKeyDictionary()
+        self._onnx: "weakref.WeakKeyDictionary[torch.nn.Module, object]" = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
+
+    def set_onnx(self, model: torch.nn.Module, encoder) -> None:
+        with self._lock:
+            self._onnx[model] = encoder
+
+    def onnx_for(self, model: torch.nn.Module):
+        """`model`'s ONNX Runtime forward if it has one that matches its weights now, else None."""
+        with self._lock:
+            encoder = self._onnx.get(model)
+        return encoder if encoder is not None and encoder.matches(model) else None
 
     def twin(self, model: torch.nn.Module, make: Callable[[torch.nn.Module], torch.nn.Module]):
         """`make(model)`, made once per model (under a lock: concurrent first callers share one)."""

@@ -1,0 +1,133 @@
+"""The fill-mask forward through ONNX Runtime (bertdemo/onnx_engine.py): the same predictions as
+pipeline("fill-mask"), never served from weights that changed since the export, exported once
+per weights, and out of the way when a view needs the model's own modules (heads switched off)."""
+import copy
+
+import pytest
+import torch
+from transformers import pipeline
+
+import bertdemo
+from bertdemo import fillmask, onnx_engine
+
+pytestmark = pytest.mark.skipif(not onnx_engine.available(), reason="onnxruntime is not installed")
+
+TEXTS = ["paris is the [MASK] of france .", "the [MASK] tower is a famous [MASK] in paris ."]
+
+
+@pytest.fixture(scope="module")
+def served(tiny_bert_dir):
+    """A tiny BERT served by an engine of its own with the ONNX forward on, once it is ready."""
+    engine = bertdemo.Engine(onnx=True)
+    lm = engine.load_allowed(str(tiny_bert_dir), [str(tiny_bert_dir)], device="cpu")
+    assert engine.onnx_ready(lm, timeout=120), "the ONNX Runtime forward was not built"
+    return lm
+
+
+def assert_same_predictions(ours, reference, atol=1e-5):
+    assert [[p["token_id"] for p in mask] for mask in ours] == [[p["token_id"] for p in mask] for mask in reference]
+    for mine, theirs in zip(ours, reference):
+        torch.testing.assert_close(torch.tensor([p["score"] for p in mine]),
+                                   torch.tensor([p["score"] for p in theirs]), atol=atol, rtol=0)
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_fill_mask_through_onnx_runtime_equals_the_pipeline(served, text):
+    fill = pipeline("fill-mask", model=served.model, tokenizer=served.tokenizer, device="cpu")
+    reference = fill(text, top_k=5)
+    reference = [reference] if isinstance(reference[0], dict) else reference
+    ours = bertdemo.fill_mask(served, text, top_k=5)
+    assert_same_predictions(ours, [[{"token_id": r["token"], "score": r["score"]} for r in mask] for mask in reference])
+
+
+def test_a_padded_crowd_through_onnx_runtime_equals_one_at_a_time(served):
+    encs = [fillmask.encode(served, t) for t in TEXTS]
+    together = fillmask.fill_encoded(served, encs, [5, 5])
+    for enc, alone in zip(encs, together):
+        assert_same_predictions(fillmask.fill_encoded(served, [enc], [5])[0], alone)
+
+
+def test_the_onnx_forward_is_what_serves(served, monkeypatch):
+    calls = []
+    fast = served.caches.onnx_for(served.model)
+    original = type(fast).logits
+    monkeypatch.setattr(type(fast), "logits", lambda self, *a: calls.append(1) or original(self, *a))
+    bertdemo.fill_mask(served, TEXTS[0])
+    assert calls == [1]
+
+
+def test_a_weight_changed_after_the_export_is_never_served_stale(tiny_bert_dir):
+    engine = bertdemo.Engine(onnx=True)
+    lm = engine.load(str(tiny_bert_dir), device="cpu")
+    lm = dataclass_copy(lm)  # a model of its own: this test changes its weights
+    engine.caches.set_onnx(lm.model, onnx_engine.OnnxMaskedLM.build(lm.model))
+    before = bertdemo.fill_mask(lm, TEXTS[0])
+    with torch.no_grad():
+        lm.model.base_model.encoder.layer[0].output.dense.weight.mul_(3)  # trained in place, say
+    assert engine.caches.onnx_for(lm.model) is None
+    after = bertdemo.fill_mask(lm, TEXTS[0])
+    fill = pipeline("fill-mask", model=lm.model, tokenizer=lm.tokenizer, device="cpu")
+    reference = fill(TEXTS[0], top_k=5)
+    assert [p["token_id"] for p in after[0]] == [r["token"] for r in reference]
+    assert [p["score"] for p in after[0]] != [p["score"] for p in before[0]]
+
+
+def dataclass_copy(lm):
+    import dataclasses
+
+    return dataclasses.replace(lm, model=copy.deepcopy(lm.model))
+
+
+def test_an_export_is_made_once_per_weights(tiny_bert, tmp_path, monkeypatch):
+    model = copy.deepcopy(tiny_bert.model)
+    onnx_engine.OnnxMaskedLM.build(model, folder=tmp_path)
+    assert len(list(tmp_path.glob("*.onnx"))) == 1
+    monkeypatch.setattr(onnx_engine, "export", lambda *a: pytest.fail("exported twice"))
+    onnx_engine.OnnxMaskedLM.build(copy.deepcopy(model), folder=tmp_path)  # same weights: the kept file
+    with torch.no_grad():
+        model.cls.predictions.bias.add_(1)
+    assert onnx_engine.weights_key(model) != onnx_engine.weights_key(tiny_bert.model)
+
+
+def test_heads_switched_off_take_the_models_own_modules(served):
+    view = bertdemo.heads_off(served, [(0, 0)])
+    expected = bertdemo.heads_off(dataclass_without_onnx(served), [(0, 0)])
+    assert_same_predictions(bertdemo.fill_mask(view, TEXTS[0]), bertdemo.fill_mask(expected, TEXTS[0]))
+    assert bertdemo.fill_mask(view, TEXTS[0]) != bertdemo.fill_mask(served, TEXTS[0])
+
+
+def dataclass_without_onnx(lm):
+    import dataclasses
+
+    from bertdemo.models import ModelCaches
+
+    return dataclasses.replace(lm, caches=ModelCaches())
+
+
+def test_models_it_cannot_run_are_refused_with_a_reason(tiny_distilbert):
+    with pytest.raises(ValueError, match="BERT-family"):
+        onnx_engine.OnnxMaskedLM.build(tiny_distilbert.model)
+
+
+def test_the_app_serves_fill_mask_through_onnx_runtime(tiny_bert_dir):
+    """`python app.py` (here in-process) with its default --onnx: once the export is ready, the
+    page's fill-mask comes from ONNX Runtime and equals the pipeline's."""
+    from gradio_client import Client
+
+    import app
+
+    engine = bertdemo.Engine(onnx=True)
+    from test_mcp import free_port
+
+    settings = app.parse_args(["--model", str(tiny_bert_dir), "--device", "cpu", "--onnx", "--port", str(free_port())])
+    demo = app.build_demo(settings, engine=engine)
+    url, _ = app.serve(demo, settings, block=False)
+    try:
+        lm = engine.load(str(tiny_bert_dir), device="cpu")  # the object the app serves
+        assert engine.onnx_ready(lm, timeout=120)
+        _plot, predictions, _line = Client(url, verbose=False).predict(TEXTS[0], 5, api_name="/fill_mask")
+        fill = pipeline("fill-mask", model=lm.model, tokenizer=lm.tokenizer, device="cpu")
+        reference = [[{"token_id": r["token"], "score": r["score"]} for r in fill(TEXTS[0], top_k=5)]]
+        assert_same_predictions(predictions, reference)
+    finally:
+        demo.close()
