@@ -35,7 +35,7 @@ from . import bundled, bundled_corpus
 from .config import cpu_model
 from .fine_tuning import masked_logits
 from .models import minilm_path, pick_device
-from .training import Evaluation, RunHistory, Step, seeded, stream_seed, to_device, train
+from .training import Evaluation, RunHistory, Step, seeded, stream_seed, train
 
 EVAL_DIR = Path(__file__).resolve().parent.parent / "assets" / "bundled"  # everyday.tsv, probes.tsv
 
@@ -117,7 +117,7 @@ def held_out_scores(model, tokenizer, lines: list[str], seed: int = 0, max_lengt
     model.eval()
     for start in range(0, len(order), batch_size):
         batch = collator([{"input_ids": ids[i]} for i in order[start:start + batch_size]])
-        logits, targets = masked_logits(model, to_device(batch, device))
+        logits, targets = masked_logits(model, batch, device)
         if not len(targets):
             continue
         best = logits.topk(5, dim=-1).indices
@@ -218,7 +218,7 @@ def _train(model, tokenizer, corpus: Corpus, recipe: Recipe, device, echo) -> Ru
     eval_lines = corpus.held_out[:500]  # a quick look along the way; the full measure comes at the end
 
     def loss(batch: dict) -> torch.Tensor:
-        logits, targets = masked_logits(model, to_device(batch, device))
+        logits, targets = masked_logits(model, batch, device)
         return F.cross_entropy(logits, targets)
 
     def evaluate(step: int) -> Evaluation:

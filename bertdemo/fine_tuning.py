@@ -280,26 +280,43 @@ def eval_copies(examples: list[dict], mlm_probability: float, target: int = 200,
     return examples * copies
 
 
+_PADS = {"attention_mask": 0, "labels": -100}  # and input_ids: the tokenizer's pad id
+
+
 def stack_rows(rows: list[dict], pad_id: int) -> dict:
     """Pad 1-D rows into a (B, T) batch (labels padded with -100, attention with 0)."""
-    pads = {"input_ids": pad_id, "attention_mask": 0, "labels": -100}
+    pads = {**_PADS, "input_ids": pad_id}
     return {k: pad_sequence([r[k] for r in rows], batch_first=True, padding_value=v)
             for k, v in pads.items()}
 
 
+def padded_to(batch: dict, length: int | None, pad_id: int) -> dict:
+    """A (B, T) batch padded on the right to (B, length) (labels with -100, attention with 0);
+    as it is when `length` is None or not longer."""
+    extra = (length or 0) - batch["input_ids"].shape[1]
+    if extra <= 0:
+        return batch
+    pads = {**_PADS, "input_ids": pad_id}
+    return {k: F.pad(v, (0, extra), value=pads.get(k, 0)) for k, v in batch.items()}
+
+
 # ---------------------------------------------------------------- loss and evaluation
 
-def masked_logits(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logits (N, V) float32 and targets (N,) at the N labelled positions of a (B, T) batch.
+def masked_logits(model, batch: dict, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits (N, V) float32 and targets (N,) at the N labelled positions of a (B, T) batch,
+    computed on `device` (default: where the batch is).
 
     The LM head runs only there: at 15% masking that skips most of the (T, H) x (H, V) matmul.
-    Same loss as `model(**batch).loss` (a test checks it).
+    Same loss as `model(**batch).loss` (a test checks it). The positions are found where the batch
+    is, before it moves: on a CPU batch bound for a GPU that spares a sync per step.
     """
     labels = batch["labels"]
     rows, cols = (labels != -100).nonzero(as_tuple=True)
-    inputs = {k: v for k, v in batch.items() if k != "labels"}
-    logits, _ = mlm_logits(model, inputs, rows, cols)
-    return logits.float(), labels[rows, cols]
+    moved = to_device({**{k: v for k, v in batch.items() if k != "labels"}, "rows": rows, "cols": cols,
+                       "targets": labels[rows, cols]}, device or labels.device)
+    rows, cols, targets = moved.pop("rows"), moved.pop("cols"), moved.pop("targets")
+    logits, _ = mlm_logits(model, moved, rows, cols)
+    return logits.float(), targets
 
 
 @torch.no_grad()
@@ -311,9 +328,9 @@ def evaluate(model, rows: list[dict], pad_id: int, device: torch.device,
     model.eval()
     total, correct, count = 0.0, 0, 0
     for start in range(0, len(rows), batch_size):
-        batch = to_device(stack_rows(rows[start:start + batch_size], pad_id), device)
+        batch = stack_rows(rows[start:start + batch_size], pad_id)
         with autocast(device):
-            logits, targets = masked_logits(model, batch)
+            logits, targets = masked_logits(model, batch, device)
         total += F.cross_entropy(logits, targets, reduction="sum").item()
         correct += int((logits.argmax(-1) == targets).sum())
         count += len(targets)
@@ -340,6 +357,10 @@ class MaskedLMTask:
         self.model, self.device, self.data = model, lm.device, plan.data
         self.pad_id = lm.tokenizer.pad_token_id or 0
         s = plan.settings
+        # On a GPU every training batch has one length, the longest block's: its attention
+        # kernels are planned per shape (cuDNN's SDPA), and batches padded to their own longest
+        # row made a new plan on many steps. On a CPU padding is only extra work.
+        self.length = max(len(b["input_ids"]) for b in plan.data.train) if lm.device.type == "cuda" else None
         self.eval_rows = fixed_rows(mlm_collator(lm, s.mlm_probability, stream_seed(s.seed, "eval")),
                                     eval_copies(plan.data.eval, s.mlm_probability))
         self.collate = collate_fn or mlm_collator(lm, s.mlm_probability, s.seed)
@@ -350,13 +371,14 @@ class MaskedLMTask:
         """(B, T) tensors on the CPU, endlessly."""
         for indices in self.order:
             if self.static_rows is not None:
-                yield stack_rows([self.static_rows[i] for i in indices], self.pad_id)
+                batch = stack_rows([self.static_rows[i] for i in indices], self.pad_id)
             else:
-                yield _collate_with_labels(self.collate, [self.data.train[i] for i in indices])
+                batch = _collate_with_labels(self.collate, [self.data.train[i] for i in indices])
+            yield padded_to(batch, self.length, self.pad_id)
 
     def loss(self, batch: dict) -> torch.Tensor:
         with autocast(self.device):
-            logits, targets = masked_logits(self.model, to_device(batch, self.device))
+            logits, targets = masked_logits(self.model, batch, self.device)
         return F.cross_entropy(logits, targets)
 
     def evaluate(self, step: int) -> Evaluation:

@@ -9,9 +9,11 @@ oneDNN with frozen weights packed once (`_linear`). Same modules, same weights, 
 Written by hand because transformers runs every layer at every position, padding included
 (its padding-free path needs flash-attention on a GPU). The packed weights live in a
 `PackedWeights` the caller passes (an engine's, shared by the models it serves): none is kept here.
-Only for the architectures whose layers are BERT's (`SUPPORTED`), in eval mode without grad and
-with no probe active (`hooks`: its hooks are on the modules this forward does not call);
-`hidden_at` returns None for anything else and the caller takes the usual forward.
+Only for the architectures whose layers are BERT's (`SUPPORTED`), with no probe active (`hooks`:
+its hooks are on the modules this forward does not call) and no autocast: in eval mode without
+grad (`supports`: serving), or while a copy is trained on a CPU (`trains`: the masked-LM loss
+needs the last layer at the masked tokens only, ~7% of a bert-base step; dropout as the modules
+apply it). `hidden_at` returns None for anything else and the caller takes the usual forward.
 """
 from __future__ import annotations
 
@@ -27,11 +29,26 @@ SUPPORTED = {"bert", "roberta", "xlm-roberta", "camembert"}
 
 
 def supports(model) -> bool:
-    """Whether `hidden_at` can run `model` (a *ForMaskedLM) as it is now: not while a probe
-    (heads switched off, projections read) needs the modules' own calls (`hooks.active`)."""
+    """Whether `hidden_at` can serve `model` (a *ForMaskedLM) as it is now: eval mode, no grad, and
+    not while a probe (heads switched off, projections read) needs the modules' own calls
+    (`hooks.active`)."""
+    return not model.training and not torch.is_grad_enabled() and _runs(model)
+
+
+def trains(model) -> bool:
+    """Whether `hidden_at` can run `model` while it is trained: train mode on a CPU in float32
+    (on a GPU, under autocast, the model's own forward runs)."""
+    weight = model.base_model.embeddings.word_embeddings.weight
+    return (model.training and weight.device.type == "cpu" and weight.dtype == torch.float32
+            and _runs(model))
+
+
+def _runs(model) -> bool:
     config = model.config
-    return (config.model_type in SUPPORTED and not model.training and not torch.is_grad_enabled()
-            and not hooks.active()
+    return (config.model_type in SUPPORTED and not hooks.active()
+            # autocast (a fine-tune's evaluation on a GPU) would hand its layers bf16 rows to
+            # write into float32 buffers: the model's own forward casts as autocast expects
+            and not torch.is_autocast_enabled("cuda") and not torch.is_autocast_enabled("cpu")
             and not config.is_decoder and not getattr(config, "add_cross_attention", False)
             and not getattr(config, "chunk_size_feed_forward", 0)
             and getattr(config, "position_embedding_type", "absolute") == "absolute"
@@ -43,13 +60,15 @@ def hidden_at(model, inputs: dict, rows: torch.Tensor, cols: torch.Tensor,
     """Last hidden states (N, H) at the N positions (rows[i], cols[i]) of a (B, T) batch, or None
     when `model` is not `supports`-ed or a position asked for is padding. Linear layers read their
     weights from `packed` where it applies (`linear`); None: plain `module(x)`."""
-    if not supports(model):
+    if not (supports(model) or trains(model)):
         return None
     kernel = Kernels(packed)
     base = model.base_model
     ids = inputs["input_ids"]
     batch, length = ids.shape
-    tokens = _Tokens(inputs.get("attention_mask"), batch, length)
+    # trained, padding is computed too: a training batch has little (packed blocks), and skipping
+    # it costs a gather and a scatter per layer, forward and backward
+    tokens = _Tokens(inputs.get("attention_mask"), batch, length, skip_padding=not model.training)
     if not tokens.all_real(rows, cols):
         return None
     hidden = base.embeddings(input_ids=ids, token_type_ids=inputs.get("token_type_ids"))
@@ -64,11 +83,13 @@ class _Tokens:
     """Where a (B, T) batch's real tokens are: rows of the flat (B*T, H) layout kept, and the
     attention mask (B, 1, 1, T) over keys (None when nothing is padding)."""
 
-    def __init__(self, attention_mask: torch.Tensor | None, batch: int, length: int):
+    def __init__(self, attention_mask: torch.Tensor | None, batch: int, length: int, skip_padding: bool = True):
         self.batch, self.length = batch, length
-        keep = None if attention_mask is None else attention_mask.reshape(-1).bool()
-        self.keep = None if keep is None or bool(keep.all()) else keep
-        self.key_mask = None if self.keep is None else self.keep.view(batch, 1, 1, length)
+        real = None if attention_mask is None else attention_mask.reshape(-1).bool()
+        real = None if real is None or bool(real.all()) else real
+        self.key_mask = None if real is None else real.view(batch, 1, 1, length)
+        self.keep = real if skip_padding else None  # None: every row is computed
+        self._real = real
 
     def real(self, flat: torch.Tensor) -> torch.Tensor:
         """(B*T, D) -> (real tokens, D)"""
@@ -83,7 +104,7 @@ class _Tokens:
         return flat.view(self.batch, self.length, -1)
 
     def all_real(self, rows: torch.Tensor, cols: torch.Tensor) -> bool:
-        return self.keep is None or bool(self.keep[rows * self.length + cols].all())
+        return self._real is None or bool(self._real[rows * self.length + cols].all())
 
     def index_of(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
         """Indices in the real-token layout of positions (rows[i], cols[i])."""
@@ -120,7 +141,7 @@ def _layer(layer, hidden: torch.Tensor, tokens: _Tokens, kernels: "Kernels",
     queries, keys, values = _projections(kernels, (attention.query, attention.key, attention.value), hidden,
                                          tokens, attention.num_attention_heads)
     mixed = F.scaled_dot_product_attention(queries, keys, values, attn_mask=tokens.key_mask,
-                                           scale=attention.scaling)  # (B, heads, T, d)
+                                           dropout_p=_dropout_p(attention), scale=attention.scaling)  # (B, heads, T, d)
     mixed = tokens.real(_merge_heads(_scaled(mixed, head_scale)).reshape(-1, hidden.shape[-1]))
     return _feed_forward(layer, mixed, hidden, kernels)
 
@@ -137,7 +158,8 @@ def _last_layer(layer, hidden: torch.Tensor, tokens: _Tokens, rows: torch.Tensor
     queries = asked.new_zeros(tokens.batch, int(slot.max()) + 1 if len(slot) else 0, asked.shape[-1])
     queries[rows, slot] = kernels.linear(attention.query, asked)
     mixed = F.scaled_dot_product_attention(_heads(queries, attention.num_attention_heads), keys, values,
-                                           attn_mask=tokens.key_mask, scale=attention.scaling)
+                                           attn_mask=tokens.key_mask, dropout_p=_dropout_p(attention),
+                                           scale=attention.scaling)
     return _feed_forward(layer, _merge_heads(_scaled(mixed, head_scale))[rows, slot], asked, kernels)
 
 
@@ -175,10 +197,23 @@ def _slot_in_row(rows: torch.Tensor, batch: int) -> torch.Tensor:
 
 def _feed_forward(layer, mixed: torch.Tensor, residual: torch.Tensor, kernels: "Kernels") -> torch.Tensor:
     """Attention output projection, then the feed-forward, each with residual and LayerNorm
-    (BertSelfOutput, BertIntermediate, BertOutput; dropout is off in eval mode)."""
-    attended = layer.attention.output.LayerNorm(kernels.linear_add(layer.attention.output.dense, mixed, residual))
+    (BertSelfOutput, BertIntermediate, BertOutput)."""
+    attended = layer.attention.output.LayerNorm(_project_add(layer.attention.output, mixed, residual, kernels))
     inner = kernels.linear_act(layer.intermediate.dense, attended, layer.intermediate.intermediate_act_fn)
-    return layer.output.LayerNorm(kernels.linear_add(layer.output.dense, inner, attended))
+    return layer.output.LayerNorm(_project_add(layer.output, inner, attended, kernels))
+
+
+def _project_add(output, x: torch.Tensor, residual: torch.Tensor, kernels: "Kernels") -> torch.Tensor:
+    """output.dense(x), its dropout (train mode only), + residual: BertSelfOutput / BertOutput
+    before their LayerNorm."""
+    if output.training:
+        return output.dropout(kernels.linear(output.dense, x)) + residual
+    return kernels.linear_add(output.dense, x, residual)
+
+
+def _dropout_p(attention) -> float:
+    """The attention weights' dropout, as BertSelfAttention applies it (train mode only)."""
+    return attention.dropout.p if attention.training else 0.0
 
 
 # ---------------------------------------------------------------- linear layers, packed for oneDNN
@@ -307,7 +342,11 @@ class Kernels:
     def stacked(self, modules: tuple[torch.nn.Linear, ...], x: torch.Tensor) -> torch.Tensor:
         """(N, in) -> (N, sum of out): each module's output side by side."""
         if not self._packs(modules, x):
-            return torch.cat([module(x) for module in modules], dim=-1)
+            if not _trainable(modules[0]):  # serving unpacked: no copy of the weights per call
+                return torch.cat([module(x) for module in modules], dim=-1)
+            # trained: one product (its output side by side already) and autograd splits the grads
+            bias = None if modules[0].bias is None else torch.cat([m.bias for m in modules])
+            return F.linear(x, torch.cat([m.weight for m in modules]), bias)
         weight, bias = self.packed.stacked(modules)
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 

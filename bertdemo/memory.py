@@ -14,6 +14,7 @@ none of this changes what any request computes.
     exec_with_jemalloc(argv)   # first thing in app.py: re-exec under jemalloc (same pid) if found
     cap_arenas()               # then, before threads start; MALLOC_ARENA_MAX in the env wins
     trim()                     # after a run: freed memory of every glibc arena back to the system
+    with pages_kept(): ...     # a training run: jemalloc keeps its freed pages until the block ends
 
 BERTDEMO_MALLOC=glibc keeps glibc's malloc. The glibc calls do nothing where the C library is not
 glibc (musl, macOS, Windows), and are harmless under jemalloc. Only the standard library is
@@ -21,11 +22,13 @@ imported here: app.py loads this file before torch.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import glob
 import os
 import sys
+import threading
 
 M_ARENA_MAX = -8  # glibc's malloc.h
 DEFAULT_ARENAS = 2
@@ -111,3 +114,69 @@ def exec_with_jemalloc(argv: list[str]) -> None:
         environ["BERTDEMO_REEXECED"] = "1"  # never twice, even if the preload did not take
         sys.stdout.flush()
         os.execve(sys.executable, [sys.executable, *argv], environ)
+
+
+# ---------------------------------------------------------------- a training run's pages
+
+_DECAYS = ("dirty_decay_ms", "muzzy_decay_ms")
+_kept_lock = threading.Lock()
+_kept_runs = 0
+_kept_saved: dict[str, int] = {}
+
+
+def _mallctl():
+    """jemalloc's `mallctl` when this process runs on jemalloc, else None."""
+    if allocator() != "jemalloc":
+        return None
+    try:
+        return ctypes.CDLL(None).mallctl  # the preloaded library's symbols are global
+    except (OSError, AttributeError):
+        return None
+
+
+def _decay_names(mallctl) -> list[str]:
+    """The decay settings of every arena there is, and the default for arenas made later."""
+    count, size = ctypes.c_uint(0), ctypes.c_size_t(ctypes.sizeof(ctypes.c_uint))
+    if mallctl(b"arenas.narenas", ctypes.byref(count), ctypes.byref(size), None, 0) != 0:
+        return []
+    return [f"arenas.{d}" for d in _DECAYS] + [f"arena.{i}.{d}" for i in range(count.value) for d in _DECAYS]
+
+
+def _swap_decay(mallctl, name: str, value: int) -> int | None:
+    """Set one decay setting; its old value, or None where it does not exist (an arena not made)."""
+    old, size = ctypes.c_ssize_t(0), ctypes.c_size_t(ctypes.sizeof(ctypes.c_ssize_t))
+    new = ctypes.c_ssize_t(value)
+    if mallctl(name.encode(), ctypes.byref(old), ctypes.byref(size), ctypes.byref(new), ctypes.sizeof(new)) != 0:
+        return None
+    return old.value
+
+
+@contextlib.contextmanager
+def pages_kept():
+    """Inside the block, jemalloc keeps the pages that are freed (its decay set to -1) and hands
+    them out again; when the last such block ends the old decay comes back, which returns every
+    unused page to the system at once. A training step frees and allocates its activations and
+    gradients (GBs) anew: with jemalloc's default decay, and its arena for large sizes purging at
+    once, each step paid a page fault per fresh page (bert-base, 8 x 128 on 2 vCPUs: 300 tokens/s
+    against 400 with pages kept). Does nothing under glibc."""
+    global _kept_runs
+    mallctl = _mallctl()
+    if mallctl is None:
+        yield
+        return
+    with _kept_lock:
+        _kept_runs += 1
+        if _kept_runs == 1:
+            for name in _decay_names(mallctl):
+                old = _swap_decay(mallctl, name, -1)
+                if old is not None:
+                    _kept_saved[name] = old
+    try:
+        yield
+    finally:
+        with _kept_lock:
+            _kept_runs -= 1
+            if _kept_runs == 0:
+                for name, old in _kept_saved.items():
+                    _swap_decay(mallctl, name, old)
+                _kept_saved.clear()

@@ -148,6 +148,27 @@ def test_packing_keeps_every_token_within_the_length(tiny_bert):
     assert all(sum(b["special_tokens_mask"]) == 2 for b in blocks)
 
 
+@pytest.mark.parametrize("masking", ["dynamic", "static"])
+def test_batches_padded_to_one_length_give_the_same_loss(tiny_bert, masking):
+    """On a GPU every training batch is padded to the longest block (one shape for its attention
+    kernels): the same masks and the same loss as batches padded to their own longest row."""
+    from bertdemo.fine_tuning import MaskedLMTask, plan_finetune
+
+    model = tiny_bert.model.eval()  # no dropout: the two losses must match
+    plan = plan_finetune(tiny_bert, REPEATED, steps=3, batch_size=2, max_length=16, masking=masking)
+    own, fixed = MaskedLMTask(tiny_bert, model, plan), MaskedLMTask(tiny_bert, model, plan)
+    fixed.length = longest = max(len(b["input_ids"]) for b in plan.data.train)  # what a GPU gets
+    seen = set()
+    for _, a, b in zip(range(6), own.batches(), fixed.batches()):
+        assert b["input_ids"].shape[1] == longest
+        seen.add(a["input_ids"].shape[1])
+        width = a["input_ids"].shape[1]
+        assert torch.equal(b["labels"][:, :width], a["labels"]) and (b["labels"][:, width:] == -100).all()
+        with torch.no_grad():
+            torch.testing.assert_close(fixed.loss(b), own.loss(a), atol=1e-5, rtol=0)
+    assert min(seen) < longest  # some batches really were shorter
+
+
 def test_perplexity_is_guarded_against_overflow(tiny_bert):
     tuned, _ = run(tiny_bert, steps=1)
     tuned.model.cls.predictions.bias.data[5] = 1e5  # every prediction: token 5, very surely

@@ -143,10 +143,71 @@ def test_lean_forward_steps_aside_where_it_would_be_wrong(tiny_bert, tiny_distil
     with torch.inference_mode():
         assert lean_forward.hidden_at(tiny_distilbert.model, inputs, rows, cols) is None  # not BERT's layers
         assert lean_forward.hidden_at(tiny_bert.model, inputs, padding[:1], padding[1:]) is None
-    assert lean_forward.hidden_at(tiny_bert.model, inputs, rows, cols) is None  # grad on: training
-    twin = copy.deepcopy(tiny_bert.model).train()
+    assert lean_forward.hidden_at(tiny_bert.model, inputs, rows, cols) is None  # grad on in eval: attributions
+    twin = copy.deepcopy(tiny_bert.model).train().to(torch.bfloat16)
     with torch.inference_mode():
-        assert lean_forward.hidden_at(twin, inputs, rows, cols) is None  # dropout on
+        assert lean_forward.hidden_at(twin, inputs, rows, cols) is None  # trained, not in float32
+    # (trained in float32 on a CPU it runs, dropout and all: the tests below)
+
+
+@pytest.mark.parametrize("arch", ["tiny_bert", "tiny_roberta"])
+def test_training_through_the_lean_forward_gives_the_models_own_loss_and_gradients(arch, request):
+    """A fine-tune on a CPU runs the last layer at its masked tokens only: with dropout at 0 the
+    loss and every gradient equal those of the model's own forward over every token."""
+    from bertdemo.fine_tuning import masked_logits
+
+    lm = request.getfixturevalue(arch)
+    model = copy.deepcopy(lm.model).train().requires_grad_(True)
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    inputs, rows, cols = _padded_batch_with_masks(lm)
+    labels = torch.full_like(inputs["input_ids"], -100)
+    labels[rows, cols] = inputs["input_ids"][rows, cols]
+    assert lean_forward.trains(model)
+    logits, targets = masked_logits(model, {**inputs, "labels": labels})
+    lean_loss = torch.nn.functional.cross_entropy(logits, targets)
+    lean_grads = torch.autograd.grad(lean_loss, list(model.parameters()), allow_unused=True)
+    reference = model(**inputs, labels=labels).loss  # transformers' forward, head at every token
+    reference_grads = torch.autograd.grad(reference, list(model.parameters()), allow_unused=True)
+    torch.testing.assert_close(lean_loss, reference, atol=1e-5, rtol=0)
+    for (name, _), ours, theirs in zip(model.named_parameters(), lean_grads, reference_grads):
+        if theirs is None:
+            continue
+        torch.testing.assert_close(ours if ours is not None else torch.zeros_like(theirs), theirs,
+                                   atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_training_through_the_lean_forward_applies_dropout(tiny_bert):
+    """In train mode the lean forward drops as the modules do: two draws differ, eval does not."""
+    from bertdemo.fine_tuning import masked_logits
+
+    model = copy.deepcopy(tiny_bert.model).train().requires_grad_(True)
+    inputs, rows, cols = _padded_batch_with_masks(tiny_bert)
+    labels = torch.full_like(inputs["input_ids"], -100)
+    labels[rows, cols] = inputs["input_ids"][rows, cols]
+    batch = {**inputs, "labels": labels}
+    first, second = masked_logits(model, batch)[0], masked_logits(model, batch)[0]
+    assert not torch.allclose(first, second)
+    with torch.no_grad():
+        model.eval()
+        torch.testing.assert_close(masked_logits(model, batch)[0], masked_logits(model, batch)[0])
+
+
+def test_a_fine_tunes_evaluation_under_autocast_takes_the_models_own_forward(tiny_bert):
+    """On a GPU a fine-tune evaluates under bf16 autocast; the lean forward wrote autocast's bf16
+    rows into float32 buffers there and the run failed at its first evaluation."""
+    from bertdemo.fine_tuning import masked_logits
+
+    inputs, rows, cols = _padded_batch_with_masks(tiny_bert)
+    labels = torch.full_like(inputs["input_ids"], -100)
+    labels[rows, cols] = inputs["input_ids"][rows, cols]
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        logits, targets = masked_logits(tiny_bert.model, {**inputs, "labels": labels})
+        full = tiny_bert.model(**inputs).logits.float()
+    order = (labels != -100).nonzero(as_tuple=True)
+    torch.testing.assert_close(logits, full[order], atol=1e-5, rtol=0)
+    assert torch.equal(targets, labels[order])
 
 
 def test_a_padded_batch_runs_the_last_feed_forward_at_its_masks_only(tiny_bert, monkeypatch):
