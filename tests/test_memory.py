@@ -47,3 +47,44 @@ def test_the_app_keeps_glibc_when_asked(tiny_bert_dir):
         assert "libjemalloc" not in mapped_libraries(proc.pid)
     finally:
         stop(proc)
+
+
+PAGES_KEPT_SCRIPT = r"""
+import ctypes
+from bertdemo import memory
+mallctl = memory._mallctl()
+
+def read(name):
+    value, size = ctypes.c_ssize_t(0), ctypes.c_size_t(ctypes.sizeof(ctypes.c_ssize_t))
+    assert mallctl(name.encode(), ctypes.byref(value), ctypes.byref(size), None, 0) == 0
+    return value.value
+before = read("arena.0.dirty_decay_ms")
+with memory.pages_kept():
+    with memory.pages_kept():  # a second run at the same time
+        inner = read("arena.0.dirty_decay_ms")
+    still = read("arena.0.dirty_decay_ms")  # the first run goes on: still kept
+after = read("arena.0.dirty_decay_ms")
+print(memory.allocator(), before, inner, still, after)
+"""
+
+
+@pytest.mark.skipif(JEMALLOC is None, reason="jemalloc is not installed (apt-get install libjemalloc2)")
+def test_a_training_run_keeps_jemallocs_freed_pages_until_the_last_run_ends():
+    """Inside `pages_kept` (every training run) jemalloc purges nothing (decay -1); the decay it had
+    comes back when the last run ends, which hands the unused pages back to the system."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "LD_PRELOAD": JEMALLOC}
+    out = subprocess.run([sys.executable, "-c", PAGES_KEPT_SCRIPT], env=env, capture_output=True, text=True,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), timeout=120)
+    allocator, before, inner, still, after = out.stdout.split()
+    assert allocator == "jemalloc", out.stderr
+    assert int(before) >= 0 and int(inner) == -1 and int(still) == -1 and int(after) == int(before)
+
+
+def test_pages_kept_does_nothing_under_glibc():
+    if memory.allocator() == "jemalloc":
+        pytest.skip("this test process runs on jemalloc")
+    with memory.pages_kept():
+        assert memory._mallctl() is None
