@@ -65,11 +65,12 @@ def encode(lm: LoadedModel, text: str, *, min_masks: int = 1,
 def logits_at(lm: LoadedModel, inputs: dict, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
     """Float32 logits (N, V) at the N positions (rows[i], cols[i]) of a (B, T) batch, with the
     view's heads switched off (`lm.heads_off`) if any. Through the model's ONNX Runtime forward
-    when it has one (`onnx_engine`: the app's served models) and nothing needs the modules' own
-    calls (`lean_forward.supports`: no heads switched off), else `mlm_logits`."""
+    when it has one (`onnx_engine`: the app's served models), the batch is short enough to gain
+    from it (`suits`) and nothing needs the modules' own calls (`lean_forward.supports`: no heads
+    switched off), else `mlm_logits`."""
     with hooks.switched_off(lm):
         fast = lm.caches.onnx_for(lm.model)
-        if fast is not None and lean_forward.supports(lm.model):
+        if fast is not None and fast.suits(inputs) and lean_forward.supports(lm.model):
             return fast.logits(inputs, rows, cols)
         return mlm_logits(lm.model, inputs, rows, cols, packed=lm.caches.packed)[0].float()
 

@@ -56,6 +56,23 @@ def test_the_onnx_forward_is_what_serves(served, monkeypatch):
     assert calls == [1]
 
 
+def test_a_crowd_of_many_tokens_takes_the_lean_torch_forward_with_the_same_results(served, monkeypatch):
+    """Short sentences alone run through ONNX Runtime; a crowd past `MOST_TOKENS` real tokens is
+    bound by arithmetic and takes the lean torch forward (padding skipped): same predictions."""
+    texts = [f"{t} {w}" for w in ("one", "two", "three", "four") for t in TEXTS]
+    encs = [fillmask.encode(served, t) for t in texts]
+    assert sum(len(e.key) for e in encs) >= onnx_engine.MOST_TOKENS > len(encs[0].key)
+    calls = []
+    fast = served.caches.onnx_for(served.model)
+    original = type(fast).logits
+    monkeypatch.setattr(type(fast), "logits", lambda self, *a: calls.append(len(a[0]["input_ids"])) or original(self, *a))
+    together = fillmask.fill_encoded(served, encs, [5] * len(encs))
+    assert calls == []  # the crowd: torch
+    for enc, crowd in zip(encs, together):
+        assert_same_predictions(fillmask.fill_encoded(served, [enc], [5])[0], crowd)
+    assert calls == [1] * len(encs)  # each alone: ONNX Runtime
+
+
 def test_a_weight_changed_after_the_export_is_never_served_stale(tiny_bert_dir):
     engine = bertdemo.Engine(onnx=True)
     lm = engine.load(str(tiny_bert_dir), device="cpu")
