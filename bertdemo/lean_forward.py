@@ -157,10 +157,36 @@ def _last_layer(layer, hidden: torch.Tensor, tokens: _Tokens, rows: torch.Tensor
     slot = _slot_in_row(rows, tokens.batch)
     queries = asked.new_zeros(tokens.batch, int(slot.max()) + 1 if len(slot) else 0, asked.shape[-1])
     queries[rows, slot] = kernels.linear(attention.query, asked)
-    mixed = F.scaled_dot_product_attention(_heads(queries, attention.num_attention_heads), keys, values,
-                                           attn_mask=tokens.key_mask, dropout_p=_dropout_p(attention),
-                                           scale=attention.scaling)
-    return _feed_forward(layer, _merge_heads(_scaled(mixed, head_scale))[rows, slot], asked, kernels)
+    queries = _heads(queries, attention.num_attention_heads)
+    if attention.training:
+        mixed = _trained_attention(attention, queries, keys, values, tokens, rows, cols, slot)
+    else:
+        mixed = F.scaled_dot_product_attention(queries, keys, values, attn_mask=tokens.key_mask,
+                                               scale=attention.scaling)
+    # in train mode: the asked rows in the full (B*T) layout, and how many rows that has
+    at = (rows * tokens.length + cols, tokens.batch * tokens.length) if layer.training else None
+    return _feed_forward(layer, _merge_heads(_scaled(mixed, head_scale))[rows, slot], asked, kernels, at)
+
+
+def _trained_attention(attention, queries, keys, values, tokens: _Tokens, rows, cols, slot) -> torch.Tensor:
+    """The last layer's attention in train mode at the asked queries (B, heads, S, d), as SDPA's
+    math path computes it for every query, with its dropout drawn for every query (B, heads, T, T)
+    and taken at the asked ones: the same random draws as the model's own forward, so a run
+    repeats under its seed whichever forward it takes (the exported script's loss equals the
+    demo's)."""
+    root = attention.scaling ** 0.5  # as the math path: q and k each scaled by its square root
+    scores = (queries * root) @ (keys * root).transpose(-2, -1)  # (B, heads, S, T)
+    if tokens.key_mask is not None:
+        scores = scores.masked_fill(~tokens.key_mask, float("-inf"))
+    weights = scores.softmax(-1)
+    p = attention.dropout.p
+    if p > 0:
+        batch, heads, length = tokens.batch, queries.shape[1], tokens.length
+        noise = torch.empty(batch, heads, length, length, dtype=weights.dtype).bernoulli_(1 - p).div_(1 - p)
+        asked = weights.new_zeros(weights.shape)
+        asked[rows, :, slot] = noise[rows, :, cols]
+        weights = weights * asked
+    return weights @ values
 
 
 def _scaled(mixed: torch.Tensor, head_scale: torch.Tensor | None) -> torch.Tensor:
@@ -195,20 +221,30 @@ def _slot_in_row(rows: torch.Tensor, batch: int) -> torch.Tensor:
     return slot
 
 
-def _feed_forward(layer, mixed: torch.Tensor, residual: torch.Tensor, kernels: "Kernels") -> torch.Tensor:
+def _feed_forward(layer, mixed: torch.Tensor, residual: torch.Tensor, kernels: "Kernels",
+                  at: tuple[torch.Tensor, int] | None = None) -> torch.Tensor:
     """Attention output projection, then the feed-forward, each with residual and LayerNorm
-    (BertSelfOutput, BertIntermediate, BertOutput)."""
-    attended = layer.attention.output.LayerNorm(_project_add(layer.attention.output, mixed, residual, kernels))
+    (BertSelfOutput, BertIntermediate, BertOutput). `at`: in train mode, (which rows of the full
+    B*T layout these are, B*T): the last layer's asked positions, for their dropout draws."""
+    attended = layer.attention.output.LayerNorm(_project_add(layer.attention.output, mixed, residual, kernels, at))
     inner = kernels.linear_act(layer.intermediate.dense, attended, layer.intermediate.intermediate_act_fn)
-    return layer.output.LayerNorm(_project_add(layer.output, inner, attended, kernels))
+    return layer.output.LayerNorm(_project_add(layer.output, inner, attended, kernels, at))
 
 
-def _project_add(output, x: torch.Tensor, residual: torch.Tensor, kernels: "Kernels") -> torch.Tensor:
+def _project_add(output, x: torch.Tensor, residual: torch.Tensor, kernels: "Kernels",
+                 at: tuple[torch.Tensor, int] | None = None) -> torch.Tensor:
     """output.dense(x), its dropout (train mode only), + residual: BertSelfOutput / BertOutput
-    before their LayerNorm."""
-    if output.training:
-        return output.dropout(kernels.linear(output.dense, x)) + residual
-    return kernels.linear_add(output.dense, x, residual)
+    before their LayerNorm. With `at` (index, B*T) the dropout is drawn for all B*T rows, as the
+    model's own forward draws it (`at::dropout`: bernoulli, divide, multiply), and taken at index."""
+    if not output.training:
+        return kernels.linear_add(output.dense, x, residual)
+    projected = kernels.linear(output.dense, x)
+    p = output.dropout.p
+    if at is None or p == 0:
+        return output.dropout(projected) + residual
+    index, every = at
+    noise = torch.empty(every, projected.shape[-1], dtype=projected.dtype).bernoulli_(1 - p).div_(1 - p)
+    return projected * noise[index] + residual
 
 
 def _dropout_p(attention) -> float:

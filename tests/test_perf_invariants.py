@@ -178,6 +178,34 @@ def test_training_through_the_lean_forward_gives_the_models_own_loss_and_gradien
                                    atol=1e-5, rtol=1e-4, msg=name)
 
 
+@pytest.mark.parametrize("arch", ["tiny_bert", "tiny_roberta"])
+def test_training_through_the_lean_forward_draws_the_models_own_dropout(arch, request):
+    """Under one seed, the lean forward's dropout equals the model's own (every draw made as its
+    forward makes it, the last layer's taken at the masks): the same loss and gradients, so a run
+    repeats whichever forward it takes (the exported training script's first loss equals the demo's)."""
+    from bertdemo.fine_tuning import masked_logits
+
+    lm = request.getfixturevalue(arch)
+    model = copy.deepcopy(lm.model).train().requires_grad_(True)
+    inputs, rows, cols = _padded_batch_with_masks(lm)
+    labels = torch.full_like(inputs["input_ids"], -100)
+    labels[rows, cols] = inputs["input_ids"][rows, cols]
+    torch.manual_seed(7)
+    lean_loss = torch.nn.functional.cross_entropy(*masked_logits(model, {**inputs, "labels": labels}))
+    lean_grads = torch.autograd.grad(lean_loss, list(model.parameters()), allow_unused=True)
+    torch.manual_seed(7)
+    reference = model(**inputs, labels=labels).loss
+    reference_grads = torch.autograd.grad(reference, list(model.parameters()), allow_unused=True)
+    torch.manual_seed(8)
+    other = torch.nn.functional.cross_entropy(*masked_logits(model, {**inputs, "labels": labels}))
+    torch.testing.assert_close(lean_loss, reference, atol=1e-5, rtol=0)
+    assert abs(float(other - reference)) > 1e-4  # the dropout is really drawn
+    for (name, _), ours, theirs in zip(model.named_parameters(), lean_grads, reference_grads):
+        if theirs is not None:
+            torch.testing.assert_close(ours if ours is not None else torch.zeros_like(theirs), theirs,
+                                       atol=1e-5, rtol=1e-4, msg=name)
+
+
 def test_training_through_the_lean_forward_applies_dropout(tiny_bert):
     """In train mode the lean forward drops as the modules do: two draws differ, eval does not."""
     from bertdemo.fine_tuning import masked_logits
