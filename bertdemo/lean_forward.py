@@ -12,8 +12,9 @@ Written by hand because transformers runs every layer at every position, padding
 Only for the architectures whose layers are BERT's (`SUPPORTED`), with no probe active (`hooks`:
 its hooks are on the modules this forward does not call) and no autocast: in eval mode without
 grad (`supports`: serving), or while a copy is trained on a CPU (`trains`: the masked-LM loss
-needs the last layer at the masked tokens only, ~7% of a bert-base step; dropout as the modules
-apply it). `hidden_at` returns None for anything else and the caller takes the usual forward.
+needs the last layer at the masked tokens only, ~7% of a bert-base step; every dropout drawn as
+the model's own forward draws it, so a seeded run gives the same loss either way). `hidden_at`
+returns None for anything else and the caller takes the usual forward.
 """
 from __future__ import annotations
 
