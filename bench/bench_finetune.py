@@ -52,14 +52,13 @@ def lines_for(args) -> int:
     return max(200, 2 * 8 * args.batch_size * args.max_length // 128 + 50)
 
 
-def limits_for(args) -> Limits:
-    return Limits(max_chars=10**8, max_steps=10**6, max_seconds=10**6, max_batch_size=10**6)
+LIMITS = Limits(max_chars=10**8, max_steps=10**6, max_seconds=10**6, max_batch_size=10**6)  # the bench's sizes
 
 
 def run_ours(lm, args) -> dict:
     stamps = []
     _, history = bertdemo.finetune(lm, corpus(lines_for(args)), steps=args.steps, batch_size=args.batch_size,
-                                   max_length=args.max_length, eval_every=0, seed=0, limits=limits_for(args),
+                                   max_length=args.max_length, eval_every=0, seed=0, limits=LIMITS,
                                    on_event=lambda e: isinstance(e, Step) and stamps.append(
                                        (time.perf_counter(), e.tokens, e.loss)))
     return _rate(stamps, args.warmup)
@@ -68,7 +67,7 @@ def run_ours(lm, args) -> dict:
 def run_trainer(lm, args) -> dict:
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
-    data = prepare_text(lm, corpus(lines_for(args)), max_length=args.max_length, limits=limits_for(args))
+    data = prepare_text(lm, corpus(lines_for(args)), max_length=args.max_length, limits=LIMITS)
     model = _trainable(lm)
     stamps = []
     cuda = lm.device.type == "cuda"
