@@ -250,6 +250,33 @@ def mlm_collator(lm: LoadedModel, mlm_probability: float = 0.15,
     return DataCollatorForLanguageModeling(lm.tokenizer, mlm_probability=mlm_probability, seed=seed)
 
 
+def padded_by_torch(collator: DataCollatorForLanguageModeling) -> Callable[[list[dict]], dict]:
+    """`collator` on packed blocks ({"input_ids", "special_tokens_mask"} lists), padded by torch:
+    its own `tokenizer.pad` walks every token id in Python (at 256 x 128 tokens tens of ms a
+    batch, longer than a GPU's training step). The masking is still the collator's own
+    `torch_mask_tokens`; same tensors and random draws (a test checks it). A collator set up
+    otherwise (whole words, padding to a multiple, left padding) is returned as it is."""
+    tokenizer = collator.tokenizer
+    if not (type(collator) is DataCollatorForLanguageModeling and collator.mlm and not collator.whole_word_mask
+            and collator.pad_to_multiple_of is None and tokenizer.padding_side == "right"):
+        return collator
+
+    def collate(examples: list[dict]) -> dict:
+        if any(set(e) != {"input_ids", "special_tokens_mask"} for e in examples):
+            return collator(examples)
+        if collator.seed is not None and collator.generator is None:
+            collator.create_rng()  # as the collator's own call does first
+
+        def padded(key, value):
+            return pad_sequence([torch.tensor(e[key]) for e in examples], batch_first=True, padding_value=value)
+        special = padded("special_tokens_mask", 1)
+        attention = pad_sequence([torch.ones(len(e["input_ids"]), dtype=torch.long) for e in examples],
+                                 batch_first=True)
+        ids, labels = collator.torch_mask_tokens(padded("input_ids", tokenizer.pad_token_id), special_tokens_mask=special)
+        return {"input_ids": ids, "attention_mask": attention, "labels": labels}
+    return collate
+
+
 def _collate_with_labels(collate: Callable, examples: list[dict], tries: int = 100) -> dict:
     """Draw masks until at least one token has a label: short text at a low probability can
     draw none, and a batch without targets has no loss."""
@@ -307,16 +334,29 @@ def masked_logits(model, batch: dict, device: torch.device | None = None) -> tup
     computed on `device` (default: where the batch is).
 
     The LM head runs only there: at 15% masking that skips most of the (T, H) x (H, V) matmul.
-    Same loss as `model(**batch).loss` (a test checks it). The positions are found where the batch
-    is, before it moves: on a CPU batch bound for a GPU that spares a sync per step.
+    Same loss as `model(**batch).loss` (a test checks it). The positions, and whether there is
+    padding at all, are found where the batch is, before it moves: on a CPU batch bound for a GPU
+    that spares syncs per step.
     """
-    labels = batch["labels"]
+    labels, device = batch["labels"], device or batch["labels"].device
     rows, cols = (labels != -100).nonzero(as_tuple=True)
-    moved = to_device({**{k: v for k, v in batch.items() if k != "labels"}, "rows": rows, "cols": cols,
-                       "targets": labels[rows, cols]}, device or labels.device)
+    moved = to_device({**model_inputs(batch, device), "rows": rows, "cols": cols, "targets": labels[rows, cols]},
+                      device)
     rows, cols, targets = moved.pop("rows"), moved.pop("cols"), moved.pop("targets")
     logits, _ = mlm_logits(model, moved, rows, cols)
     return logits.float(), targets
+
+
+def model_inputs(batch: dict, device: torch.device) -> dict:
+    """The batch's model inputs (all but "labels"). A CPU batch bound for a GPU without padding
+    leaves out its attention mask: transformers would ask the GPU whether the mask has any
+    padding (a sync per forward, which stalls the training loop's queue of kernels), and no mask
+    means every token is real."""
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    mask = inputs.get("attention_mask")
+    if device.type == "cuda" and mask is not None and mask.device.type == "cpu" and bool(mask.all()):
+        del inputs["attention_mask"]
+    return inputs
 
 
 @torch.no_grad()
@@ -363,7 +403,7 @@ class MaskedLMTask:
         self.length = max(len(b["input_ids"]) for b in plan.data.train) if lm.device.type == "cuda" else None
         self.eval_rows = fixed_rows(mlm_collator(lm, s.mlm_probability, stream_seed(s.seed, "eval")),
                                     eval_copies(plan.data.eval, s.mlm_probability))
-        self.collate = collate_fn or mlm_collator(lm, s.mlm_probability, s.seed)
+        self.collate = collate_fn or padded_by_torch(mlm_collator(lm, s.mlm_probability, s.seed))
         self.static_rows = fixed_rows(self.collate, plan.data.train) if s.masking == "static" else None
         self.order = _batch_order(len(plan.data.train), s.batch_size, torch.Generator().manual_seed(s.seed))
 

@@ -160,31 +160,77 @@ def train(model: torch.nn.Module, batches: Iterator[dict], loss: Callable[[dict]
         emit(event)
 
     record(dataclasses.replace(evaluate(0), run=run))
+    lagged = reads_late(model)
+    log = _StepLog(steps, start, record, run)
     with memory.pages_kept():  # each step's freed memory reused, not faulted in anew (memory.py)
-        batch = None
+        batch, queued = None, None
         for step in range(1, steps + 1):
             history.stopped = _why_stop(should_stop, time.perf_counter() - start, max_seconds)
             if history.stopped:
                 break
             tick, rate = time.perf_counter(), learning_rate * scheduler.lr_lambdas[0](step - 1)
             batch = next(batches) if batch is None else batch
-            step_loss = _optimizer_step(loss(batch), params, optimizer, scheduler)
-            # the next batch is made while a GPU still runs this step's queued kernels (at 256 x 128
-            # tokens collating takes ~20 ms of a ~70 ms step); on a CPU it makes no difference
-            following = next(batches) if step < steps else None
-            value = step_loss.item()  # waits for the GPU, so the step time is honest
-            if not math.isfinite(value):
-                history.stopped = "diverged"
+            launched = _Launched(step, _optimizer_step(loss(batch), params, optimizer, scheduler), rate, tick,
+                                 _tokens(batch))
+            # drawn while a GPU still runs this step's kernels (collating 256 x 128 tokens: ~20 ms)
+            batch = next(batches) if step < steps else None
+            evaluating = eval_every and step % eval_every == 0 and step != steps
+            done, queued = (queued, launched) if lagged else (launched, None)
+            if evaluating:  # every step so far is read before the model is evaluated
+                done, queued = [d for d in (done, queued) if d is not None], None
+            if not log.read(done):
+                history.stopped, queued = "diverged", None  # a step queued after it is not reported
                 break
-            now = time.perf_counter()
-            record(Step(step, steps, value, rate, now - start, now - tick, _tokens(batch), run))
-            batch = following
-            if eval_every and step % eval_every == 0 and step != steps:
+            if evaluating:
                 record(dataclasses.replace(evaluate(step), run=run))
+        if not log.read(queued):
+            history.stopped = "diverged"
     if history.evals[-1].step != len(history.steps):
         record(dataclasses.replace(evaluate(len(history.steps)), run=run))
     history.seconds = time.perf_counter() - start
     return history  # the optimizer goes with this frame: its moments (2x the model) are freed now
+
+
+def reads_late(model: torch.nn.Module) -> bool:
+    """Whether `train` reads a step's loss only after queuing the next step: on a GPU, so that
+    the host queues kernels while the device still runs the last ones (at 256 x 128 tokens the
+    two took turns before). On a CPU the loss is there already: read at once, so that events and
+    stops are not a step late."""
+    return next(model.parameters()).device.type == "cuda"
+
+
+@dataclass(frozen=True)
+class _Launched:
+    """A step whose kernels are queued: its loss (a tensor, maybe still being computed) and what
+    its `Step` event will say."""
+
+    step: int
+    loss: torch.Tensor
+    learning_rate: float
+    tick: float  # when the step began
+    tokens: int
+
+
+class _StepLog:
+    """Reads launched steps' losses, in order, and records their `Step` events."""
+
+    def __init__(self, steps: int, start: float, record: Callable, run: str | None):
+        self.steps, self.start, self.record, self.run = steps, start, record, run
+        self.last = start  # when the last step was read
+
+    def read(self, launched: "_Launched | list[_Launched] | None") -> bool:
+        """Wait for the loss of each step given and record it; False at the first loss that is
+        not finite. A step's time runs from its start, or from the step before it was read if
+        later (a step queued behind another)."""
+        for one in launched if isinstance(launched, list) else [launched] if launched else []:
+            value = one.loss.item()  # waits for the GPU, so the step time is honest
+            if not math.isfinite(value):
+                return False
+            now = time.perf_counter()
+            self.record(Step(one.step, self.steps, value, one.learning_rate, now - self.start,
+                             now - max(one.tick, self.last), one.tokens, self.run))
+            self.last = now
+        return True
 
 
 def _optimizer_step(loss: torch.Tensor, params: list, optimizer, scheduler) -> torch.Tensor:
@@ -249,7 +295,13 @@ def autocast(device: torch.device):
 
 
 def to_device(batch: dict, device: torch.device) -> dict:
-    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+    """The batch's tensors on `device`. CPU tensors bound for a GPU go through pinned memory:
+    a copy from ordinary memory waits for every kernel queued before it, and the training loop
+    queues the next step while the last one runs."""
+    if device.type != "cuda":
+        return {k: v.to(device) for k, v in batch.items()}
+    return {k: (v.pin_memory() if v.device.type == "cpu" else v).to(device, non_blocking=True)
+            for k, v in batch.items()}
 
 
 # ---------------------------------------------------------------- repeatable runs

@@ -83,6 +83,93 @@ def test_stop_flag_of_the_store_stops_a_running_fine_tune(tiny_bert):
     assert history.stopped == "stopped" and len(history.steps) == 2
 
 
+def _counting_loss(monkeypatch, poison_at=None):
+    """MaskedLMTask.loss wrapped: counts its calls; the `poison_at`-th returns NaN."""
+    from bertdemo.fine_tuning import MaskedLMTask
+
+    calls, original = [0], MaskedLMTask.loss
+
+    def loss(self, batch):
+        calls[0] += 1
+        value = original(self, batch)
+        return value * float("nan") if calls[0] == poison_at else value
+    monkeypatch.setattr(MaskedLMTask, "loss", loss)
+    return calls
+
+
+@pytest.mark.parametrize("late", [False, True])
+def test_a_loss_read_a_step_late_changes_only_when_it_is_reported(tiny_bert, monkeypatch, late):
+    """On a GPU each loss is read after the next step is queued (`reads_late`): the same steps,
+    losses and evaluations, each evaluation after every step before it; here forced on a CPU."""
+    _, plain = run(tiny_bert, steps=7, eval_every=3, seed=7)
+    calls = _counting_loss(monkeypatch)
+    monkeypatch.setattr(bertdemo.training, "reads_late", lambda model: late)
+    seen = []
+    _, history = run(tiny_bert, steps=7, eval_every=3, seed=7,
+                     on_event=lambda e: seen.append((e, calls[0])))
+    assert [s.loss for s in history.steps] == [s.loss for s in plain.steps]
+    assert history.evals == plain.evals and history.completed
+    assert [type(e).__name__[0] + str(e.step) for e, _ in seen] == \
+        ["E0", "S1", "S2", "S3", "E3", "S4", "S5", "S6", "E6", "S7", "E7"]
+    ahead = {e.step: n - e.step for e, n in seen if isinstance(e, Step)}
+    # read late: a step's loss is reported once the next step has run, except before an
+    # evaluation and at the end
+    assert ahead == ({1: 1, 2: 1, 3: 0, 4: 1, 5: 1, 6: 0, 7: 0} if late else dict.fromkeys(range(1, 8), 0))
+    assert all(s.seconds > 0 for s in history.steps)
+
+
+@pytest.mark.parametrize("late", [False, True])
+def test_a_non_finite_loss_ends_the_run_as_diverged(tiny_bert, monkeypatch, late):
+    _counting_loss(monkeypatch, poison_at=4)
+    monkeypatch.setattr(bertdemo.training, "reads_late", lambda model: late)
+    _, history = run(tiny_bert, steps=10, eval_every=0)
+    assert history.stopped == "diverged"
+    assert [s.step for s in history.steps] == [1, 2, 3]  # the step queued after it is not reported
+    assert history.after.step == 3
+
+
+def test_a_batch_bound_for_a_gpu_leaves_out_a_mask_that_masks_nothing():
+    from bertdemo.fine_tuning import model_inputs
+
+    full = {"input_ids": torch.ones(2, 4, dtype=torch.long), "attention_mask": torch.ones(2, 4, dtype=torch.long),
+            "labels": torch.full((2, 4), -100)}
+    padded = {**full, "attention_mask": torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])}
+    gpu, cpu = torch.device("cuda"), torch.device("cpu")
+    assert set(model_inputs(full, gpu)) == {"input_ids"}
+    assert set(model_inputs(padded, gpu)) == set(model_inputs(full, cpu)) == {"input_ids", "attention_mask"}
+
+
+def test_no_mask_and_a_mask_of_ones_give_the_same_loss(tiny_bert):
+    """What the GPU path relies on: transformers reads a missing mask as every token real."""
+    data = prepare_text(tiny_bert, REPEATED, max_length=16)
+    longest = max(len(b["input_ids"]) for b in data.train)
+    batch = mlm_collator(tiny_bert, seed=0)([b for b in data.train if len(b["input_ids"]) == longest][:4])
+    assert bool(batch["attention_mask"].all())
+    with torch.no_grad():
+        masked = tiny_bert.model(**batch).loss
+        unmasked = tiny_bert.model(**{k: v for k, v in batch.items() if k != "attention_mask"}).loss
+    torch.testing.assert_close(unmasked, masked)
+
+
+@pytest.mark.parametrize("model", ["tiny_bert", "tiny_roberta"])
+def test_blocks_padded_by_torch_collate_as_the_collator_does(model, request):
+    """Same tensors and random draws as DataCollatorForLanguageModeling's own call, batch after batch."""
+    from bertdemo.fine_tuning import padded_by_torch
+
+    lm = request.getfixturevalue(model)
+    blocks = prepare_text(lm, REPEATED, max_length=12).train
+    assert len({len(b["input_ids"]) for b in blocks}) > 1  # rows of several lengths: padding
+    theirs, ours = mlm_collator(lm, 0.3, seed=5), padded_by_torch(mlm_collator(lm, 0.3, seed=5))
+    assert not isinstance(ours, type(theirs))  # the fast path applies to this collator
+    order = torch.randperm(len(blocks), generator=torch.Generator().manual_seed(0)).tolist()
+    for start in range(0, len(order), 3):
+        examples = [blocks[i] for i in order[start:start + 3]]
+        expected, got = theirs(examples), ours(examples)
+        assert list(got) == list(expected)
+        for key in expected:
+            assert torch.equal(got[key], expected[key]), key
+
+
 def test_time_limit_stops_cleanly(tiny_bert):
     tuned, history = run(tiny_bert, steps=50, limits=Limits(max_seconds=0))
     assert history.stopped == "time limit" and history.steps == []
