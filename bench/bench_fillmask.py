@@ -5,7 +5,8 @@ Goals: ours/ORT <= 0.90 and ours/pipe <= 0.60 at every case (1-3 masks at 9, 12,
 tokens), on any CPU. ORT is what a user picks for CPU speed: the model exported with
 `torch.onnx.export`, fused by `onnxruntime.transformers.optimizer` (model_type "bert": Attention,
 SkipLayerNormalization, BiasGelu, EmbedLayerNormalization), ORT_ENABLE_ALL, the same thread count,
-no spin-waiting threads, as ours (bench/ort_peer.py says why; --ort-spinning for ORT's default);
+threads that spin within a run and stop at its end, as ours (bench/ort_peer.py says why;
+--ort-spinning always|never for ORT's default or none);
 it computes the whole MLM head at every token, as an exported *ForMaskedLM does. "bound" is
 transformers' base-model forward plus the LM head at the masked positions only. Rounds interleave
 the four, call by call, so machine noise and the caches' state between calls hit all alike.
@@ -32,7 +33,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=15, help="timed rounds per case (median)")
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda (then no ORT column)")
-    parser.add_argument("--ort-spinning", action="store_true", help="the peer with ORT's default spin-waiting threads")
+    parser.add_argument("--ort-spinning", default="within runs", choices=["within runs", "always", "never"],
+                        help="the peer's threads: as ours (default), ORT's default (always) or never spinning")
     parser.add_argument("--torch", action="store_true", help="ours through torch (--no-onnx), not ONNX Runtime")
     args = parser.parse_args()
     folder = str(bert_base_folder())
@@ -47,7 +49,7 @@ def main() -> None:
         session = ort_session(bert_base_folder(), threads=torch.get_num_threads(), spinning=args.ort_spinning)
     print(f"machine: {machine()}")
     print(f"model: bert-base-sized BertForMaskedLM, device {lm.device}; ours runs through {forward}; "
-          f"ORT peer {'with' if args.ort_spinning else 'without'} spinning threads")
+          f"ORT peer's threads spinning: {args.ort_spinning}")
     print(f"{'case':>22} {'ours ms':>8} {'ORT ms':>8} {'pipe ms':>8} {'bound':>8} {'ours/ORT':>9} {'ours/pipe':>9}")
     rows = [measure_case(lm, fill, session, n_tokens, n_masks, args.repeats) for n_tokens, n_masks in CASES]
     if session is not None:

@@ -41,15 +41,17 @@ def export_and_optimise(model, folder: Path) -> Path:
     return fused
 
 
-def ort_session(folder, threads: int, spinning: bool = True):
+def ort_session(folder, threads: int, spinning: str = "within runs"):
     """An InferenceSession over the fused graph of the BertForMaskedLM saved in `folder`,
     ORT_ENABLE_ALL, `threads` intra-op threads; the export is kept in the temp dir under a key of
     the weights. Exported with eager attention: ORT's optimizer fuses that pattern into its
-    Attention op (12 of 12 on bert-base), not the SDPA one (0 of 12). `spinning`: ORT's default,
-    its threads busy-wait after each run; in a run that interleaves calls that takes the CPU from
-    whichever call comes next (measured: ours 23.6 ms alone, 31.8 ms right after a spinning peer,
-    23.6 ms after a peer without), so the bench runs the peer as ours runs, without, unless
-    --ort-spinning."""
+    Attention op (12 of 12 on bert-base), not the SDPA one (0 of 12).
+
+    `spinning`: "within runs" (default), as ours runs (bertdemo/onnx_engine.py): threads busy-wait
+    between the operators of a run and stop when it ends (`session.force_spinning_stop`), ORT's
+    fastest setting for calls that take turns with other work; "always", ORT's default, its
+    threads also busy-wait after each run, which takes the CPU from whichever call comes next
+    (measured: ours 23.6 ms alone, 31.8 ms right after such a peer); "never"."""
     import onnxruntime as ort
     from transformers import AutoModelForMaskedLM
 
@@ -61,8 +63,10 @@ def ort_session(folder, threads: int, spinning: bool = True):
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
-    if not spinning:
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if spinning != "always":
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0" if spinning == "never" else "1")
+    if spinning == "within runs":
+        options.add_session_config_entry("session.force_spinning_stop", "1")
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
