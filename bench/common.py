@@ -81,18 +81,32 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serve_app(args: list[str], timeout_s: float = 180.0):
-    """Run `python app.py ARGS` in a subprocess until it answers on its --port; stop it after."""
+def serve_app(args: list[str], timeout_s: float = 180.0, log_line: str | None = None):
+    """Run `python app.py ARGS` in a subprocess until it answers on its --port, and, with
+    `log_line`, until its log has a line containing it (e.g. the ONNX Runtime forward built in
+    the background after start: measuring before would time the torch forward and the build);
+    stop it after."""
     port = int(args[args.index("--port") + 1])
     env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), *args], env=env, cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_until_up(f"http://127.0.0.1:{port}/", timeout_s, proc)
-        yield proc
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), *args], env=env, cwd=ROOT,
+                                stdout=subprocess.DEVNULL, stderr=log if log_line else subprocess.DEVNULL)
+        try:
+            started = time.perf_counter()
+            wait_until_up(f"http://127.0.0.1:{port}/", timeout_s, proc)
+            while log_line and not _logged(log, log_line):
+                if time.perf_counter() - started > timeout_s:
+                    raise TimeoutError(f"the app's log had no {log_line!r} within {timeout_s} s")
+                time.sleep(0.2)
+            yield proc
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+def _logged(log, text: str) -> bool:
+    log.seek(0)
+    return text in log.read()
 
 
 def wait_until_up(url: str, timeout_s: float, proc=None) -> float:
