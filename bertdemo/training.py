@@ -163,27 +163,27 @@ def train(model: torch.nn.Module, batches: Iterator[dict], loss: Callable[[dict]
     lagged = reads_late(model)
     log = _StepLog(steps, start, record, run)
     with memory.pages_kept():  # each step's freed memory reused, not faulted in anew (memory.py)
-        batch, queued = None, None
+        batch, unread = None, []  # unread: steps launched whose loss is not read yet
         for step in range(1, steps + 1):
             history.stopped = _why_stop(should_stop, time.perf_counter() - start, max_seconds)
             if history.stopped:
                 break
             tick, rate = time.perf_counter(), learning_rate * scheduler.lr_lambdas[0](step - 1)
             batch = next(batches) if batch is None else batch
-            launched = _Launched(step, _optimizer_step(loss(batch), params, optimizer, scheduler), rate, tick,
-                                 _tokens(batch))
+            unread.append(_Launched(step, _optimizer_step(loss(batch), params, optimizer, scheduler), rate, tick,
+                                    _tokens(batch)))
             # drawn while a GPU still runs this step's kernels (collating 256 x 128 tokens: ~20 ms)
             batch = next(batches) if step < steps else None
             evaluating = eval_every and step % eval_every == 0 and step != steps
-            done, queued = (queued, launched) if lagged else (launched, None)
-            if evaluating:  # every step so far is read before the model is evaluated
-                done, queued = [d for d in (done, queued) if d is not None], None
-            if not log.read(done):
-                history.stopped, queued = "diverged", None  # a step queued after it is not reported
+            # read late, the newest step stays queued; every step is read before an evaluation
+            ready = len(unread) - (1 if lagged and not evaluating else 0)
+            if not log.read(unread[:ready]):
+                history.stopped, unread = "diverged", []  # a step queued after it is not reported
                 break
+            unread = unread[ready:]
             if evaluating:
                 record(dataclasses.replace(evaluate(step), run=run))
-        if not log.read(queued):
+        if not log.read(unread):
             history.stopped = "diverged"
     if history.evals[-1].step != len(history.steps):
         record(dataclasses.replace(evaluate(len(history.steps)), run=run))
@@ -218,11 +218,11 @@ class _StepLog:
         self.steps, self.start, self.record, self.run = steps, start, record, run
         self.last = start  # when the last step was read
 
-    def read(self, launched: "_Launched | list[_Launched] | None") -> bool:
+    def read(self, launched: list[_Launched]) -> bool:
         """Wait for the loss of each step given and record it; False at the first loss that is
         not finite. A step's time runs from its start, or from the step before it was read if
         later (a step queued behind another)."""
-        for one in launched if isinstance(launched, list) else [launched] if launched else []:
+        for one in launched:
             value = one.loss.item()  # waits for the GPU, so the step time is honest
             if not math.isfinite(value):
                 return False
