@@ -71,6 +71,53 @@ def test_rows_linear_values_and_gradients_equal_linear(bias):
             torch.testing.assert_close(fast.bias.grad, plain.bias.grad, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.skipif(not lean_forward._ONEDNN, reason="torch built without oneDNN")
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("x_grad", [True, False])
+def test_trained_linear_values_and_gradients_equal_linear(bias, x_grad):
+    torch.manual_seed(0)
+    weight = torch.randn(300, 64, requires_grad=True)
+    b = torch.randn(300, requires_grad=True) if bias else None
+    ref_weight = weight.detach().clone().requires_grad_()
+    ref_b = b.detach().clone().requires_grad_() if bias else None
+    x = torch.randn(37, 64, requires_grad=x_grad)
+    x_ref = x.detach().clone().requires_grad_(x_grad)
+    out, ref = lean_forward.trained_linear(x, weight, b), torch.nn.functional.linear(x_ref, ref_weight, ref_b)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    grad = torch.randn_like(ref)
+    out.backward(grad)
+    ref.backward(grad)
+    torch.testing.assert_close(weight.grad, ref_weight.grad, atol=1e-5, rtol=1e-5)
+    if x_grad:
+        torch.testing.assert_close(x.grad, x_ref.grad, atol=1e-5, rtol=1e-5)
+    if bias:
+        torch.testing.assert_close(b.grad, ref_b.grad, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not lean_forward._ONEDNN, reason="torch built without oneDNN")
+def test_a_fine_tune_step_runs_every_linear_layer_through_onednn(tiny_bert, monkeypatch):
+    """Training on a CPU: each layer's projections, feed-forward and the decoder go through
+    `trained_linear`; serving and attributions (weights frozen) never do."""
+    from bertdemo.fine_tuning import masked_logits
+
+    calls = []
+    real = lean_forward.trained_linear
+    monkeypatch.setattr(lean_forward, "trained_linear", lambda x, w, b: calls.append(tuple(w.shape)) or real(x, w, b))
+    model = copy.deepcopy(tiny_bert.model).train().requires_grad_(True)
+    inputs, rows, cols = _padded_batch_with_masks(tiny_bert)
+    labels = torch.full_like(inputs["input_ids"], -100)
+    labels[rows, cols] = inputs["input_ids"][rows, cols]
+    torch.nn.functional.cross_entropy(*masked_logits(model, {**inputs, "labels": labels})).backward()
+    config = model.config
+    # per layer: q, k, v stacked (the last layer: k, v stacked, q alone), output, intermediate, output; the decoder
+    assert len(calls) == 4 * config.num_hidden_layers + 1 + 1
+    assert (config.vocab_size, config.hidden_size) in calls
+    calls.clear()
+    with torch.no_grad():
+        fillmask.fill_mask(tiny_bert, "Paris is the [MASK] of France.")
+    assert calls == []
+
+
 def test_fast_decoder_keeps_weights_tied_and_state_dict(tiny_bert):
     mlm_head(tiny_bert.model, tiny_bert.caches.packed)
     decoder = tiny_bert.model.get_output_embeddings()
