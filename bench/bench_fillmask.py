@@ -36,8 +36,12 @@ def main() -> None:
     parser.add_argument("--ort-spinning", default="within runs", choices=["within runs", "always", "never"],
                         help="the peer's threads: as ours (default), ORT's default (always) or never spinning")
     parser.add_argument("--torch", action="store_true", help="ours through torch (--no-onnx), not ONNX Runtime")
-    parser.add_argument("--tokens", default="9,12,32,128", help="the sentence lengths to run (tokens, specials included), comma-separated: some of 9,12,32,128")
+    parser.add_argument("--tokens", default="9,12,32,128",
+                        help="the sentence lengths to run (tokens, specials included), comma-separated: some of 9,12,32,128")
     args = parser.parse_args()
+    lengths = {int(n) for n in args.tokens.split(",")}
+    if not lengths <= {n for n, _ in CASES}:
+        parser.error(f"--tokens: each of {sorted({n for n, _ in CASES})}, comma-separated")
     folder = str(bert_base_folder())
     engine = bertdemo.Engine(onnx=not args.torch)  # as the app serves it
     lm = engine.load_allowed(folder, [folder], device=args.device)
@@ -53,7 +57,7 @@ def main() -> None:
           f"ORT peer's threads spinning: {args.ort_spinning}")
     print(f"{'case':>22} {'ours ms':>8} {'ORT ms':>8} {'pipe ms':>8} {'bound':>8} {'ours/ORT':>9} {'ours/pipe':>9}")
     rows = [measure_case(lm, fill, session, n_tokens, n_masks, args.repeats) for n_tokens, n_masks in CASES
-            if str(n_tokens) in args.tokens.split(",")]
+            if n_tokens in lengths]
     if session is not None:
         print(f"worst ours/ORT: {max(r[0] for r in rows):.2f} (goal <= 0.90)")
     print(f"worst ours/pipe: {max(r[1] for r in rows):.2f} (goal <= 0.60)")

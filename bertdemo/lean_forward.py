@@ -5,8 +5,9 @@ longest. So here every layer runs its linear layers on the real tokens only (no 
 and the last layer runs its attention output and feed-forward at the asked positions only (its
 keys and values still come from every token). On a CPU in float32 the linear layers go through
 oneDNN: served, with frozen weights packed once (`packed_linear`); trained, with the weights as
-they are and the input's gradient through oneDNN too (`trained_linear`). Same modules, same weights, same results as
-`model.base_model(**inputs).last_hidden_state[rows, cols]` up to float rounding (~1e-6).
+they are and the input's gradient through oneDNN too (`trained_linear`). Same modules, same
+weights, same results as `model.base_model(**inputs).last_hidden_state[rows, cols]` up to float
+rounding (~1e-6).
 Written by hand because transformers runs every layer at every position, padding included
 (its padding-free path needs flash-attention on a GPU). The packed weights live in a
 `PackedWeights` the caller passes (an engine's, shared by the models it serves): none is kept here.
@@ -325,7 +326,8 @@ def linear(module: torch.nn.Linear, x: torch.Tensor, packed: PackedWeights | Non
 def trained_through_onednn(module: torch.nn.Linear, x: torch.Tensor) -> bool:
     """Whether `trained_linear` applies: `module`'s weight trained (it asks for grad, grad mode
     on), x (N, in) float32 on a CPU with oneDNN."""
-    return (_ONEDNN and x.dim() == 2 and x.device.type == "cpu" and x.dtype == module.weight.dtype == torch.float32
+    return (_ONEDNN and x.dim() == 2 and x.device.type == "cpu"
+            and x.dtype == module.weight.dtype == torch.float32
             and torch.is_grad_enabled() and module.weight.requires_grad)
 
 

@@ -115,6 +115,7 @@ def test_a_fine_tune_step_runs_every_linear_layer_through_onednn(tiny_bert, monk
     calls.clear()
     with torch.no_grad():
         fillmask.fill_mask(tiny_bert, "Paris is the [MASK] of France.")
+    bertdemo.saliency(tiny_bert, "Paris is the [MASK] of France.")  # grad on, the served weights frozen
     assert calls == []
 
 
