@@ -7,7 +7,6 @@ twin that shares every parameter tensor with it, so there is one copy of the wei
 from __future__ import annotations
 
 import base64
-import copy
 import functools
 import html
 import json
@@ -21,7 +20,7 @@ import numpy as np
 import torch
 from bertviz import head_view, model_view
 
-from . import hooks, validate
+from . import anatomy, hooks, validate
 from .fillmask import check_text, prediction
 from .models import LoadedModel, mlm_logits
 
@@ -86,23 +85,14 @@ class Attention:
 # ---------------------------------------------------------------- the forward pass
 
 def eager_twin(lm: LoadedModel) -> torch.nn.Module:
-    """`lm.model` with eager attention, sharing all parameter and buffer tensors (no second copy
-    of the weights); made once per model (`lm.caches`).
+    """`lm.model` with attention that gives its weights (`anatomy.attention_twin`), sharing all
+    parameter and buffer tensors (no second copy of the weights); made once per model (`lm.caches`).
 
     Why a twin: attention modules read `config._attn_implementation` on every call and all of them
-    share one config, so switching the shared model to eager would race with other users' requests.
+    share one config, so switching the shared model would race with other users' requests.
     The twin has its own module tree and config over the same tensors.
     """
-    if getattr(lm.model.config, "_attn_implementation", None) == "eager":
-        return lm.model
-    return lm.caches.twin(lm.model, _make_eager_twin)
-
-
-def _make_eager_twin(model: torch.nn.Module) -> torch.nn.Module:
-    shared = {id(t): t for t in (*model.parameters(), *model.buffers())}
-    twin = copy.deepcopy(model, memo=shared)
-    twin.set_attn_implementation("eager")
-    return twin
+    return lm.caches.twin(lm.model, anatomy.attention_twin)
 
 
 @torch.inference_mode()
@@ -120,8 +110,10 @@ def attention(lm: LoadedModel, text: str, text_b: str | None = None, top_k: int 
     with hooks.switched_off(lm, twin):
         logits, out = mlm_logits(twin, inputs, torch.zeros_like(cols), cols,
                                  packed=lm.caches.packed, output_attentions=True)
-    if not out.attentions:
-        raise ValueError(f"{lm.name} returns no attention weights, so there is nothing to show.")
+    if not out.attentions or any(a is None for a in out.attentions):
+        raise ValueError(f"{lm.name} ({anatomy.of(lm.model).name}) returns no attention weights, so "
+                         "there is nothing to show: " + (anatomy.of(lm.model).family.notes
+                                                        if anatomy.of(lm.model).family else "choose another model."))
     weights = torch.cat(out.attentions).float().cpu().numpy()  # (L, H, T, T)
     scores, ids = logits.float().softmax(-1).topk(min(top_k, logits.shape[-1]), dim=-1)
     predictions = [[prediction(lm, i, s) for i, s in zip(r_ids.tolist(), r_scores.tolist())]

@@ -28,7 +28,7 @@ import time
 
 import torch
 
-from . import bundled, lean_forward, models, onnx_engine, validate
+from . import anatomy, bundled, models, onnx_engine, validate
 from .batching import MicroBatcher
 from .models import (MINILM_NAME, LoadedModel, ModelCaches, allowed_choices, allowed_entry, minilm_path,
                      pick_device, pick_dtype, warm_up)
@@ -98,7 +98,7 @@ class Engine:
     def _build_onnx(self, lm: LoadedModel) -> None:
         """Start building `lm`'s ONNX Runtime forward in the background, once per model."""
         suitable = lm.device.type == "cpu" and next(lm.model.parameters()).dtype == torch.float32 \
-            and lm.model.config.model_type in lean_forward.SUPPORTED
+            and anatomy.of(lm.model).lean
         with self._lock:
             if not (self.onnx and suitable) or id(lm.model) in self._builds:
                 return

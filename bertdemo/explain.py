@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from captum.attr import InputXGradient, IntegratedGradients
 
-from . import hooks, validate
+from . import anatomy, hooks, validate
 from .fillmask import (DEFAULT_MAX_MASKS, Encoded, check_top_k, encode, fill_jointly, logits_at,
                        prediction, sentence_score)
 from .models import USER_MASK, USER_MASK_RE, LoadedModel, mlm_head
@@ -60,7 +60,11 @@ def _layer_probs(lm: LoadedModel, enc: Encoded) -> torch.Tensor:
     head = _require_head(lm)
     with hooks.switched_off(lm):
         out = lm.model.base_model(**enc.inputs, output_hidden_states=True)
-    states = torch.stack([h[0, enc.mask_positions] for h in out.hidden_states])  # (L+1, M, H)
+    # a pre-LayerNorm model's final norm belongs before the head at every depth; the last state
+    # is the model's own output (norm included), so the last layer equals fill_mask
+    norm = anatomy.final_norm(lm.model)
+    states = [norm(h) for h in out.hidden_states[:-1]] + [out.last_hidden_state]
+    states = torch.stack([h[0, enc.mask_positions] for h in states])  # (L+1, M, H)
     logits = head(states.flatten(0, 1)).float()  # ((L+1) * M, V): 2-D, the head's fast path
     return logits.view(*states.shape[:2], -1).softmax(-1)
 
@@ -72,8 +76,8 @@ def _top_k(lm: LoadedModel, ids: torch.Tensor, scores: torch.Tensor) -> list[dic
 def _require_head(lm: LoadedModel):
     head = mlm_head(lm.model, lm.caches.packed)
     if head is None:
-        raise ValueError(f"{lm.name} does not expose its MLM head, so it cannot be applied to each "
-                         "layer: choose a BERT, DistilBERT or RoBERTa-style model.")
+        anatomy.of(lm.model).require("head", "The logit lens")
+        raise ValueError(f"{lm.name} does not expose its MLM head, so it cannot be applied to each layer.")
     return head
 
 

@@ -8,13 +8,12 @@ and RoBERTa-style models; ValueError saying how to fix bad input.
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 
 import torch
 
-from . import hooks, lean_forward, validate
-from .attention_views import encode_input
+from . import anatomy, hooks, lean_forward, validate
+from .attention_views import eager_twin, encode_input
 from .explain import target_token
 from .fillmask import DEFAULT_MAX_MASKS, encode
 from .models import USER_MASK, LoadedModel, mlm_head
@@ -23,10 +22,10 @@ TOKENS_PER_BATCH = 4096  # rows x tokens per batched forward of head_importance'
 _PAIR = re.compile(r"^(\d{1,6}|\*)\s*:\s*(\d{1,6}|\*)$")
 
 
-def shape(lm: LoadedModel) -> tuple[int, int]:
-    """(layers, heads per layer) of `lm`'s attention. ValueError for other architectures."""
-    layers = hooks.attention_layers(lm.model)
-    return len(layers), layers[0].heads
+def shape(lm: LoadedModel, view: str = "Switching heads off") -> tuple[int, int]:
+    """(layers, heads per layer) of `lm`'s attention (`anatomy.shape`). ValueError naming what a
+    model the views do not know lacks."""
+    return anatomy.shape(lm.model, view)
 
 
 # ---------------------------------------------------------------- heads switched off
@@ -113,7 +112,7 @@ def head_importance(lm: LoadedModel, text: str, *, mask: int = 0, target: str | 
     enc = encode(lm, text, max_masks=max_masks)
     mask = validate.whole_number(mask, "mask", 0, len(enc.mask_positions) - 1,
                                  f" (0 = the first {USER_MASK})", field="mask")
-    layers = hooks.attention_layers(lm.model)
+    n_layers, n_heads = shape(lm, "Head importance")
     head = _require_head(lm)
     position = enc.mask_positions[mask]
     with torch.inference_mode():
@@ -122,55 +121,73 @@ def head_importance(lm: LoadedModel, text: str, *, mask: int = 0, target: str | 
         log_probs = head(out.last_hidden_state[0, [position]]).float().log_softmax(-1)[0]  # (V,)
         chosen = target_token(lm, text, mask, target, int(log_probs.argmax()))
         base = float(log_probs[chosen["token_id"]])
-        ablated = _ablated(lm, layers, out.hidden_states, position, chosen["token_id"])  # (L * H,)
-    n_heads = layers[0].heads
-    delta = [[ablated[layer * n_heads + h] - base for h in range(n_heads)] for layer in range(len(layers))]
+        if lean_forward.supports(lm.model):
+            ablated = _ablated(lm, out.hidden_states, position, chosen["token_id"])  # (L * H,)
+        else:
+            ablated = _ablated_by_forwards(lm, enc, position, chosen["token_id"])
+    delta = [[ablated[layer * n_heads + h] - base for h in range(n_heads)] for layer in range(n_layers)]
     return {"target": chosen, "log_prob": base, "delta": delta,
             "tokens": lm.tokenizer.convert_ids_to_tokens(enc.input_ids[0].tolist()), "mask": mask,
-            "position": position, "layers": len(layers), "heads": n_heads, "heads_off": sorted(lm.heads_off)}
+            "position": position, "layers": n_layers, "heads": n_heads, "heads_off": sorted(lm.heads_off)}
 
 
-def _ablated(lm: LoadedModel, layers: list[hooks.AttentionLayer], states: tuple, position: int,
-             token_id: int) -> list[float]:
-    """log p(token_id at position) with each head off in turn, in (layer, head) order.
+def _ablated_by_forwards(lm: LoadedModel, enc, position: int, token_id: int) -> list[float]:
+    """log p(token_id at position) with each head off in turn, in (layer, head) order, for any
+    family: copies of the sentence in batched whole forwards (the model's own, final norm
+    included), each row with its head off (`hooks` scales per row) and the view's heads off."""
+    n_layers, n_heads = shape(lm)
+    pairs = [(layer, h) for layer in range(n_layers) for h in range(n_heads)]
+    head = _require_head(lm)
+    results: list[float] = []
+    step = max(1, TOKENS_PER_BATCH // enc.input_ids.shape[1])
+    for start in range(0, len(pairs), step):
+        chunk = pairs[start:start + step]
+        off = hooks.factors(lm.heads_off, lm.model, lm.device, rows=len(chunk))
+        for row, (layer, h) in enumerate(chunk):
+            off.setdefault(layer, torch.ones(len(chunk), n_heads, device=lm.device))[row, h] = 0.0
+        inputs = {name: value.expand(len(chunk), -1) for name, value in enc.inputs.items()}
+        with hooks.probed(lm.model, off):
+            final = lm.model.base_model(**inputs).last_hidden_state[:, position]  # (rows, H)
+        results += head(final).float().log_softmax(-1)[:, token_id].tolist()
+    return results
+
+
+def _ablated(lm: LoadedModel, states: tuple, position: int, token_id: int) -> list[float]:
+    """log p(token_id at position) with each head off in turn, in (layer, head) order, for a
+    model the lean forward serves (BERT's layer layout, no final norm).
 
     `states[l]` (1, T, H) is the input of layer l with every head on (the view's off). A copy for
     (l, h) joins the batch at layer l from states[l]; at each layer the rows that join have their
-    head's factor 0 there, every row has the view's heads off. BERT-family models run each layer
-    through the lean forward (packed weights, the last layer at `position` only); others through
-    their layer modules, with `hooks` scaling the heads."""
-    stack, head = hooks.layer_stack(lm.model), _require_head(lm)
-    lean, last = lean_forward.supports(lm.model), len(layers) - 1
-    n_heads, length = layers[0].heads, states[0].shape[1]
-    pairs = [(layer, h) for layer in range(len(layers)) for h in range(n_heads)]
-    view = hooks.factors(lm.heads_off, layers, lm.device)
+    head's factor 0 there, every row has the view's heads off. Each layer runs through the lean
+    forward (packed weights, the last layer at `position` only)."""
+    n_layers, n_heads = shape(lm)
+    head, last = _require_head(lm), n_layers - 1
+    length = states[0].shape[1]
+    pairs = [(layer, h) for layer in range(n_layers) for h in range(n_heads)]
+    view = hooks.factors(lm.heads_off, lm.model, lm.device)
     results: list[float] = []
     step = max(1, TOKENS_PER_BATCH // length)
     for start in range(0, len(pairs), step):
         chunk = pairs[start:start + step]
         hidden = states[0].new_empty(0, *states[0].shape[1:])  # (rows so far, T, H)
-        for layer in range(chunk[0][0], len(layers)):
+        for layer in range(chunk[0][0], n_layers):
             joining = [h for at, h in chunk if at == layer]
             if joining:
                 hidden = torch.cat([hidden, states[layer].expand(len(joining), -1, -1)])
             scale = view.get(layer, torch.ones(1, n_heads, device=lm.device)).repeat(len(hidden), 1)
             if joining:
                 scale[torch.arange(len(hidden) - len(joining), len(hidden)), joining] = 0.0
-            if lean:  # (rows, H) at the position after the last layer
-                hidden = lean_forward.layer_rows(lm.model, layer, hidden, scale, lm.caches.packed,
-                                                 at=position if layer == last else None)
-            else:
-                with hooks.probed(lm.model, {layer: scale}):
-                    hidden = stack[layer](hidden, None)  # one sentence, no padding: no mask needed
-        final = hidden if lean else hidden[:, position]  # (rows, H)
-        results += head(final).float().log_softmax(-1)[:, token_id].tolist()
+            hidden = lean_forward.layer_rows(lm.model, layer, hidden, scale, lm.caches.packed,
+                                             at=position if layer == last else None)
+        results += head(hidden).float().log_softmax(-1)[:, token_id].tolist()  # hidden: (rows, H)
     return results
 
 
 def _require_head(lm: LoadedModel):
     head = mlm_head(lm.model, lm.caches.packed)
     if head is None:
-        raise ValueError(f"{lm.name} does not expose its MLM head: choose one of the {hooks.FAMILIES}.")
+        anatomy.of(lm.model).require("head", "Head importance")
+        raise ValueError(f"{lm.name} does not expose its MLM head: head importance needs it.")
     return head
 
 
@@ -189,24 +206,39 @@ def neuron_view(lm: LoadedModel, text: str, *, layer: int, head: int, token: int
     Returns those with "tokens", "layer", "head", "token", "head_dim", "sentence_b_start".
     """
     inputs, meta = encode_input(lm, text, text_b)
-    layers = hooks.attention_layers(lm.model)
-    layer = validate.whole_number(layer, "layer", 0, len(layers) - 1, " (counted from 0)", field="layer")
-    head = validate.whole_number(head, "head", 0, layers[layer].heads - 1, " (counted from 0)", field="head")
+    n_layers, n_heads = shape(lm, "The neuron view")
+    layer = validate.whole_number(layer, "layer", 0, n_layers - 1, " (counted from 0)", field="layer")
+    head = validate.whole_number(head, "head", 0, n_heads - 1, " (counted from 0)", field="head")
     n_tokens = len(meta["tokens"])
     token = validate.whole_number(token, "token", 0, n_tokens - 1, f" (its index among the {n_tokens} "
                                   "tokens, the first is 0)", field="token")
-    dim = layers[layer].head_dim
-    view = hooks.factors(lm.heads_off, layers, lm.device)
-    with torch.inference_mode(), hooks.probed(lm.model, view, capture=layer) as captured:
-        lm.model.base_model(**inputs)
-    columns = slice(head * dim, (head + 1) * dim)
-    query = captured["query"][0, token, columns].double()  # (d,)
-    keys = captured["key"][0, :, columns].double()  # (T, d)
+    twin = eager_twin(lm)  # scores are read where the model computes them, as its attention view does
+    view = hooks.factors(lm.heads_off, twin, lm.device)
+    with torch.inference_mode(), hooks.probed(twin, view, capture=layer) as captured:
+        twin.base_model(**inputs)
+        scored = hooks.scores_of(twin, captured)
+    query = scored["query"][0, head, token].double()  # (d,)
+    keys = scored["key"][0, head].double()  # (T, d)
     products = query * keys  # (T, d)
-    scores = products.sum(-1) / math.sqrt(dim)  # (T,)
-    padding = (inputs["attention_mask"][0] == 0).double()  # 1 at keys the mask hides
-    weights = (scores + padding * torch.finfo(torch.float32).min).softmax(-1)  # as the model adds it
+    scores = products.sum(-1) * scored["scale"]  # (T,)
+    position = None if scored["extra"] is None else scored["extra"][0, head, token].double()  # (T,)
+    total = scores if position is None else scores + position
+    weights = (total + _mask_row(scored, inputs, token)).softmax(-1)  # as the model adds the mask
     sentence_b = next((i for i, s in enumerate(meta["sequence_ids"]) if s == 1), None)
-    return {"tokens": meta["tokens"], "layer": layer, "head": head, "token": token, "head_dim": dim,
-            "query": query.tolist(), "keys": keys.tolist(), "products": products.tolist(),
-            "scores": scores.tolist(), "weights": weights.tolist(), "sentence_b_start": sentence_b}
+    return {"tokens": meta["tokens"], "layer": layer, "head": head, "token": token,
+            "head_dim": int(query.shape[0]), "query": query.tolist(), "keys": keys.tolist(),
+            "products": products.tolist(), "scores": total.tolist(),
+            "position_scores": None if position is None else position.tolist(),
+            "scale": scored["scale"], "weights": weights.tolist(), "sentence_b_start": sentence_b}
+
+
+def _mask_row(scored: dict, inputs: dict, token: int) -> torch.Tensor:
+    """What the model adds to `token`'s scores (T,) before the softmax: its own additive mask
+    where it passed one (padding, ModernBERT's local window), else minus the largest float at
+    the keys the attention mask hides."""
+    if scored["mask"] is not None:
+        mask = scored["mask"][0]  # (1 or heads, T, T)
+        return mask[0, token].double() if mask.dtype != torch.bool else \
+            (~mask[0, token]).double() * torch.finfo(torch.float32).min
+    padding = (inputs["attention_mask"][0] == 0).double()  # 1 at keys the mask hides
+    return padding * torch.finfo(torch.float32).min

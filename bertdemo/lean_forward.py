@@ -11,7 +11,7 @@ rounding (~1e-6).
 Written by hand because transformers runs every layer at every position, padding included
 (its padding-free path needs flash-attention on a GPU). The packed weights live in a
 `PackedWeights` the caller passes (an engine's, shared by the models it serves): none is kept here.
-Only for the architectures whose layers are BERT's (`SUPPORTED`), with no probe active (`hooks`:
+Only for the architectures whose layers are BERT's (`anatomy`'s `lean` families), with no probe active (`hooks`:
 its hooks are on the modules this forward does not call) and no autocast: in eval mode without
 grad (`supports`: serving), or while a copy is trained on a CPU (`trains`: the masked-LM loss
 needs the last layer at the masked tokens only, ~7% of a bert-base step; every dropout drawn as
@@ -24,11 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.weak import WeakIdKeyDictionary
 
-from . import hooks
+from . import anatomy, hooks
 
-# model_type -> these copy BertLayer exactly (attention.self.query/key/value, attention.output,
-# intermediate, output) and embed with positions from `embeddings(input_ids, token_type_ids)`.
-SUPPORTED = {"bert", "roberta", "xlm-roberta", "camembert"}
 
 
 def supports(model) -> bool:
@@ -41,14 +38,14 @@ def supports(model) -> bool:
 def trains(model) -> bool:
     """Whether `hidden_at` can run `model` while it is trained: train mode on a CPU in float32
     (on a GPU, under autocast, the model's own forward runs)."""
-    weight = model.base_model.embeddings.word_embeddings.weight
+    weight = model.get_input_embeddings().weight
     return (model.training and weight.device.type == "cpu" and weight.dtype == torch.float32
             and _runs(model))
 
 
 def _runs(model) -> bool:
     config = model.config
-    return (config.model_type in SUPPORTED and not hooks.active()
+    return (anatomy.of(model).lean and not hooks.active()
             # autocast (a fine-tune's evaluation on a GPU) would hand its layers bf16 rows to
             # write into float32 buffers: the model's own forward casts as autocast expects
             and not torch.is_autocast_enabled("cuda") and not torch.is_autocast_enabled("cpu")
@@ -66,7 +63,6 @@ def hidden_at(model, inputs: dict, rows: torch.Tensor, cols: torch.Tensor,
     if not (supports(model) or trains(model)):
         return None
     kernel = Kernels(packed)
-    base = model.base_model
     ids = inputs["input_ids"]
     batch, length = ids.shape
     # trained, padding is computed too: a training batch has little (packed blocks), and skipping
@@ -74,9 +70,9 @@ def hidden_at(model, inputs: dict, rows: torch.Tensor, cols: torch.Tensor,
     tokens = _Tokens(inputs.get("attention_mask"), batch, length, skip_padding=not model.training)
     if not tokens.all_real(rows, cols):
         return None
-    hidden = base.embeddings(input_ids=ids, token_type_ids=inputs.get("token_type_ids"))
+    hidden = anatomy.embeddings(model)(input_ids=ids, token_type_ids=inputs.get("token_type_ids"))
     hidden = tokens.real(hidden.reshape(batch * length, -1))  # (real tokens, H)
-    layers = base.encoder.layer
+    layers = anatomy.bert_layers(model)
     for layer in layers[:-1]:
         hidden = _layer(layer, hidden, tokens, kernel)
     return _last_layer(layers[-1], hidden, tokens, rows, cols, kernel)
@@ -140,7 +136,7 @@ def _layer(layer, hidden: torch.Tensor, tokens: _Tokens, kernels: "Kernels",
            head_scale: torch.Tensor | None = None) -> torch.Tensor:
     """One BertLayer on the real tokens (real tokens, H) -> (real tokens, H); `head_scale`
     (B, heads): each row's factor on each head's output (0 switches it off, `hooks`)."""
-    attention = layer.attention.self
+    attention = anatomy.bert_layer_parts(layer).self_attention
     queries, keys, values = _projections(kernels, (attention.query, attention.key, attention.value), hidden,
                                          tokens, attention.num_attention_heads)
     mixed = F.scaled_dot_product_attention(queries, keys, values, attn_mask=tokens.key_mask,
@@ -153,7 +149,7 @@ def _last_layer(layer, hidden: torch.Tensor, tokens: _Tokens, rows: torch.Tensor
                 cols: torch.Tensor, kernels: "Kernels", head_scale: torch.Tensor | None = None) -> torch.Tensor:
     """The last BertLayer at the N asked positions only: (real tokens, H) -> (N, H).
     Each sentence's asked positions are its queries, padded to the most any sentence has."""
-    attention = layer.attention.self
+    attention = anatomy.bert_layer_parts(layer).self_attention
     keys, values = _projections(kernels, (attention.key, attention.value), hidden, tokens,
                                 attention.num_attention_heads)
     asked = hidden[tokens.index_of(rows, cols)]  # (N, H)
@@ -206,7 +202,7 @@ def layer_rows(model, index: int, hidden: torch.Tensor, head_scale: torch.Tensor
     batch, length, width = hidden.shape
     tokens = _Tokens(None, batch, length)
     kernel = Kernels(packed)
-    layer = model.base_model.encoder.layer[index]
+    layer = anatomy.bert_layers(model)[index]
     flat = hidden.reshape(batch * length, width)
     if at is None:
         return _layer(layer, flat, tokens, kernel, head_scale).view(batch, length, width)
@@ -229,9 +225,11 @@ def _feed_forward(layer, mixed: torch.Tensor, residual: torch.Tensor, kernels: "
     """Attention output projection, then the feed-forward, each with residual and LayerNorm
     (BertSelfOutput, BertIntermediate, BertOutput). `at`: in train mode, (which rows of the full
     B*T layout these are, B*T): the last layer's asked positions, for their dropout draws."""
-    attended = layer.attention.output.LayerNorm(_project_add(layer.attention.output, mixed, residual, kernels, at))
-    inner = kernels.linear_act(layer.intermediate.dense, attended, layer.intermediate.intermediate_act_fn)
-    return layer.output.LayerNorm(_project_add(layer.output, inner, attended, kernels, at))
+    parts = anatomy.bert_layer_parts(layer)
+    attention_output, intermediate, output = parts.attention_output, parts.intermediate, parts.output
+    attended = attention_output.LayerNorm(_project_add(attention_output, mixed, residual, kernels, at))
+    inner = kernels.linear_act(intermediate.dense, attended, intermediate.intermediate_act_fn)
+    return output.LayerNorm(_project_add(output, inner, attended, kernels, at))
 
 
 def _project_add(output, x: torch.Tensor, residual: torch.Tensor, kernels: "Kernels",

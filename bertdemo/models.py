@@ -20,10 +20,10 @@ from typing import Callable, Hashable
 
 import httpx
 import torch
-from transformers import AutoModelForMaskedLM, AutoTokenizer, PreTrainedModel
-from transformers.activations import gelu
+from transformers import AutoConfig, AutoModelForMaskedLM, AutoTokenizer, PreTrainedModel
+from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING
 
-from . import lean_forward, validate
+from . import anatomy, lean_forward, validate
 
 log = logging.getLogger("bertdemo")
 
@@ -244,16 +244,18 @@ def load(name_or_path: str | os.PathLike = "bert-base-uncased", device: str | No
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=False,
                                                   local_files_only=cache_only)
+        config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=False, local_files_only=cache_only)
         model, loading_info = AutoModelForMaskedLM.from_pretrained(
             name_or_path,
+            config=config,
             trust_remote_code=False,
             use_safetensors=None if allow_pickle else True,
-            attn_implementation="sdpa",  # fast path; attention views ask for eager weights separately
+            attn_implementation=attention_for(config),  # the attention views use a twin of their own
             output_loading_info=True,  # what the checkpoint lacked, for the model card
             dtype=weights_dtype,
             local_files_only=cache_only,
         )
-    except (OSError, ValueError, KeyError, EnvironmentError) as err:
+    except Exception as err:  # noqa: BLE001 - any failure of a model is the visitor's to read, never a crash
         raise ValueError(_load_error_message(name_or_path, err, allow_pickle, cache_only)) from err
     if tokenizer.mask_token is None:
         raise ValueError(f"Model {name_or_path!r} has no mask token, so it cannot fill masks: "
@@ -265,6 +267,13 @@ def load(name_or_path: str | os.PathLike = "bert-base-uncased", device: str | No
         log.warning("%s: %s (missing: %s)", name_or_path, card.warning,
                     ", ".join((card.head_missing + card.body_missing)[:6]))
     return LoadedModel(name_or_path, tokenizer, model, chosen, card, caches or ModelCaches())
+
+
+def attention_for(config) -> str:
+    """"sdpa" (PyTorch's fused attention) where the model class supports it, else "eager":
+    transformers refuses sdpa for the classes without it (DeBERTa, MPNet, RoFormer ...)."""
+    model_class = MODEL_FOR_MASKED_LM_MAPPING.get(type(config), None)
+    return "sdpa" if model_class is not None and getattr(model_class, "_supports_sdpa", False) else "eager"
 
 
 def display_name(name_or_path: str) -> str:
@@ -359,25 +368,15 @@ def _load_error_message(name_or_path: str, err: Exception, allow_pickle: bool, c
 
 
 def mlm_head(model, packed: lean_forward.PackedWeights | None = None):
-    """The MLM head as a function of hidden states (N, H) -> logits (N, V), or None if unknown.
+    """The MLM head as a function of hidden states (N, H) -> logits (N, V), or None if unknown
+    (`anatomy.mlm_head`: each family's own transform and decoder).
 
     Written by hand because transformers has no `logits_to_keep` for masked LMs: running the
-    head only where it is needed skips most of a (T, H) x (H, V) matmul. The transform is the
-    model's own; the decoder runs as `lean_forward.rows_linear` (same weights, same results, fast
-    at a few rows; packed for oneDNN in `packed` when the model is served). The model itself is
-    left as it is.
+    head only where it is needed skips most of a (T, H) x (H, V) matmul. A decoder that is one
+    Linear runs as `lean_forward.rows_linear` (same weights, same results, fast at a few rows;
+    packed for oneDNN in `packed` when the model is served). The model itself is left as it is.
     """
-    if hasattr(model, "cls"):  # BERT and its copies
-        transform, decoder = model.cls.predictions.transform, model.cls.predictions.decoder
-    elif hasattr(model, "lm_head"):  # RoBERTa, XLM-R, CamemBERT: RobertaLMHead.forward's steps
-        head = model.lm_head
-        transform, decoder = (lambda h: head.layer_norm(gelu(head.dense(h)))), head.decoder
-    elif hasattr(model, "vocab_projector"):  # DistilBERT: DistilBertForMaskedLM.forward's steps
-        transform = lambda h: model.vocab_layer_norm(model.activation(model.vocab_transform(h)))  # noqa: E731
-        decoder = model.vocab_projector
-    else:
-        return None
-    return lambda hidden: lean_forward.rows_linear(decoder, transform(hidden), packed)
+    return anatomy.mlm_head(model, lambda decoder, x: lean_forward.rows_linear(decoder, x, packed))
 
 
 def mlm_logits(model, inputs: dict, rows: torch.Tensor, cols: torch.Tensor,

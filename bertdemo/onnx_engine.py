@@ -19,8 +19,8 @@ forward (`lean_forward`), faster once arithmetic bounds it.
 Exports are kept on disk (`cache_dir()`) under a key of the config and every weight, so a model
 is exported once per machine, and a changed weight can never be served from an old export: the
 session is tied to the model object and to its parameters' versions (`matches`); a model trained
-in place, or a tuned copy, takes the torch path. Only BERT-family masked LMs (`lean_forward
-.SUPPORTED`) on a CPU in float32; `build` raises ValueError for anything else.
+in place, or a tuned copy, takes the torch path. Only BERT-layout masked LMs (`anatomy`
+`lean` families) on a CPU in float32; `build` raises ValueError for anything else.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import lean_forward
+from . import anatomy
 
 log = logging.getLogger(__name__)
 INPUTS = ("input_ids", "attention_mask", "token_type_ids", "rows", "cols")
@@ -80,7 +80,7 @@ class _AtPositions(torch.nn.Module):
     def __init__(self, model):
         super().__init__()
         self.model = model
-        self.head = model.cls if hasattr(model, "cls") else model.lm_head
+        self.head = anatomy.head_module(model)
 
     def forward(self, input_ids, attention_mask, token_type_ids, rows, cols):
         hidden = self.model.base_model(input_ids=input_ids, attention_mask=attention_mask,
@@ -146,7 +146,7 @@ class OnnxMaskedLM:
         import onnxruntime as ort
 
         config = model.config
-        if config.model_type not in lean_forward.SUPPORTED or next(model.parameters()).device.type != "cpu" \
+        if not anatomy.of(model).lean or next(model.parameters()).device.type != "cpu" \
                 or next(model.parameters()).dtype != torch.float32:
             raise ValueError("Only BERT-family masked LMs on a CPU in float32 run through ONNX Runtime.")
         path = (folder or cache_dir()) / f"{config.model_type}-{weights_key(model)}.onnx"

@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForMaskedLM
 
 import bertdemo
-from bertdemo import plots
+from bertdemo import anatomy, plots
 from bertdemo.attention_views import (VIEWS, Attention, aggregate, bertviz_html, data_urls, default_selection,
                                 eager_twin, mask_rows, rollout, srcdoc_iframe, standalone,
                                 view)
@@ -53,7 +53,7 @@ def test_one_copy_of_weights_and_shared_model_stays_sdpa(tiny_bert):
     assert ours.keys() == theirs.keys()
     assert all(ours[k].data_ptr() == theirs[k].data_ptr() for k in ours)
     assert tiny_bert.model.config._attn_implementation == "sdpa"  # other users' fast path untouched
-    assert twin.config._attn_implementation == "eager"
+    assert twin.config._attn_implementation == anatomy.PROBE_ATTENTION  # the eager formula, scores readable
 
 
 def test_mask_predictions_equal_fill_mask(tiny_bert):

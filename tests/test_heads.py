@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForMaskedLM
 
 import bertdemo
-from bertdemo import heads, hooks
+from bertdemo import anatomy, heads, hooks
 from bertdemo.fillmask import encode, logits_at
 from bertdemo.models import LoadedModel
 
@@ -33,7 +33,7 @@ def zeroed_copy(lm, pairs) -> LoadedModel:
     nothing from each head, i.e. its weight's columns for that head's slice set to zero."""
     model = copy.deepcopy(lm.model)
     for layer, head in pairs:
-        part = hooks.attention_layers(model)[layer]
+        part = anatomy.of(model).attention[layer]
         with torch.no_grad():
             part.output.weight[:, head * part.head_dim:(head + 1) * part.head_dim] = 0.0
     return LoadedModel("zeroed copy", lm.tokenizer, model, lm.device)
