@@ -1,0 +1,159 @@
+"""Every view on every encoder family: a tiny random-weight model per family (its own tokenizer
+kind), each view compared with a reference built here from the model's own modules and outputs."""
+import functools
+
+import pytest
+import torch
+from transformers import AutoModelForMaskedLM, pipeline
+
+import bertdemo
+import tiny_models
+from bertdemo import anatomy, heads
+from bertdemo.fillmask import encode, fill_encoded, logits_at
+
+SENTENCE = "The cat sat on the [MASK] in the park."
+LONGER = "We went to the river bank and the [MASK] sat on a very old and very green bench."
+
+
+@pytest.fixture(scope="module", params=tiny_models.FAMILIES)
+def family(request, tmp_path_factory):
+    """(family name, its saved folder, the model as bertdemo loads it)."""
+    folder = tiny_models.save_tiny_family(request.param, tmp_path_factory.mktemp(request.param))
+    return request.param, folder, bertdemo.load(str(folder))
+
+
+@functools.cache
+def eager_reference(folder):
+    """The same checkpoint loaded afresh by transformers with its eager attention."""
+    return AutoModelForMaskedLM.from_pretrained(str(folder), attn_implementation="eager").eval()
+
+
+def model_inputs(lm, text):
+    return lm.tokenizer(lm.to_model_text(text), return_tensors="pt")
+
+
+def mask_position(lm, text) -> int:
+    return encode(lm, text).mask_positions[0]
+
+
+def test_every_declared_part_is_found(family):
+    name, _, lm = family
+    found = anatomy.of(lm.model)
+    assert found.family is anatomy.FAMILIES[name] and not found.missing
+    assert len(found.attention) == 2 and found.attention[0].heads == 2
+
+
+def test_fill_mask_equals_the_pipeline_alone_and_in_a_padded_batch(family):
+    name, folder, lm = family
+    ours = bertdemo.fill_mask(lm, SENTENCE, top_k=5)[0]
+    reference = pipeline("fill-mask", model=str(folder), tokenizer=str(folder), top_k=5, device="cpu")
+    theirs = reference(lm.to_model_text(SENTENCE))
+    assert [p["token_id"] for p in ours] == [p["token"] for p in theirs]
+    assert [p["score"] for p in ours] == pytest.approx([p["score"] for p in theirs], abs=1e-5)
+    batched = fill_encoded(lm, [encode(lm, SENTENCE), encode(lm, LONGER)], [5, 5])[0][0]
+    assert [p["token_id"] for p in batched] == [p["token_id"] for p in ours]
+    assert [p["score"] for p in batched] == pytest.approx([p["score"] for p in ours], abs=1e-5)
+
+
+def test_attention_equals_the_eager_models_own_weights(family):
+    _, folder, lm = family
+    ours = bertdemo.attention(lm, SENTENCE).weights
+    with torch.no_grad():
+        theirs = eager_reference(folder)(**model_inputs(lm, SENTENCE), output_attentions=True).attentions
+    torch.testing.assert_close(torch.from_numpy(ours), torch.cat(theirs), atol=1e-5, rtol=0)
+
+
+def test_the_neuron_views_scores_give_the_models_weights(family):
+    """Queries and keys as the model scores them (after rotary encodings, with position terms):
+    the softmax of the view's scores is the model's own attention at every layer and head."""
+    _, folder, lm = family
+    token = mask_position(lm, SENTENCE)
+    with torch.no_grad():
+        theirs = eager_reference(folder)(**model_inputs(lm, SENTENCE), output_attentions=True).attentions
+    for layer in range(2):
+        for head in range(2):
+            view = bertdemo.neuron_view(lm, SENTENCE, layer=layer, head=head, token=token)
+            expected = theirs[layer][0, head, token].double()
+            torch.testing.assert_close(torch.tensor(view["weights"], dtype=torch.float64), expected, atol=1e-5, rtol=0)
+            assert len(view["query"]) == view["head_dim"] and len(view["keys"]) == len(view["tokens"])
+
+
+def _zeroing_reference(lm, folder, layer: int, head: int):
+    """A fresh copy whose attention output projection reads nothing from `head` at `layer`'s
+    call only (ALBERT calls one shared layer at every depth)."""
+    model = eager_reference(folder)
+    part = anatomy.of(model).attention[layer]
+    wanted = anatomy.calls(model)[id(part.output)].index(layer)
+    seen = []
+
+    def zero(module, args):
+        seen.append(1)
+        if len(seen) - 1 != wanted:
+            return None
+        heads_side_by_side = args[0].clone()
+        heads_side_by_side[..., head * part.head_dim:(head + 1) * part.head_dim] = 0.0
+        return (heads_side_by_side,)
+
+    return model, part.output.register_forward_pre_hook(zero), seen
+
+
+def test_heads_off_equals_the_output_projection_reading_nothing_from_that_head(family):
+    name, folder, lm = family
+    position = mask_position(lm, SENTENCE)
+    for layer, head in [(0, 1), (1, 0)]:
+        model, handle, seen = _zeroing_reference(lm, folder, layer, head)
+        try:
+            with torch.no_grad():
+                theirs = model(**model_inputs(lm, SENTENCE)).logits[0, position].softmax(-1)
+        finally:
+            handle.remove()
+        assert seen, "the reference hook never ran"
+        off = bertdemo.heads_off(lm, [(layer, head)])
+        ours = bertdemo.fill_mask(off, SENTENCE, top_k=5)[0]
+        assert [p["token_id"] for p in ours] == theirs.topk(5).indices.tolist()
+        assert [p["score"] for p in ours] == pytest.approx(theirs.topk(5).values.tolist(), abs=1e-5)
+        assert ours != bertdemo.fill_mask(lm, SENTENCE, top_k=5)[0]  # the head mattered
+
+
+def test_head_importance_equals_one_head_off_at_a_time(family):
+    _, _, lm = family
+    found = bertdemo.head_importance(lm, SENTENCE)
+    enc = encode(lm, SENTENCE)
+    cols = torch.tensor(enc.mask_positions[:1])
+    target = found["target"]["token_id"]
+    with torch.inference_mode():
+        base = logits_at(lm, enc.inputs, torch.zeros_like(cols), cols).log_softmax(-1)[0, target]
+        assert found["log_prob"] == pytest.approx(float(base), abs=1e-5)
+        for layer in range(found["layers"]):
+            for head in range(found["heads"]):
+                off = bertdemo.heads_off(lm, [(layer, head)])
+                alone = logits_at(off, enc.inputs, torch.zeros_like(cols), cols).log_softmax(-1)[0, target]
+                assert found["delta"][layer][head] == pytest.approx(float(alone - base), abs=1e-4)
+
+
+def test_the_logit_lens_last_layer_is_fill_mask(family):
+    _, _, lm = family
+    lens = bertdemo.layer_predictions(lm, SENTENCE, top_k=5)[0]
+    filled = bertdemo.fill_mask(lm, SENTENCE, top_k=5)[0]
+    assert len(lens["layer_names"]) == 3  # the embeddings and two layers
+    assert [p["token_id"] for p in lens["layers"][-1]] == [p["token_id"] for p in filled]
+    assert [p["score"] for p in lens["layers"][-1]] == pytest.approx([p["score"] for p in filled], abs=1e-5)
+
+
+def test_attributions_and_embeddings_run(family):
+    _, _, lm = family
+    coarse, fine = (bertdemo.saliency(lm, SENTENCE, steps=steps) for steps in (4, 128))
+    assert len(fine["attributions"]) == len(fine["tokens"])
+    # the attributions share out f(x) - f(baseline): more steps, closer (DeBERTa converges slowest)
+    assert abs(fine["delta"]) <= max(abs(coarse["delta"]), 1e-3) and abs(fine["delta"]) < 0.25
+    mapped = bertdemo.embedding_map(lm, ["The cat sat on the mat.", "A cat ran in the park."], word="cat", layer=2)
+    assert len(mapped["points"]) == 2
+
+
+def test_a_few_fine_tune_steps_lower_the_loss(family):
+    _, _, lm = family
+    text = "\n".join(["The cat sat on the mat.", "The dog sat on the mat.", "A cat ran in the park."] * 8)
+    tuned, history = bertdemo.finetune(lm, text, steps=12, learning_rate=3e-3, batch_size=4, max_length=32)
+    assert tuned.model is not lm.model
+    assert history.evals[-1].loss < history.evals[0].loss
+    assert bertdemo.fill_mask(tuned, SENTENCE)  # the tuned model serves every view too
