@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import copy
 import functools
+import logging
 import math
+import sys
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -57,7 +59,7 @@ def bert_head(path: str):
     """BERT's head (`BertLMPredictionHead`): `transform` (dense, act, LayerNorm), then `decoder`."""
     def head(model):
         module = _get(model, path)
-        if module is None or not hasattr(module, "decoder"):
+        if module is None or not (hasattr(module, "decoder") and hasattr(module, "transform")):
             return None
         return module.transform, module.decoder
     return head
@@ -188,6 +190,7 @@ class Family:
     lean: bool = False  # BERT's own layer layout: the lean forward and ONNX Runtime serve it
     padding_sensitive: bool = False
     unroll: Callable | None = None  # model -> the layers in calling order (ALBERT's shared ones)
+    head_views: bool = True  # False: its heads are not what the head views can switch or score
     notes: str = ""
 
 
@@ -248,7 +251,8 @@ FAMILIES: dict[str, Family] = {
                    head=bert_head("cls.predictions"), padding_sensitive=True,
                    notes="mixes tokens with a Fourier transform: it has no attention weights"),
     "convbert": Family("ConvBERT", head=bert_head("cls.predictions"), padding_sensitive=True,
-                       scores=None, notes="part of each layer is a convolution over the padded sequence",
+                       scores=_BERT_SCORES, head_views=False,
+                       notes="half of each layer's heads are convolutions over the sequence, not attention",
                        **_BERT),
 }
 
@@ -278,7 +282,7 @@ class Anatomy:
 
     @property
     def name(self) -> str:
-        return self.family.name if self.family else f"{self.model_type} (not declared: discovered)"
+        return self.family.name if self.family else f"{self.model_type} (a family this demo has not declared)"
 
     @property
     def lean(self) -> bool:
@@ -341,6 +345,9 @@ def _find(model) -> Anatomy:
     if not layers or any(a is None for a in attention):
         missing["layers"] = f"its layers do not have the parts declared for {family.name}"
         attention = ()
+    elif not family.head_views:
+        missing["layers"] = family.notes
+        attention = ()
     if family.padding_sensitive and "fourier" in family.attention:
         missing["attention"] = family.notes
     head = family.head(model)
@@ -374,7 +381,8 @@ def discover(model) -> Family | None:
         head = _ROBERTA_HEAD
     else:
         head = lambda m: None  # noqa: E731 - fill mask takes the model's own forward
-    uses_interface = getattr(model, "_supports_attention_backend", False) or model._supports_sdpa
+    # the modelling module dispatches through transformers' attention interface, or scores by itself
+    uses_interface = hasattr(sys.modules.get(type(model).__module__), "ALL_ATTENTION_FUNCTIONS")
     return Family(f"{model.config.model_type} (discovered)", head=head,
                   scores=None if uses_interface else _BERT_SCORES, **_BERT)
 
@@ -494,6 +502,35 @@ def bertdemo_attention(module, query, key, value, attention_mask, scaling=None, 
 
 AttentionInterface.register(PROBE_ATTENTION, bertdemo_attention)
 AttentionMaskInterface.register(PROBE_ATTENTION, eager_mask)  # additive float masks, as eager's
+
+
+def declared(model) -> bool:
+    """Whether `model`'s family is declared in `FAMILIES` (its views are tested against it)."""
+    return getattr(model.config, "model_type", None) in FAMILIES
+
+
+def guarded(view: str):
+    """Decorate a service function `f(lm, ...)`: for a model whose family is not declared, any
+    failure inside becomes a ValueError naming the view, the model's family and the cause (the
+    visitor's to read; the log keeps the traceback). For declared families a failure is a fault
+    and propagates as it is."""
+    def decorate(function):
+        @functools.wraps(function)
+        def run(lm, *args, **kwargs):
+            try:
+                return function(lm, *args, **kwargs)
+            except ValueError:
+                raise
+            except Exception as err:
+                model = getattr(lm, "model", None)
+                if model is None or declared(model):
+                    raise
+                logging.getLogger("bertdemo").warning("%s failed on %s", view, lm.name, exc_info=True)
+                cause = (str(err).strip().splitlines() or [type(err).__name__])[0]
+                raise ValueError(f"{view} does not work on {lm.name} ({of(model).name}; its family is not "
+                                 f"declared in this demo): {type(err).__name__}: {cause}") from err
+        return run
+    return decorate
 
 
 def views_line(model) -> str:

@@ -96,6 +96,7 @@ def eager_twin(lm: LoadedModel) -> torch.nn.Module:
 
 
 @torch.inference_mode()
+@anatomy.guarded("The attention view")
 def attention(lm: LoadedModel, text: str, text_b: str | None = None, top_k: int = 5) -> Attention:
     """Tokens and attention weights (layers, heads, T, T) of `text` (and `text_b`, as an NSP pair).
 

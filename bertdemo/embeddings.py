@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import hooks, validate
+from . import anatomy, hooks, validate
 from .classification import check_examples, stratified_split
 from .config import Limits
 from .models import LoadedModel
@@ -92,6 +92,7 @@ def check_layer(lm: LoadedModel, layer) -> int:
 
 # ---------------------------------------------------------------- the map
 
+@anatomy.guarded("The embedding map")
 def embedding_map(lm: LoadedModel, texts, *, layer: int, word: str | None = None,
                   max_lines: int = MAX_LINES, max_tokens: int = MAX_TOKENS) -> dict:
     """The hidden states at `layer` (0 = embeddings, L = last) as points on their top two
@@ -179,6 +180,7 @@ def nearest(vectors: np.ndarray, k: int = NEIGHBOURS) -> list[list[dict]]:
 
 # ---------------------------------------------------------------- the probes
 
+@anatomy.guarded("The layer probes")
 def probe_layers(lm: LoadedModel, examples, *, seed: int = 0, max_examples: int | None = None) -> dict:
     """Which layer knows the labels: a logistic regression per layer (0 = embeddings .. L) on the
     frozen hidden states mean-pooled over each text's tokens, trained on the Classify tab's split

@@ -27,6 +27,7 @@ LENS_CAVEAT = ("The intermediate layers were never trained to be read by the MLM
 
 # ---------------------------------------------------------------- layer by layer (logit lens)
 
+@anatomy.guarded("The logit lens")
 def layer_predictions(lm: LoadedModel, text: str, top_k: int = 5,
                       max_masks: int = DEFAULT_MAX_MASKS) -> list[dict]:
     """The model's own MLM head applied after the embeddings and after every layer, per mask.
@@ -83,6 +84,7 @@ def _require_head(lm: LoadedModel):
 
 # ---------------------------------------------------------------- which tokens caused it
 
+@anatomy.guarded("Attributions")
 def saliency(lm: LoadedModel, text: str, target: str | None = None, mask: int = 1,
              method: str = "integrated_gradients", steps: int = 32,
              max_masks: int = DEFAULT_MAX_MASKS) -> dict:
@@ -211,6 +213,7 @@ def _pieces_note(chosen: dict) -> str:
 
 # ---------------------------------------------------------------- two models side by side
 
+@anatomy.guarded("Comparing two models")
 def compare_predictions(lm: LoadedModel, other_model: LoadedModel, text: str, top_k: int = 5,
                         max_masks: int = DEFAULT_MAX_MASKS) -> dict:
     """Both models' top-k per mask (each as `fill_mask` gives it) and how each token's
@@ -277,6 +280,7 @@ def same_token(source: LoadedModel, token_id: int, target: LoadedModel) -> int |
     return None
 
 
+@anatomy.guarded("Comparing two models' scores")
 def compare_scores(lm: LoadedModel, other_model: LoadedModel, text: str,
                    max_masks: int = DEFAULT_MAX_MASKS) -> dict:
     """Both models' sentence score (pseudo-log-likelihood) of the same sentence.

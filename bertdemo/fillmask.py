@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import hooks, lean_forward, validate
+from . import anatomy, hooks, lean_forward, validate
 from .models import USER_MASK, USER_MASK_RE, LoadedModel, mlm_logits
 
 DEFAULT_MAX_MASKS = 10
@@ -86,15 +86,13 @@ def fill_mask(lm: LoadedModel, text: str, top_k: int = 5,
     return fill_encoded(lm, [encode(lm, text, max_masks=max_masks)], [top_k])[0]
 
 
+@anatomy.guarded("Fill mask")
 def fill_encoded(lm: LoadedModel, encs: list[Encoded], top_ks: list[int]) -> list[list[list[dict]]]:
     """`fill_mask` for several already-validated sentences in one padded forward (B, T_max).
     A sentence asked for several times (a crowd pressing Predict on the page's example) is
     computed once: B counts distinct sentences."""
     distinct, which = _distinct(encs)  # encs[i] is distinct[which[i]]
-    inputs = pad_inputs(lm, [e.inputs for e in distinct])
-    rows = torch.tensor([b for b, e in enumerate(distinct) for _ in e.mask_positions], device=lm.device)
-    cols = torch.tensor([p for e in distinct for p in e.mask_positions], device=lm.device)
-    logits = logits_at(lm, inputs, rows, cols)  # (masks of the distinct sentences, V)
+    logits = _mask_logits(lm, distinct)  # (masks of the distinct sentences, V)
     probs = logits.softmax(-1)
     _remember_first_steps(lm, distinct, logits.log_softmax(-1))
     starts = [0]
@@ -106,6 +104,18 @@ def fill_encoded(lm: LoadedModel, encs: list[Encoded], top_ks: list[int]) -> lis
         results.append([[prediction(lm, i, s) for i, s in zip(row_ids.tolist(), row_scores.tolist())]
                         for row_ids, row_scores in zip(ids, scores)])
     return results
+
+
+def _mask_logits(lm: LoadedModel, encs: list[Encoded]) -> torch.Tensor:
+    """Logits (masks of all `encs`, V) from one padded forward; one forward per sentence for a
+    family whose answer depends on the padding after it (`anatomy`: FNet, ConvBERT), so every
+    answer equals the answer alone."""
+    if len(encs) > 1 and anatomy.of(lm.model).padding_sensitive:
+        return torch.cat([_mask_logits(lm, [enc]) for enc in encs])
+    inputs = pad_inputs(lm, [e.inputs for e in encs])
+    rows = torch.tensor([b for b, e in enumerate(encs) for _ in e.mask_positions], device=lm.device)
+    cols = torch.tensor([p for e in encs for p in e.mask_positions], device=lm.device)
+    return logits_at(lm, inputs, rows, cols)
 
 
 def _distinct(encs: list[Encoded]) -> tuple[list[Encoded], list[int]]:
@@ -150,6 +160,7 @@ def check_top_k(top_k, lm: LoadedModel) -> int:
 MAX_BEAM_SIZE = 10  # each step scores beam x open masks rows
 
 
+@anatomy.guarded("Joint filling")
 def fill_jointly(lm: LoadedModel, text: str, beam_size: int = 3,
                  max_masks: int = DEFAULT_MAX_MASKS) -> list[dict]:
     """Fill all masks together: most confident mask first, re-run, repeat; a beam of `beam_size`.
@@ -240,6 +251,7 @@ def _completion(lm, text: str, enc: Encoded, ids, log_prob: float, fills: list[d
 
 # ---------------------------------------------------------------- candidate words
 
+@anatomy.guarded("Scoring candidates")
 def score_candidates(lm: LoadedModel, text: str, candidates: list[str], mask_index: int = 0,
                      max_candidates: int = 10, max_masks: int = DEFAULT_MAX_MASKS) -> list[dict]:
     """Score words the user proposes for one mask, whole words even when they split into pieces.
@@ -327,6 +339,7 @@ def _candidate_rows(lm: LoadedModel, text: str, mask_index: int, word: str) -> d
 
 # ---------------------------------------------------------------- sentence score
 
+@anatomy.guarded("The sentence score")
 def sentence_score(lm: LoadedModel, text: str, batch_size: int = 64) -> dict:
     """Pseudo-log-likelihood (Salazar et al. 2020): mask each token in turn, sum log p(token).
 

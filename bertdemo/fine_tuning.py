@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 from transformers import DataCollatorForLanguageModeling
 
-from . import validate
+from . import anatomy, validate
 from .config import Limits
 from .fillmask import fill_mask, mask_word, split_words
 from .models import LoadedModel, mlm_logits
@@ -460,6 +460,7 @@ def run_finetune(plan: FinetunePlan, *, on_event: Callable | None = None,
     return LoadedModel(f"{lm.name} (fine-tuned)", lm.tokenizer, model, lm.device, caches=lm.caches), history
 
 
+@anatomy.guarded("Fine-tuning")
 def finetune(lm: LoadedModel, texts: str | list[str], *, on_event: Callable | None = None,
              should_stop: Callable[[], bool] | None = None, collate_fn: Callable | None = None,
              eval_every: int | None = None, weight_decay: float = 0.01, warmup_ratio: float = 0.1,

@@ -30,6 +30,7 @@ def shape(lm: LoadedModel, view: str = "Switching heads off") -> tuple[int, int]
 
 # ---------------------------------------------------------------- heads switched off
 
+@anatomy.guarded("Switching heads off")
 def heads_off(lm: LoadedModel, heads) -> LoadedModel:
     """A view of `lm` with the listed (layer, head) pairs switched off (both counted from 0): each
     head's slice of its layer's attention output is set to zero before the output projection, as
@@ -94,6 +95,7 @@ def format_heads(heads) -> str:
 
 # ---------------------------------------------------------------- how much each head matters
 
+@anatomy.guarded("Head importance")
 def head_importance(lm: LoadedModel, text: str, *, mask: int = 0, target: str | None = None,
                     max_masks: int = DEFAULT_MAX_MASKS) -> dict:
     """For every head, how much switching it off alone changes log p(target) at one [MASK].
@@ -193,6 +195,7 @@ def _require_head(lm: LoadedModel):
 
 # ---------------------------------------------------------------- the neuron view
 
+@anatomy.guarded("The neuron view")
 def neuron_view(lm: LoadedModel, text: str, *, layer: int, head: int, token: int,
                 text_b: str | None = None) -> dict:
     """How one head of one layer weighs every key for one token's query (bertviz's neuron view).

@@ -173,6 +173,9 @@ def scores_of(model, captured: dict) -> dict:
     if "scale" in captured:
         return captured
     capture = anatomy.of(model).scores
+    if capture is None or not {"call", "query", "key"} <= captured.keys():
+        raise ValueError(f"{anatomy.of(model).name} computed this layer's scores where the views cannot read "
+                         "them, so the neuron view cannot show them.")
     module, arguments = captured["call"]
     heads = next(p.heads for p in anatomy.of(model).attention if p.module is module)
     split = lambda x: x.view(*x.shape[:2], heads, -1).transpose(1, 2)  # noqa: E731 - (B, T, h*d) -> (B, h, T, d)

@@ -257,6 +257,9 @@ def load(name_or_path: str | os.PathLike = "bert-base-uncased", device: str | No
         )
     except Exception as err:  # noqa: BLE001 - any failure of a model is the visitor's to read, never a crash
         raise ValueError(_load_error_message(name_or_path, err, allow_pickle, cache_only)) from err
+    if getattr(model.config, "is_encoder_decoder", False):
+        raise ValueError(f"Model {name_or_path!r} is an encoder-decoder ({type(model).__name__}): this demo shows "
+                         "encoders. Choose an encoder such as bert-base-uncased, roberta-base or ModernBERT.")
     if tokenizer.mask_token is None:
         raise ValueError(f"Model {name_or_path!r} has no mask token, so it cannot fill masks: "
                          "choose a masked-language model such as bert-base-uncased.")
