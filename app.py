@@ -59,11 +59,13 @@ def load_store(settings: Settings, engine: Engine) -> SessionStore:
         base = engine.load_allowed(settings.model, settings.allowed_models, settings.device,
                                    allow_pickle=settings.allow_pickle, dtype=settings.dtype)
     except ValueError as err:
-        log.error("%s", err)
-        if settings.model == DEFAULT_MODEL and bundled.available():
-            log.warning("serving the bundled model instead of %s", settings.model)
-            notice = hide_paths(bundled.fallback_notice(settings.model, err))
+        if settings.model == DEFAULT_MODEL and bundled.available():  # expected offline: say what and why
+            log.warning("Serving the bundled model (MiniLM-L6 with an MLM head trained offline) instead of "
+                        "%s: %s. Start with --model HUB_ID_OR_FOLDER to serve another.", settings.model,
+                        bundled.fallback_reason(settings.model, err, cause=True))
+            notice = hide_paths(model_banner.fallback_notice(settings.model, err))
             return SessionStore(engine.load_bundled(settings.device), notice=notice, **limits)
+        log.error("%s", err)
         return SessionStore(None, load_error=hide_paths(str(err) + model_banner.how_to_fix(settings)),
                             **limits)
     return SessionStore(base, **limits)
@@ -117,9 +119,22 @@ def build_demo(settings: Settings, store: SessionStore | None = None,
     return demo
 
 
+def configure_logging() -> None:
+    """bertdemo's own lines from INFO (what is served, the allocator, refused input), every other
+    library's from WARNING: their INFO lines (Gradio's startup requests, ONNX Runtime's fusions)
+    and transformers' weight-loading bars say nothing an operator acts on (the hub's download
+    bars stay: a first start may fetch hundreds of MB)."""
+    from huggingface_hub.utils import enable_progress_bars
+    from transformers.utils import logging as transformers_logging
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s:%(name)s:%(message)s")
+    logging.getLogger("bertdemo").setLevel(logging.INFO)
+    transformers_logging.disable_progress_bar()  # also the hub's, which come back below
+    enable_progress_bars()
+
+
 def main(argv: list[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO)
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # Gradio's own startup requests: noise
+    configure_logging()
     arenas = memory.cap_arenas()  # before any thread starts: see bertdemo/memory.py
     settings = parse_args(argv)
     log.info("malloc: %s", "jemalloc" if memory.allocator() == "jemalloc"

@@ -1,5 +1,6 @@
 """`python -m bertdemo download MODEL [--dir DIR]`: fetch a model once, to run the demo offline;
-`python -m bertdemo train-bundled`: make the bundled model (see `bertdemo/bundled_training.py`).
+`python -m bertdemo train-bundled`: make the bundled model (see `bertdemo/bundled_training.py`);
+`python -m bertdemo config-doc`: print docs/configuration.md, every flag and environment variable.
 
 Only what `bertdemo.load` reads is fetched (config, safetensors weights, tokenizer files), and the
 result is loaded once as a check, so a Docker build fails at build time rather than at the first
@@ -84,9 +85,16 @@ def main(argv: list[str] | None = None) -> int:
     bundled.add_argument("--out", help="folder to save the model in (default: assets/bundled)")
     bundled.add_argument("--corpus", help="where the corpus is (or is built; default ~/.cache/bertdemo-bundled)")
     bundled.add_argument("--no-fetch", action="store_true", help="use only packages already installed")
+    commands.add_parser("config-doc", help="print docs/configuration.md: every flag and environment "
+                        "variable, from bertdemo.config.Settings")
     args = parser.parse_args(argv)
     if args.command == "train-bundled":
         return train_bundled(args)
+    if args.command == "config-doc":
+        from .config import config_doc
+
+        sys.stdout.write(config_doc())
+        return 0
 
     import bertdemo
 

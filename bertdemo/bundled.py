@@ -77,13 +77,18 @@ def describe(report: dict) -> str:
             "for a real one.")
 
 
-def fallback_notice(wanted: str, error: Exception | str) -> str:
-    """The banner when the app serves the bundled model because `wanted` could not be loaded."""
-    return (f"**Serving the bundled model**: {wanted} could not be loaded ({_first_line(error)}). "
-            f"{describe(read_report())} Start the app with `--model` to point at another model "
-            "(a hub id, or a local folder).")
+HUB_SILENT = "the hub did not answer"  # how `models.load`'s error says it read the local cache only
+
+
+def fallback_reason(wanted: str, error: Exception | str, cause: bool = False) -> str:
+    """Why the bundled model is served in `wanted`'s place, in a few words: the hub's silence
+    (the expected case offline), else that it could not be loaded, with `cause` followed by the
+    error's first line, whole (the page shows the whole error apart)."""
+    if HUB_SILENT in str(error):
+        return f"the Hugging Face Hub did not answer and {wanted} is not cached on this machine"
+    return f"{wanted} could not be loaded" + (f" ({_first_line(error)})" if cause else "")
 
 
 def _first_line(error: Exception | str) -> str:
     text = str(error).strip()
-    return text.splitlines()[0].rstrip(". ")[:300] if text else type(error).__name__
+    return text.splitlines()[0].rstrip(". ") if text else type(error).__name__

@@ -24,12 +24,13 @@ def option(default, help: str, *, metavar: str | None = None, repr: bool = True)
 class Settings:
     """What the operator can set. Field `max_masks` is flag `--max-masks` and env var `BERTDEMO_MAX_MASKS`."""
 
-    model: str = option(DEFAULT_MODEL, "hub id or local folder of a masked LM")
+    model: str = option(DEFAULT_MODEL, "hub id or local folder of a masked LM (BERT, DistilBERT, "
+                                       "RoBERTa-style), or `bundled` for the model shipped in assets/bundled")
     models: str | None = option(None, "more hub ids or folders visitors may pick, comma separated; "
                                       "nothing else can be loaded from the page", metavar="A,B,...")
     device: str | None = option(None, "cpu, cuda or cuda:N; default: CUDA when present, else CPU")
     dtype: str = option("float32", "weights' precision: float32, or bfloat16 (half the memory traffic; "
-                                   "speed and fidelity in the README's Benchmarks)")
+                                   "speed and fidelity in docs/benchmarks.md)")
     host: str = option("127.0.0.1", "address to serve on")
     port: int = option(7860, "port")
     max_masks: int = option(10, "most [MASK]s per sentence")
@@ -107,6 +108,59 @@ class Limits:
     max_batch_size: int = 64
     max_learning_rate: float = 1e-2
     max_examples: int = 2_000  # labelled examples per classifier run
+
+
+# What else the app reads from its environment (not settings: where files go, the allocator, the
+# hosting platform's conventions). `config_doc` lists them beside the settings.
+OTHER_ENV = {
+    "BERTDEMO_ONNX_CACHE": "folder where each served model's ONNX export is kept "
+                           "(default `~/.cache/bertdemo/onnx`)",
+    "BERTDEMO_MALLOC": "`glibc` keeps glibc's malloc; by default `python app.py` re-executes itself under "
+                       "jemalloc where it is installed (docs/operations.md)",
+    "BERTDEMO_REEXECED": "set by `python app.py` itself when it re-executes under jemalloc: never set it",
+    "MALLOC_ARENA_MAX": "glibc's malloc arenas when jemalloc is not there; the app caps them at 2 unless set",
+    "GRADIO_SERVER_NAME": "the address to serve on when `BERTDEMO_HOST` is not set (the Docker image "
+                          "sets `0.0.0.0`)",
+    "GRADIO_SERVER_PORT": "the port when `BERTDEMO_PORT` is not set",
+    "SPACE_ID": "set by a Hugging Face Space: serve on `0.0.0.0`, `--mcp` on, no share link",
+    "GRADIO_TEMP_DIR": "Gradio's folder for the files it serves (downloads); default: one of the app's "
+                       "own, removed at exit",
+    "GRADIO_HEARTBEAT_INTERVAL": "seconds between a page's heartbeats (default 5 here; Gradio's is 15)",
+    "HF_HUB_OFFLINE": "`1`: never ask the Hugging Face Hub; models come from its local cache or a folder",
+    "HF_HOME": "where the Hugging Face cache lives (downloaded models)",
+}
+
+
+def config_doc() -> str:
+    """docs/configuration.md, generated from `Settings` and `OTHER_ENV` so it cannot drift:
+    `python -m bertdemo config-doc > docs/configuration.md` (a test compares the two)."""
+    rows = ["| flag | environment variable | default | meaning |", "| --- | --- | --- | --- |"]
+    for f in fields(Settings):
+        name = f"`{flag(f)}` / `--no-{flag(f)[2:]}`" if "bool" in f.type else f"`{flag(f)}`"
+        rows.append(f"| {name} | `{env_var(f)}` | {_shown_default(f.default)} | "
+                    f"{' '.join(f.metadata['help'].split())} |")
+    others = ["| variable | meaning |", "| --- | --- |"]
+    others += [f"| `{name}` | {meaning} |" for name, meaning in OTHER_ENV.items()]
+    return "\n".join([
+        "# Configuration", "",
+        "<!-- Generated from bertdemo.config (Settings, OTHER_ENV) by `python -m bertdemo config-doc "
+        "> docs/configuration.md`: edit those, not this file (tests/test_docs.py compares them). -->", "",
+        "Every setting is a flag of `python app.py` and an environment variable: a flag wins over its "
+        "variable, which wins over the default. `python app.py --help` prints the same list. On/off "
+        "settings take `1`, `true`, `yes` or `on` in their variable (anything else is off).", "",
+        *rows, "",
+        "Host and port also follow the hosting platform's conventions (`GRADIO_SERVER_NAME`, "
+        "`GRADIO_SERVER_PORT`, `SPACE_ID`, below); a `BERTDEMO_*` variable or a flag still wins.", "",
+        "## Other environment variables", "",
+        *others, ""])
+
+
+def _shown_default(value) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return f"`{value}`"
 
 
 def cpu_model() -> str:

@@ -24,6 +24,7 @@ in place, or a tuned copy, takes the torch path. Only BERT-layout masked LMs (`a
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -31,6 +32,7 @@ import os
 import shutil
 import tempfile
 import threading
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -104,7 +106,7 @@ def export(model: torch.nn.Module, path: Path) -> Path:
     from onnxruntime.transformers.optimizer import optimize_model
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=path.parent) as work:
+    with tempfile.TemporaryDirectory(dir=path.parent) as work, _quiet_export():
         raw = Path(work) / "model.onnx"
         # a padded row in the example: the attention mask must be traced as used (with a mask of
         # ones transformers may skip it, and the export would then ignore padding)
@@ -125,8 +127,33 @@ def export(model: torch.nn.Module, path: Path) -> Path:
         out = Path(work) / "model.opt.onnx"
         fused.save_model_to_file(str(out))
         os.replace(out, path)
-        log.info("ONNX export %s: %s", path.name, fused.get_fused_operator_statistics())
+        fusions = {op: n for op, n in fused.get_fused_operator_statistics().items() if n}
+    log.info("ONNX export %s: %s", path.name, fusions)
     return path
+
+
+# ONNX Runtime's transformer optimizer logs each fusion at INFO under its modules' bare names
+_OPTIMIZER_LOGS = ("fusion_base", "fusion_utils", "onnx_model", "onnx_model_bert", "optimizer")
+
+
+@contextlib.contextmanager
+def _quiet_export():
+    """Silence what tracing and fusing a BERT always says, and says to no one who can act on it:
+    torch's TracerWarning (transformers' Python branches on shapes, constant for this graph), the
+    exporter's note on advanced indexing (our positions are never negative) and the optimizer's
+    INFO lines per fusion. Only around the export: anything else still warns."""
+    loggers = [logging.getLogger(name) for name in _OPTIMIZER_LOGS]
+    levels = [logger.level for logger in loggers]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.onnx")
+        for logger in loggers:
+            logger.setLevel(logging.WARNING)
+        try:
+            yield
+        finally:
+            for logger, level in zip(loggers, levels):
+                logger.setLevel(level)
 
 
 class OnnxMaskedLM:

@@ -38,3 +38,39 @@ def test_with_the_hub_out_of_reach_the_page_serves_the_bundled_model_and_says_wh
     expect(bars.locator(".ytick text", has_text=re.compile(r"^dog$"))).to_be_visible()
     expect(page.get_by_text("MLM head not in the checkpoint")).to_have_count(0)  # no untrained-head warning
     screenshot("bundled_served_offline")
+
+
+LINE_TOPS = """banner => {
+    // the distinct lines of the banner's text outside its <details>, as laid out in the page
+    const tops = [], walker = document.createTreeWalker(banner, NodeFilter.SHOW_TEXT);
+    while (walker.nextNode()) {
+        const node = walker.currentNode;
+        if (!node.textContent.trim() || node.parentElement.closest("details")) continue;
+        const range = document.createRange();
+        range.selectNodeContents(node);
+        for (const rect of range.getClientRects()) if (rect.width > 0) tops.push(rect.top);
+    }
+    tops.sort((a, b) => a - b);
+    return tops.filter((top, i) => i === 0 || top - tops[i - 1] > 8).length;
+}"""
+
+
+def test_the_banner_is_two_lines_with_the_hubs_error_whole_in_a_closed_accordion(page, offline_url, screenshot):
+    page.goto(offline_url)
+    banner = page.locator("#model-banner")
+    expect(banner).to_contain_text("Serving the bundled model, not bert-base-uncased: the Hugging Face Hub did not answer")
+    expect(banner).to_contain_text("start the app with --model")
+    assert banner.evaluate(LINE_TOPS) <= 2  # what is served, why, how to change it
+    accordion = banner.locator("details")
+    expect(accordion).to_have_count(1)
+    assert accordion.evaluate("d => d.open") is False
+    cause = accordion.get_by_text("bert-base-uncased could not be loaded:")
+    expect(cause).to_be_hidden()
+    screenshot("bundled_banner_closed")
+    accordion.locator("summary").click()
+    expect(cause).to_be_visible()
+    text = accordion.inner_text()  # the hub's error, whole: its first words to its last
+    assert "We couldn't connect to" in text and "the hub did not answer" in text
+    assert "(save_pretrained output)." in text
+    expect(accordion).to_contain_text(re.compile("far below bert-base-uncased", re.IGNORECASE))
+    screenshot("bundled_banner_open")

@@ -16,7 +16,10 @@ _SERVER_PATH = re.compile(r"""(?<![\w.:/~-])(?:/[^\s'"`/<>]+){2,}/?""")
 
 def friendly_errors(fn):
     """Run a handler (plain or generator); a ValueError becomes `gr.Error` with its message,
-    anything else a short generic message (details go to the server log, never to the visitor)."""
+    anything else a short generic message (details go to the server log, never to the visitor).
+
+    The server log gets one line for bad input (it is answered, nothing failed) and the traceback
+    only for a real fault; Gradio is told not to print its own for either."""
     if inspect.isgeneratorfunction(fn):
         @functools.wraps(fn)
         def stream(*args, **kwargs):
@@ -38,10 +41,12 @@ def _errors_as_messages(fn):
     except gr.Error:
         raise
     except ValueError as err:
-        raise gr.Error(hide_paths(str(err))) from None
+        log.info("%s refused its input: %s", fn.__name__, " ".join(str(err).split()))
+        raise gr.Error(hide_paths(str(err)), print_exception=False) from None
     except Exception:  # noqa: BLE001 - the server must stay up whatever the input
         log.exception("handler %s failed", fn.__name__)
-        raise gr.Error("Something went wrong on the server; try a shorter or simpler input.") from None
+        raise gr.Error("Something went wrong on the server; try a shorter or simpler input.",
+                       print_exception=False) from None
 
 
 def hide_paths(message: str) -> str:
@@ -61,12 +66,16 @@ def refuse_non_finite_numbers(demo: gr.Blocks) -> None:
 
 
 def _finite_first(preprocess, label: str):
+    def refuse(message: str):
+        log.info("refused input: %s", message)
+        return gr.Error(message, print_exception=False)
+
     @functools.wraps(preprocess)
     def checked(payload):
         if payload is not None and (isinstance(payload, bool) or not isinstance(payload, (int, float))):
-            raise gr.Error(f"{label}: give a number, not {str(payload)[:40]!r}.")
+            raise refuse(f"{label}: give a number, not {str(payload)[:40]!r}.")
         if isinstance(payload, float) and not math.isfinite(payload):
-            raise gr.Error(f"{label}: give a finite number, not {payload}.")
+            raise refuse(f"{label}: give a finite number, not {payload}.")
         return preprocess(payload)
     return checked
 

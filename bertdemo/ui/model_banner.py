@@ -4,12 +4,14 @@ bundled model is served instead of a default that could not be reached (why, and
 is). Visitors never choose a path: the button loads only the model shipped with bertdemo."""
 from __future__ import annotations
 
+import html
+
 import gradio as gr
 
 from .. import bundled
 from ..config import Settings
 from .context import AppContext, Visitor, handler
-from .model_line import model_line
+from .model_line import details, model_line
 
 BUNDLED_BUTTON = "Use the bundled model (MiniLM-L6 with an MLM head trained offline)"
 
@@ -21,6 +23,20 @@ def how_to_fix(settings: Settings) -> str:
     if bundled.available():
         hint += f" Or press “{BUNDLED_BUTTON}” at the top of this page (or start with `--model bundled`)."
     return hint
+
+
+def fallback_notice(wanted: str, error: Exception | str) -> str:
+    """The banner when the bundled model is served because `wanted` could not be loaded: two
+    lines (what is served and why; how to serve another), then the whole error and what the
+    bundled model is in a closed <details> (Markdown keeps one component, so `/use_bundled`
+    still returns one value)."""
+    served = f"**Serving the bundled model**, not {wanted}: {bundled.fallback_reason(wanted, error)}."
+    change = ("It is small and trained offline; to serve another model, start the app with `--model` "
+              "and a hub id or a local folder.")
+    cause = (f"<p><b>{html.escape(wanted, quote=False)} could not be loaded:</b> "
+             f"{html.escape(_one_line(error), quote=False)}</p>")  # HTML: the error's text stays as it is
+    return f"{served}  \n{change}\n\n" + details("Why, and what the bundled model is", cause,
+                                                  bundled.describe(bundled.read_report()))
 
 
 def shown(store) -> bool:
@@ -56,3 +72,7 @@ def _text(store) -> str:
 
 def _offer_bundled(store) -> bool:
     return store.base is None and bundled.available()
+
+
+def _one_line(error: Exception | str) -> str:
+    return " ".join(str(error).split()) or type(error).__name__

@@ -1,6 +1,7 @@
 """The one line that tells a visitor which model their tabs use, worded for where it is shown."""
 from __future__ import annotations
 
+import html
 from typing import Literal
 
 from ..models import LoadedModel
@@ -54,8 +55,15 @@ def _warnings(lm: LoadedModel, place: Place) -> list[str]:
     weights come from when the card says (the bundled model's training)."""
     found = [f"⚠️ **{lm.card.warning}.**"] if lm.card.warning else []
     if lm.card.provenance and place == "banner":
-        found.append(lm.card.provenance)
+        found.append(details("What this model is", lm.card.provenance))
     return found
+
+
+def details(summary: str, *paragraphs: str) -> str:
+    """Markdown for a closed <details> below a short banner: `summary` shown, `paragraphs`
+    (Markdown, or HTML on one line) inside, each whole."""
+    return "\n\n".join([f"<details><summary>{html.escape(summary, quote=False)}</summary>", *paragraphs,
+                         "</details>"])
 
 
 def model_card(store, session: str | None = None) -> str:
