@@ -32,7 +32,7 @@ from bertdemo.config import DEFAULT_MODEL, Settings, parse_auth
 from bertdemo.engine import Engine
 from bertdemo.sessions import SessionStore
 from bertdemo.ui import (about_tab, attention_tab, classify_tab, embeddings_tab, explain_tab, fillmask_tab,
-                         finetune_tab, masking_tab, mcp_tools, model_banner, model_picker, sent_values)
+                         finetune_tab, masking_tab, mcp_tools, model_banner, model_picker, search_tab, sent_values)
 from bertdemo.ui.common import hide_paths, refuse_non_finite_numbers
 from bertdemo.ui.context import AppContext, forget_session, handler
 from bertdemo.ui.health import Health
@@ -99,6 +99,8 @@ def build_demo(settings: Settings, store: SessionStore | None = None,
             explain_tab.render(ctx)
         with gr.Tab("Embeddings"):
             embeddings_tab.render(ctx)
+        with gr.Tab("Corpus search"):
+            search_tab.render(ctx)
         with gr.Tab("Mask sampling"):
             masking_tab.render(ctx)
         with gr.Tab("Fine-tune"):

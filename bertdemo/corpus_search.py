@@ -62,6 +62,27 @@ class Stopped(Exception):
     """An index build stopped by its caller (`should_stop`); what it had built is freed."""
 
 
+class StopRequests:
+    """Who asked to stop their index build: a session's Stop button sets its flag, its build
+    reads it between batches (`should_stop`)."""
+
+    def __init__(self):
+        self._asked: set = set()
+        self._lock = threading.Lock()
+
+    def ask(self, session) -> None:
+        with self._lock:
+            self._asked.add(session)
+
+    def clear(self, session) -> None:
+        with self._lock:
+            self._asked.discard(session)
+
+    def asked(self, session) -> bool:
+        with self._lock:
+            return session in self._asked
+
+
 @dataclass(frozen=True)
 class Corpus:
     """The lines searched: the shipped default or a visitor's own, and their digest."""
@@ -230,6 +251,30 @@ def cache_dir() -> Path:
     return Path(os.environ.get("BERTDEMO_SEARCH_CACHE") or Path.home() / ".cache" / "bertdemo" / "search")
 
 
+class ModelDigests:
+    """A digest of a model's weights, config and tokenizer, remembered per model object while none
+    of its weights changes in place (an optimizer step changes a tensor's version): what a cache
+    of a model's results is kept under, on disk, so a restart finds it and a tuned model does not."""
+
+    def __init__(self):
+        self._known: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def of(self, lm: LoadedModel) -> str:
+        from .onnx_engine import weights_key  # the same digest the ONNX exports are kept under
+
+        stamp = tuple((p._version, p.data_ptr()) for p in lm.model.parameters())
+        with self._lock:
+            known = self._known.get(lm.model)
+        if known is not None and known[0] == stamp:
+            return known[1]
+        tokenizer = f"{type(lm.tokenizer).__name__}:{len(lm.tokenizer)}:{lm.max_length}:{FORMAT}"
+        digest = hashlib.blake2b(f"{weights_key(lm.model)}:{tokenizer}".encode(), digest_size=12).hexdigest()
+        with self._lock:
+            self._known[lm.model] = (stamp, digest)
+        return digest
+
+
 class IndexCache:
     """Indexes on disk, one folder per model and corpus (`<model digest>-<corpus digest>/`, a file
     per layer, memory-mapped when read), and the last few layers read kept open.
@@ -244,7 +289,7 @@ class IndexCache:
         self.keep = keep
         self.builds = 0  # indexes this object built (a test counts them)
         self._open: OrderedDict[tuple[str, int], Index] = OrderedDict()
-        self._digests: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
+        self.digests = ModelDigests()
         self._locks: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
 
@@ -252,20 +297,7 @@ class IndexCache:
         return f"{self.model_digest(lm)}-{corpus.digest}"
 
     def model_digest(self, lm: LoadedModel) -> str:
-        """A digest of the weights, config and tokenizer, remembered per model object while none
-        of its weights changes in place (an optimizer step changes a tensor's version)."""
-        from .onnx_engine import weights_key  # the same digest the ONNX exports are kept under
-
-        stamp = tuple((p._version, p.data_ptr()) for p in lm.model.parameters())
-        with self._lock:
-            known = self._digests.get(lm.model)
-        if known is not None and known[0] == stamp:
-            return known[1]
-        tokenizer = f"{type(lm.tokenizer).__name__}:{len(lm.tokenizer)}:{lm.max_length}:{FORMAT}"
-        digest = hashlib.blake2b(f"{weights_key(lm.model)}:{tokenizer}".encode(), digest_size=12).hexdigest()
-        with self._lock:
-            self._digests[lm.model] = (stamp, digest)
-        return digest
+        return self.digests.of(lm)
 
     def get(self, lm: LoadedModel, corpus: Corpus, layer: int, *, on_progress=None,
             should_stop=None) -> tuple[Index, bool]:
@@ -276,11 +308,16 @@ class IndexCache:
             return found, False
         with self._lock:
             lock = self._locks.setdefault(key, threading.Lock())
-        with lock:  # one build per key; the others wait for it, then read its files
+        while not lock.acquire(timeout=0.2):  # one build per key; the others wait for it, then read its files
+            if should_stop is not None and should_stop():
+                raise Stopped("Stopped while waiting for another visitor's build of the same index.")
+        try:
             found = self._read(key, layer)
             if found is not None:
                 return found, False
             self._build(lm, corpus, key, on_progress, should_stop)
+        finally:
+            lock.release()
         return self._read(key, layer), True
 
     def _build(self, lm, corpus, key, on_progress, should_stop) -> None:
