@@ -198,3 +198,67 @@ def test_bad_input_says_how_to_fix_it(tiny_bert, cache, change, message):
         return
     with pytest.raises(ValueError, match=re.escape(message)):
         bertdemo.search_corpus(tiny_bert, **args)
+
+
+# ---------------------------------------------------------------- the tab
+
+def visitor_for(lm, engine, **settings):
+    from bertdemo.config import Settings
+    from bertdemo.sessions import SessionStore
+    from bertdemo.ui.context import Visitor
+
+    return Visitor(SessionStore(lm), Settings(**settings), "someone", engine)
+
+
+def test_the_tab_lists_the_hits_in_context_as_text(tiny_bert, engine):
+    from bertdemo.ui import search_tab
+
+    lines = "the cat <b>sat</b> on the mat & rug\na dog ran"
+    status, hits, counts, raw = search_tab.on_search(visitor_for(tiny_bert, engine), "the cat sat", "cat", 2, 5, lines)
+    assert "your corpus: 2 lines" in status and raw["corpus"] == "yours"
+    assert "<b>sat" not in hits and "&lt;b&gt;sat&lt;/b&gt;" in hits and "&amp; rug" in hits
+    assert hits.count("<mark>") == 5 and f"<mark>{raw['hits'][0]['word']}</mark>" in hits
+    assert [bar for bar in counts.data[0].y] == [c["count"] for c in raw["counts"]]
+
+
+def test_the_tabs_stop_ends_a_build_and_says_so(tiny_bert, tmp_path):
+    from bertdemo.ui import search_tab
+
+    engine = bertdemo.Engine()
+    engine.search = IndexCache(tmp_path)
+    visitor = visitor_for(tiny_bert, engine)
+
+    def progress(share, desc=None):  # the visitor presses Stop during the build
+        search_tab.on_stop(visitor)
+    status, *rest = search_tab.on_search(visitor, "the cat sat", "cat", 1, 5, "\n".join(CORPUS * 40), progress)
+    assert status.startswith("Stopped") and list(tmp_path.iterdir()) == []
+    status, *rest = search_tab.on_search(visitor, "the cat sat", "cat", 1, 5, "\n".join(CORPUS * 40),
+                                         lambda share, desc=None: None)
+    assert "built now" in status  # the stop was for that build only
+
+
+def test_an_uploaded_file_fills_the_corpus_within_the_limit(tiny_bert, engine, tmp_path):
+    from bertdemo.ui import search_tab
+
+    visitor = visitor_for(tiny_bert, engine, search_max_chars=100)
+    small, large, binary = tmp_path / "small.txt", tmp_path / "large.txt", tmp_path / "data.txt"
+    small.write_text("the cat sat\na dog ran\n")
+    large.write_text("word " * 30)
+    binary.write_bytes(b"\xff\xfe\x00bad")
+    assert search_tab.on_upload(visitor, str(small)) == "the cat sat\na dog ran\n"
+    with pytest.raises(ValueError, match="large.txt has more than 100 characters"):
+        search_tab.on_upload(visitor, str(large))
+    with pytest.raises(ValueError, match="is not UTF-8 text"):
+        search_tab.on_upload(visitor, str(binary))
+
+
+def test_the_app_serves_the_search_to_scripts(client):
+    status, hits, counts, raw = client.predict("the cat sat on the mat", "cat", 2, 3, "the cat sat\na dog ran",
+                                               api_name="/search_corpus")
+    assert raw["corpus"] == "yours" and len(raw["hits"]) == 3 and raw["hits"][0]["word"] == "cat"
+    from gradio_client.exceptions import AppError
+
+    with pytest.raises(AppError, match="'bird' is not in the sentence"):
+        client.predict("the cat sat", "bird", 2, 3, "", api_name="/search_corpus")
+    with pytest.raises(AppError, match="greater than maximum value 2"):  # the layer slider refuses it
+        client.predict("the cat sat", "cat", 9, 3, "", api_name="/search_corpus")
