@@ -13,7 +13,9 @@ is removed at exit (it exists for one session only).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import hashlib
+import io
 import json
 import shutil
 import tempfile
@@ -32,8 +34,9 @@ class ModelExamples(Examples):
     (`context.handler`), run with the clicking visitor's request on a miss."""
 
     def __init__(self, ctx: AppContext, examples: list[list], inputs, outputs, fn, name: str, **kwargs):
-        super().__init__(examples, inputs, outputs, fn=fn, cache_examples=True, cache_mode="lazy",
-                         _initiated_directly=False, **kwargs)
+        with contextlib.redirect_stdout(io.StringIO()):  # Gradio names its own folder, not the one used
+            super().__init__(examples, inputs, outputs, fn=fn, cache_examples=True, cache_mode="lazy",
+                             _initiated_directly=False, **kwargs)
         self.ctx = ctx
         what = json.dumps([name, examples, [type(o).__name__ for o in self.outputs]], default=str)
         self.name = f"{name}-{hashlib.blake2b(what.encode(), digest_size=6).hexdigest()}"

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 import gradio as gr
 
 from ..models import allowed_choices
-from .context import AppContext, Visitor, handler
+from .common import friendly_errors
+from .context import AppContext, Visitor
 from .model_picker import pick
 from .model_line import model_line
 
@@ -288,8 +289,7 @@ class Links:
             return (selected, *(picked if picker else ()), run_tab, *(updates[id(c)] for c in targets))
 
         demo.load(_with_request(self.ctx, on_open), None,
-                  [tabs, *([picker, note] if picker else []), run, *targets], api_visibility="private",
-                  concurrency_id="load_model").then(
+                  [tabs, *([picker, note] if picker else []), run, *targets], api_visibility="private").then(
             None, run, None, js=RUN_JS)
 
     @staticmethod
@@ -316,7 +316,7 @@ def _with_request(ctx: AppContext, fn):
     """`fn(visitor, request)` as a Gradio handler that also receives the request."""
     def on_open(request: gr.Request):
         return fn(ctx.visitor(request), request)
-    return on_open
+    return friendly_errors(on_open)
 
 
 def _copy_js(tab: str, controls: list[Control], default_model: str | None) -> str:
