@@ -6,6 +6,7 @@ from urllib.parse import parse_qs, urlencode, urlparse
 
 from playwright.sync_api import expect
 
+import bertdemo
 from conftest import expect_toast
 
 SENTENCE = "The cat sat on the mat because it was tired."
@@ -50,3 +51,28 @@ def test_a_bad_value_falls_back_with_a_notice_and_markup_stays_text(page, app_ur
     page.goto(app_url + "?tab=no-such-tab")
     expect_toast(page, re.compile(r"This link's tab is not one of this app's"))
     expect(page.get_by_role("tab", name="Fill mask", selected=True)).to_be_visible()
+
+
+def test_a_link_runs_a_corpus_search_and_lists_the_hits_as_text(page, app_url, tiny_bert):
+    corpus = "the cat sat on the <b>mat</b>\na dog ran in the park\nthe cat is in paris"
+    page.goto(app_url + "?" + urlencode({"tab": "corpus-search", "sentence": "the cat sat", "word": "cat",
+                                         "layer": 1, "top_k": 4, "corpus": corpus}))
+    expect(page.get_by_role("tab", name="Corpus search", selected=True)).to_be_visible()
+    hits = page.locator("#search-hits tbody tr")
+    expect(hits).to_have_count(4)
+    expected = bertdemo.search_corpus(tiny_bert, "the cat sat", word="cat", layer=1, top_k=4, corpus=corpus)
+    for row, hit in zip(range(4), expected["hits"]):
+        expect(hits.nth(row).locator("mark")).to_have_text(hit["word"])
+        expect(hits.nth(row).locator(".sim")).to_have_text(f"{hit['similarity']:.3f}")
+    assert page.locator("#search-hits b").count() == 0  # the corpus' markup shows as text
+    expect(page.get_by_text("Searched your corpus: 3 lines")).to_be_visible()
+
+
+def test_a_fill_mask_example_answers_from_its_cache(page, app_url, tiny_bert):
+    page.goto(app_url)
+    example = "The Eiffel [MASK] is a famous landmark."
+    page.get_by_role("button", name=example).or_(page.get_by_text(example, exact=True)).first.click()
+    expect(page.get_by_label("Sentence with [MASK]s")).to_have_value(example)
+    plot = page.locator("div.block", has=page.get_by_test_id("block-label").filter(has_text="Predictions per mask"))
+    best = bertdemo.fill_mask(tiny_bert, example, 5)[0][0]["token"]
+    expect(plot.locator(".ytick text", has_text=best).first).to_be_visible()
