@@ -208,42 +208,57 @@ def _unit(vectors: np.ndarray) -> np.ndarray:
 
 # ---------------------------------------------------------------- the index
 
+def word_occurrences(lm: LoadedModel, lines) -> tuple[dict, np.ndarray, list[list[int]]]:
+    """The corpus tokenized (cut at LINE_TOKENS), and each word occurrence: spans (N, 3) int32 (line,
+    start, end), and the token positions its characters cover (a word past the cut is left out)."""
+    enc = lm.tokenizer(list(lines), return_offsets_mapping=True, return_special_tokens_mask=True,
+                       truncation=True, max_length=min(LINE_TOKENS, lm.max_length))
+    spans, covered = [], []
+    for n, line in enumerate(lines):
+        offsets, special = enc["offset_mapping"][n], enc["special_tokens_mask"][n]
+        for match in WORD.finditer(line):
+            pieces = [i for i, (a, e) in enumerate(offsets) if not special[i] and a < match.end() and e > match.start()]
+            if pieces:
+                spans.append((n, match.start(), match.end()))
+                covered.append(pieces)
+    if not spans:
+        raise validate.InputError("corpus", "The corpus has no words the model can read: add lines of text.")
+    return enc, np.asarray(spans, dtype=np.int32), covered
+
+
 @torch.inference_mode()
-def build_index(lm: LoadedModel, lines, *, on_progress=None, should_stop=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every word occurrence of `lines` at every layer: (vectors (L+1, N, H) float32 of unit length,
-    spans (N, 3) int32, pieces (N,) int32), BATCH lines per forward. Raises `Stopped` between
-    batches when `should_stop()`."""
-    limit = min(LINE_TOKENS, lm.max_length)
-    vectors, spans, pieces = [], [], []
+def build_index(lm: LoadedModel, lines, folder: Path, *, on_progress=None, should_stop=None) -> dict:
+    """Write every word occurrence of `lines` at every layer into `folder`: layerNN.npy (N, H)
+    float32 of unit length, one per layer (0 = embeddings), spans.npy (N, 3) and pieces.npy (N,)
+    int32. One forward per BATCH lines, each batch written straight into the memory-mapped layer
+    files: the build holds one batch's states, never the index. Raises `Stopped` between batches
+    when `should_stop()` (the caller removes `folder`). Returns {"occurrences", "layers", "hidden"}."""
+    enc, spans, covered = word_occurrences(lm, lines)
+    np.save(folder / "spans.npy", spans)
+    np.save(folder / "pieces.npy", np.asarray([c[0] for c in covered], dtype=np.int32))
+    files, first = [], 0  # the layer files; the first occurrence of this batch
     for start in range(0, len(lines), BATCH):
         if should_stop is not None and should_stop():
             raise Stopped("The index build was stopped.")
-        chunk = lines[start:start + BATCH]
-        enc = lm.tokenizer(list(chunk), return_offsets_mapping=True, return_special_tokens_mask=True,
-                           truncation=True, max_length=limit)
-        states = _hidden_states(lm, enc["input_ids"])  # (L+1, B, T, H)
-        width = states.shape[2]
-        rows = []  # per occurrence: its pieces' flat indices in (B * T)
-        for b, line in enumerate(chunk):
-            offsets, special = enc["offset_mapping"][b], enc["special_tokens_mask"][b]
-            for match in WORD.finditer(line):
-                covered = [i for i, (a, e) in enumerate(offsets)
-                           if not special[i] and a < match.end() and e > match.start()]
-                if covered:  # else cut off at `limit`
-                    rows.append([b * width + i for i in covered])
-                    spans.append((start + b, match.start(), match.end()))
-                    pieces.append(covered[0])
-        if rows:
-            mean = torch.zeros(len(rows), states.shape[1] * width)  # averages each word's pieces
-            for r, flat in enumerate(rows):
-                mean[r, flat] = 1.0 / len(flat)
-            words = mean @ states.reshape(states.shape[0], -1, states.shape[3])  # (L+1, n, H)
-            vectors.append(_unit(words.numpy()))
+        states = _hidden_states(lm, enc["input_ids"][start:start + BATCH])  # (L+1, B, T, H)
+        layers, _, width, hidden = states.shape
+        if not files:
+            files = [np.lib.format.open_memmap(folder / f"layer{layer:02d}.npy", mode="w+", dtype=np.float32,
+                                               shape=(len(spans), hidden)) for layer in range(layers)]
+        last = int(np.searchsorted(spans[:, 0], start + BATCH))  # occurrences of this batch's lines
+        if last > first:
+            mean = torch.zeros(last - first, states.shape[1] * width)  # averages each word's pieces
+            for row, (line, pieces) in enumerate(zip(spans[first:last, 0], covered[first:last])):
+                mean[row, [(line - start) * width + i for i in pieces]] = 1.0 / len(pieces)
+            words = _unit((mean @ states.reshape(layers, -1, hidden)).numpy())  # (L+1, n, H)
+            for layer, file in enumerate(files):
+                file[first:last] = words[layer]
+            first = last
         if on_progress is not None:
             on_progress(min(start + BATCH, len(lines)), len(lines))
-    if not spans:
-        raise validate.InputError("corpus", "The corpus has no words the model can read: add lines of text.")
-    return (np.concatenate(vectors, axis=1), np.asarray(spans, dtype=np.int32), np.asarray(pieces, dtype=np.int32))
+    for file in files:
+        file.flush()
+    return {"occurrences": len(spans), "layers": len(files), "hidden": int(files[0].shape[1])}
 
 
 def cache_dir() -> Path:
@@ -322,18 +337,13 @@ class IndexCache:
 
     def _build(self, lm, corpus, key, on_progress, should_stop) -> None:
         started = time.perf_counter()
-        vectors, spans, pieces = build_index(lm, corpus.lines, on_progress=on_progress, should_stop=should_stop)
         self.folder.mkdir(parents=True, exist_ok=True)
         work = Path(tempfile.mkdtemp(dir=self.folder, prefix=f".{key}-"))
         try:  # written whole, then renamed into place: a reader never sees half an index
-            for layer, at_layer in enumerate(vectors):
-                np.save(work / f"layer{layer:02d}.npy", at_layer)
-            np.save(work / "spans.npy", spans)
-            np.save(work / "pieces.npy", pieces)
+            shape = build_index(lm, corpus.lines, work, on_progress=on_progress, should_stop=should_stop)
             (work / "index.json").write_text(json.dumps({
-                "model": lm.name, "corpus": corpus.name, "lines": len(corpus.lines), "occurrences": len(spans),
-                "layers": len(vectors), "hidden": int(vectors.shape[2]), "dtype": "float32", "format": FORMAT,
-                "seconds": round(time.perf_counter() - started, 2)}))
+                "model": lm.name, "corpus": corpus.name, "lines": len(corpus.lines), **shape, "dtype": "float32",
+                "format": FORMAT, "seconds": round(time.perf_counter() - started, 2)}))
             target = self.folder / key
             shutil.rmtree(target, ignore_errors=True)  # a damaged earlier copy
             os.replace(work, target)
@@ -341,7 +351,8 @@ class IndexCache:
             shutil.rmtree(work, ignore_errors=True)
         self.builds += 1
         log.info("search index for %s on the %s corpus (%d lines, %d occurrences, %d layers) built in %.1f s",
-                 lm.name, corpus.name, len(corpus.lines), len(spans), len(vectors), time.perf_counter() - started)
+                 lm.name, corpus.name, len(corpus.lines), shape["occurrences"], shape["layers"],
+                 time.perf_counter() - started)
 
     def _read(self, key: str, layer: int) -> Index | None:
         with self._lock:
