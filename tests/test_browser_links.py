@@ -76,3 +76,13 @@ def test_a_fill_mask_example_answers_from_its_cache(page, app_url, tiny_bert):
     plot = page.locator("div.block", has=page.get_by_test_id("block-label").filter(has_text="Predictions per mask"))
     best = bertdemo.fill_mask(tiny_bert, example, 5)[0][0]["token"]
     expect(plot.locator(".ytick text", has_text=best).first).to_be_visible()
+
+
+def test_copy_link_on_classify_leaves_its_table_out(page, app_url):
+    page.goto(app_url + "?tab=classify&epochs=3")
+    expect(page.get_by_role("tab", name="Classify", selected=True)).to_be_visible()
+    page.locator("#copy-link-classify").click()
+    shown = page.locator("#link-classify textarea, #link-classify input").first
+    expect(shown).to_have_value(re.compile(r"tab=classify"))
+    query = {k: v[0] for k, v in parse_qs(urlparse(shown.input_value()).query).items()}
+    assert query == {"tab": "classify", "epochs": "3"}

@@ -262,10 +262,12 @@ class Links:
         models = list(allowed_choices(self.ctx.settings.allowed_models))
         run_ids = {tab: self._run_id(demo, endpoints[api], tab) for tab, (api, runs) in TABS.items()
                    if runs and api in endpoints}
-        for tab, (copy, shown) in self.buttons.items():
-            pairs = inputs.get(tab, [])
-            copy.click(None, [c for _, c in pairs] + ([picker] if picker else []), shown,
-                       js=_copy_js(tab, controls.get(tab, []), models[0] if len(models) > 1 else None))
+        for tab, (copy, shown) in self.buttons.items():  # a table or a file is not written into a link
+            linkable = [(c, control) for (_, c), control in zip(inputs.get(tab, []), controls.get(tab, []))
+                        if control.kind != "other"]
+            copy.click(None, [c for c, _ in linkable] + ([picker] if picker else []), shown,
+                       js=_copy_js(tab, [control for _, control in linkable],
+                                   models[0] if len(models) > 1 else None))
         targets = list({id(c): c for pairs in inputs.values() for _, c in pairs}.values())
         run = gr.Textbox(visible="hidden", elem_id="link-run")
 
@@ -334,7 +336,8 @@ def _copy_js(tab: str, controls: list[Control], default_model: str | None) -> st
             params.set("model", text(values[names.length]));
         names.forEach((name, i) => {{
             const value = text(values[i]);
-            if (value !== defaults[i] || (kinds[i] === "text" && value !== "")) params.set(name, value);
+            const changed = kinds[i] === "number" ? Number(value) !== Number(defaults[i]) : value !== defaults[i];
+            if (changed || (kinds[i] === "text" && value !== "")) params.set(name, value);
         }});
         const url = window.location.origin + window.location.pathname + "?" + params.toString();
         if (navigator.clipboard) navigator.clipboard.writeText(url).catch(() => {{}});
