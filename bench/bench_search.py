@@ -82,7 +82,8 @@ def main() -> None:
         "matmul16": lambda: np.argsort(-(vectors16.astype(np.float32) @ query))[:10],
         "sklearn": lambda: neighbours.kneighbors(query[None], 10),
     }, repeats=3 if args.tiny else 15, warmup=1)
-    agree = len(set(np.argsort(-(vectors32 @ query))[:10]) & set(np.argsort(-(vectors16.astype(np.float32) @ query))[:10]))
+    top32, top16 = (set(np.argsort(-(v.astype(np.float32) @ query))[:10]) for v in (vectors32, vectors16))
+    agree = len(top32 & top16)
 
     print(f"CPU: {cpu_model()}, {torch.get_num_threads()} threads; "
           f"{'tiny 2-layer' if args.tiny else 'bert-base-sized'} model, {built['lines']:,} lines, "

@@ -44,7 +44,8 @@ def ctx(tiny_bert, engine, tmp_path, monkeypatch):
 def test_an_example_runs_once_then_everyone_reads_the_cache_even_after_a_restart(ctx):
     examples = make_examples(ctx)
     first = click(examples, 0, "alice")
-    assert first == [f"{ctx.store.base.name}:{float(ctx.store.base.model.bert.encoder.layer[0].output.dense.weight[0, 0]):.6f}:first"]
+    weight = float(ctx.store.base.model.bert.encoder.layer[0].output.dense.weight[0, 0])
+    assert first == [f"{ctx.store.base.name}:{weight:.6f}:first"]
     assert click(examples, 0, "bob") == first and CALLS == ["alice"]
     assert click(examples, 1, "bob")[0].endswith(":second") and CALLS == ["alice", "bob"]
     restarted = make_examples(ctx)  # a new process: the same examples, the same model, files on disk

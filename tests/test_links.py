@@ -57,7 +57,8 @@ def test_a_link_names_its_tab_its_values_and_whats_wrong():
     assert parse_link({"tab": "attention", "model": "c"}, CONTROLS, ["a", "b"]).notices[0].startswith("model:")
     unknown = parse_link({"tab": "<img src=x>", "layer": "1"}, CONTROLS, ["a"])
     assert unknown.tab is None and "not one of this app's (attention, about)" in unknown.notices[0]
-    assert parse_link({}, CONTROLS, ["a"]).notices == [] and parse_link({"__theme": "dark"}, CONTROLS, ["a"]).notices == []
+    assert parse_link({}, CONTROLS, ["a"]).notices == []
+    assert parse_link({"__theme": "dark"}, CONTROLS, ["a"]).notices == []
     assert "names no tab" in parse_link({"layer": "1"}, CONTROLS, ["a"]).notices[0]
     assert "<" not in parse_link({"tab": "attention", "<b>": "1"}, CONTROLS, ["a"]).notices[0]
 

@@ -54,6 +54,16 @@ RUN_JS = """(id) => {
     };
     click();
 }"""
+OPEN_JS = """() => {
+    if (!window.location.search) return;
+    const started = Date.now();
+    const open = () => {
+        const button = document.getElementById("link-open");
+        if (button) button.click();
+        else if (Date.now() - started < 20000) setTimeout(open, 100);
+    };
+    open();
+}"""
 RESERVED = {"tab", "model", "__theme", "view", "lang", "deep_link"}  # Gradio's own, or ours
 
 
@@ -269,7 +279,7 @@ class Links:
                        js=_copy_js(tab, [control for _, control in linkable],
                                    models[0] if len(models) > 1 else None))
         targets = list({id(c): c for pairs in inputs.values() for _, c in pairs}.values())
-        run = gr.Textbox(visible="hidden", elem_id="link-run")
+        run = gr.Textbox(visible="hidden", elem_id="link-run")  # the button the link's view runs with
 
         def on_open(visitor: Visitor, request: gr.Request):
             link = parse_link(dict(request.query_params), controls, models)
@@ -290,8 +300,12 @@ class Links:
             run_tab = run_ids.get(link.tab, "")
             return (selected, *(picked if picker else ()), run_tab, *(updates[id(c)] for c in targets))
 
-        demo.load(_with_request(self.ctx, on_open), None,
-                  [tabs, *([picker, note] if picker else []), run, *targets], api_visibility="private").then(
+        # Only a page opened from a link sends an event: the page load is JavaScript alone, and it
+        # presses the hidden opener when the address has parameters (a plain visit queues nothing).
+        opener = gr.Button(visible="hidden", elem_id="link-open")
+        demo.load(None, None, None, js=OPEN_JS)
+        outputs = [tabs, *([picker, note] if picker else []), run, *targets]
+        opener.click(_with_request(self.ctx, on_open), None, outputs, api_visibility="private").then(
             None, run, None, js=RUN_JS)
 
     @staticmethod
