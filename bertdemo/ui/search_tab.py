@@ -27,7 +27,7 @@ INTRO = """**What the model treats as the same.** Pick a word in a sentence: its
 layer is compared, by cosine similarity, with every word of a corpus at the same layer, and the
 nearest are listed in their lines. Step the layer slider and watch the senses separate: near the
 embeddings every "bank" is alike; higher up, a river bank's neighbours are river banks. The default
-corpus is 1,827 everyday lines (conversation lines of the ChatterBot corpus, BSD-3-Clause, and lines
+corpus is {lines:,} everyday lines (conversation lines of the ChatterBot corpus, BSD-3-Clause, and lines
 written for bertdemo that use one word in two senses); paste or upload your own instead. The first
 search of a corpus with a model builds its index (every layer at once; for bert-base and the default
 corpus, on a CPU, well under a minute); later searches take milliseconds."""
@@ -37,7 +37,7 @@ def render(ctx: AppContext) -> None:
     """Layout, then one line per event."""
     settings = ctx.settings
     n_layers = _layer_count(ctx)
-    gr.Markdown(INTRO)
+    gr.Markdown(INTRO.format(lines=len(corpus_search.read_corpus(None).lines)))
     with gr.Row():
         sentence = gr.Textbox(label="Sentence", value=EXAMPLES[0][0], lines=2, scale=3)
         with gr.Column(scale=2):
