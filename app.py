@@ -32,15 +32,21 @@ from bertdemo.config import DEFAULT_MODEL, Settings, parse_auth
 from bertdemo.engine import Engine
 from bertdemo.sessions import SessionStore
 from bertdemo.ui import (about_tab, attention_tab, classify_tab, embeddings_tab, explain_tab, fillmask_tab,
-                         finetune_tab, masking_tab, mcp_tools, model_banner, model_picker, sent_values)
+                         finetune_tab, masking_tab, mcp_tools, model_banner, model_picker, search_tab, sent_values)
 from bertdemo.ui.common import hide_paths, refuse_non_finite_numbers
 from bertdemo.ui.context import AppContext, forget_session, handler
 from bertdemo.ui.health import Health
+from bertdemo.ui.links import Links, slug
 
 log = logging.getLogger("bertdemo")
 MAX_UPLOAD = "1mb"  # only the Classify tab's CSV upload takes files (it reads far less); cap the route
 EXIT_WITHIN_S = 10.0  # SIGTERM to exit: Docker's `stop` kills after 10 s
 RUNS_STOP_WITHIN_S = 6.0  # of which the running runs get this long to end their current step
+
+
+TABS = [("Fill mask", fillmask_tab), ("Attention", attention_tab), ("Inside a prediction", explain_tab),
+        ("Embeddings", embeddings_tab), ("Corpus search", search_tab), ("Mask sampling", masking_tab),
+        ("Fine-tune", finetune_tab), ("Classify", classify_tab), ("About", about_tab)]
 
 
 def parse_args(argv: list[str] | None = None) -> Settings:
@@ -93,22 +99,13 @@ def build_demo(settings: Settings, store: SessionStore | None = None,
         if model_banner.shown(ctx.store):
             model_banner.render(ctx, demo)
         model_picker.render(ctx)
-        with gr.Tab("Fill mask"):
-            fillmask_tab.render(ctx)
-        with gr.Tab("Attention"):
-            attention_tab.render(ctx)
-        with gr.Tab("Inside a prediction"):
-            explain_tab.render(ctx)
-        with gr.Tab("Embeddings"):
-            embeddings_tab.render(ctx)
-        with gr.Tab("Mask sampling"):
-            masking_tab.render(ctx)
-        with gr.Tab("Fine-tune"):
-            finetune_tab.render(ctx)
-        with gr.Tab("Classify"):
-            classify_tab.render(ctx)
-        with gr.Tab("About"):
-            about_tab.render(ctx)
+        links = Links(ctx)
+        with gr.Tabs() as tabs:
+            for title, tab in TABS:
+                with gr.Tab(title, id=slug(title)):
+                    tab.render(ctx)
+                    links.button(slug(title))
+        links.wire(demo, tabs)  # /?tab=...&...: a link to any view
         demo.unload(handler(ctx, forget_session))
     refuse_non_finite_numbers(demo)
     # After every event Gradio's queue rebuilds a pandas summary of its last 10,000 events, for a

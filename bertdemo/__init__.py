@@ -1,6 +1,7 @@
 """bertdemo: the model service behind the demo. Plain Python; the Gradio UI lives in `bertdemo.ui`."""
 from .attention_views import attention
 from .bundled import load_bundled
+from .corpus_search import search_corpus
 from .embeddings import embedding_map, probe_layers
 from .engine import Engine
 from .classification import (adapt_then_classify, classify, forgetting, lr_sweep, parse_examples,
@@ -20,4 +21,4 @@ __all__ = ["Engine", "LoadedModel", "load", "load_bundled", "pick_device", "fill
            "article_comparison", "labelling_consequence", "finetune", "compare_masking",
            "train_classifier", "classify", "forgetting", "lr_sweep", "adapt_then_classify",
            "parse_examples", "layer_predictions", "saliency", "compare_predictions", "compare_scores",
-           "neuron_view", "heads_off", "head_importance", "embedding_map", "probe_layers"]
+           "neuron_view", "heads_off", "head_importance", "embedding_map", "probe_layers", "search_corpus"]

@@ -44,6 +44,9 @@ class Settings:
     finetune_concurrency: int = option(1, "fine-tunes running at once (the rest wait in the queue)")
     embedding_max_lines: int = option(50, "most sentences per embedding map")
     embedding_max_tokens: int = option(2000, "most tokens of all the sentences of one embedding map")
+    search_max_lines: int = option(2000, "most lines of a visitor's own corpus to search (the default "
+                                         "corpus is not held to it)")
+    search_max_chars: int = option(100_000, "most characters of a visitor's own corpus to search")
     classify_max_examples: int = option(2000, "most labelled examples per classifier run (its other "
                                               "caps are the fine-tune's)")
     queue_size: int = option(64, "most requests waiting in the queue")

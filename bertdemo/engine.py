@@ -13,6 +13,8 @@ What it holds:
   the page shows for it (so the micro-batcher groups every visitor's requests to it);
 - `caches` (`models.ModelCaches`), shared by every model it loads and by the models tuned from
   them: weights packed for oneDNN, eager-attention twins, the joint fill's first steps;
+- `search` (`corpus_search.IndexCache`): the corpus search's indexes, on disk, and the stop
+  requests of the builds under way (`search_stops`);
 - `batcher` (`batching.MicroBatcher`): concurrent fill-mask requests share one forward;
 - with `onnx=True` (the app's default), each served model's ONNX Runtime forward
   (`onnx_engine`), built in the background once the model is served: its requests take torch's
@@ -28,7 +30,7 @@ import time
 
 import torch
 
-from . import anatomy, bundled, models, onnx_engine, validate
+from . import anatomy, bundled, corpus_search, models, onnx_engine, validate
 from .batching import MicroBatcher
 from .models import (MINILM_NAME, LoadedModel, ModelCaches, allowed_choices, allowed_entry, minilm_path,
                      pick_device, pick_dtype, warm_up)
@@ -42,6 +44,8 @@ class Engine:
     def __init__(self, max_batch: int = 16, onnx: bool = False):
         self.caches = ModelCaches()
         self.batcher = MicroBatcher(max_batch=max_batch)
+        self.search = corpus_search.IndexCache()
+        self.search_stops = corpus_search.StopRequests()
         self.onnx = onnx and onnx_engine.available()
         self._builds: dict[int, threading.Thread] = {}  # id of a served model -> its ONNX build
         self._loaded: dict[tuple, LoadedModel] = {}  # (name, device, pickle, dtype) -> model

@@ -521,3 +521,14 @@ def probe_accuracy_lines(result: dict, title: str) -> go.Figure:
                       xaxis=dict(title="layer (0 = embeddings)", dtick=1),
                       yaxis=dict(title="held-out accuracy", range=[0, 1.05], tickformat=".0%"))
     return fig
+
+
+def search_word_counts(result: dict, title: str) -> go.Figure:
+    """`corpus_search.search_corpus`'s hits counted by the word they matched, most frequent first."""
+    counts = result["counts"]
+    fig = go.Figure(go.Bar(x=[_plotly_text(c["word"]) for c in counts], y=[c["count"] for c in counts],
+                           marker_color="#93c5fd", hovertemplate="%{x}: %{y} of the top hits<extra></extra>"))
+    fig.update_layout(title=title, height=320, margin=dict(l=10, r=10, t=50, b=10),
+                      xaxis=dict(title="word matched", type="category"),
+                      yaxis=dict(title="hits", dtick=1, rangemode="tozero"))
+    return fig

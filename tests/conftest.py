@@ -9,6 +9,10 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # ONNX exports of the test models (the app's subprocesses make them too) go to a temp dir, not ~/.cache
 os.environ["BERTDEMO_ONNX_CACHE"] = tempfile.mkdtemp(prefix="bertdemo-test-onnx-")
+# and so do the corpus search's indexes
+os.environ["BERTDEMO_SEARCH_CACHE"] = tempfile.mkdtemp(prefix="bertdemo-test-search-")
+# and the examples' cached results (Gradio's default is .gradio/ in the working directory)
+os.environ["GRADIO_EXAMPLES_CACHE"] = tempfile.mkdtemp(prefix="bertdemo-test-examples-")
 # The app's tests compare its answers with the Python API's to the last bit, so both run torch;
 # the ONNX Runtime forward (the app's default) is tested, app included, in tests/test_onnx_engine.py.
 os.environ.setdefault("BERTDEMO_ONNX", "0")

@@ -7,6 +7,7 @@ from gradio.context import get_render_context
 from .. import explain, fillmask, plots, validate
 from ..config import Settings
 from ..models import USER_MASK_RE, LoadedModel, allowed_choices, display_name
+from .cached_examples import ModelExamples
 from .common import plotly_chart
 from .context import AppContext, Visitor, handler, standalone_demo
 from .model_line import model_line
@@ -37,11 +38,17 @@ def render(ctx: AppContext) -> None:
     settings = ctx.settings
     model_info = gr.Markdown(model_line(ctx.store))
     text, words, top_k, beam, predict = _section_input(settings)
-    bars = gr.Plot(label="Predictions per mask")
+    bars = gr.Plot(label="Predictions per mask", render=False)
     joint = gr.Dataframe(label="Joint completions: masks filled most-confident first, re-run each time",
-                         headers=list(JOINT_COLUMNS), interactive=False)
+                         headers=list(JOINT_COLUMNS), interactive=False, render=False)
+    raw = gr.JSON(render=False)
+    # A click on an example answers at once: its results are cached, per model, on first use.
+    ModelExamples(ctx, [[e, 5, 3] for e in EXAMPLES], [text, top_k, beam], [bars, raw, model_info, joint],
+                  handler(ctx, on_example), "fill-mask", visible_columns=[0])
+    bars.render()
+    joint.render()
     with gr.Accordion("Raw predictions (JSON)", open=False):
-        raw = gr.JSON()
+        raw.render()
     candidates, mask_number, score_btn, candidate_table = _section_candidates()
     pll_btn, pll_summary, pll_plot = _section_sentence_score()
     other_model, compare_btn, compare_outputs = _section_compare(settings)
@@ -74,7 +81,6 @@ def _section_input(settings: Settings):
     words = gr.HighlightedText(label="Click a word to turn it into [MASK]", combine_adjacent=False,
                                color_map={"MASK": "orange"}, show_legend=False,
                                value=_word_segments(EXAMPLES[0]))
-    gr.Examples(EXAMPLES, inputs=text)
     with gr.Row():
         top_k = gr.Slider(1, settings.max_top_k, value=5, step=1, label="Top-k per mask")
         beam = gr.Slider(1, MAX_BEAM, value=3, step=1, label="Beam size (joint completion)")
@@ -142,6 +148,11 @@ def on_predict(visitor: Visitor, sentence, top_k):
     top_k = validate.whole_number(top_k, "top-k", 1, settings.max_top_k)
     predictions = visitor.engine.batcher.fill_mask(visitor.lm, sentence, top_k, max_masks=settings.max_masks)
     return plotly_chart(plots.prediction_bars_json(predictions)), predictions, on_show(visitor)
+
+
+def on_example(visitor: Visitor, sentence, top_k, beam_size):
+    """An example's predictions and joint completions, as Predict shows them (cached per model)."""
+    return (*on_predict(visitor, sentence, top_k), on_joint(visitor, sentence, beam_size))
 
 
 def on_joint(visitor: Visitor, sentence, beam_size) -> pd.DataFrame:

@@ -31,6 +31,7 @@ TOOLS = {
     "neuron_view": "one attention head's query for a token against every key: scores and weights",
     "head_importance": "how much switching off each attention head changes a [MASK]'s prediction",
     "embedding_map": "a word's hidden states in several sentences at one layer, in 2-D (PCA), with neighbours",
+    "search_corpus": "the corpus words nearest (cosine, at one layer) to a word as a sentence uses it",
 }
 
 
