@@ -118,6 +118,8 @@ class Limits:
 OTHER_ENV = {
     "BERTDEMO_ONNX_CACHE": "folder where each served model's ONNX export is kept "
                            "(default `~/.cache/bertdemo/onnx`)",
+    "BERTDEMO_SEARCH_CACHE": "folder where the corpus search keeps its indexes, one per model and corpus "
+                             "(default `~/.cache/bertdemo/search`)",
     "BERTDEMO_MALLOC": "`glibc` keeps glibc's malloc; by default `python app.py` re-executes itself under "
                        "jemalloc where it is installed (docs/operations.md)",
     "BERTDEMO_REEXECED": "set by `python app.py` itself when it re-executes under jemalloc: never set it",
