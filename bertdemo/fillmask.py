@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import anatomy, hooks, lean_forward, validate
+from . import anatomy, hooks, validate
 from .models import USER_MASK, USER_MASK_RE, LoadedModel, mlm_logits
 
 DEFAULT_MAX_MASKS = 10
@@ -64,15 +64,11 @@ def encode(lm: LoadedModel, text: str, *, min_masks: int = 1,
 @torch.inference_mode()
 def logits_at(lm: LoadedModel, inputs: dict, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
     """Float32 logits (N, V) at the N positions (rows[i], cols[i]) of a (B, T) batch, with the
-    view's heads switched off (`lm.heads_off`) if any. Through the model's ONNX Runtime forward
-    when it has one (`onnx_engine`: the app's served models), the batch is short enough to gain
-    from it (`suits`) and nothing needs the modules' own calls (`lean_forward.supports`: no heads
-    switched off), else `mlm_logits`."""
+    view's heads switched off (`lm.heads_off`) if any: `models.mlm_logits`, offered the model's
+    ONNX Runtime forward when it has one (`onnx_engine`: the app's served models)."""
     with hooks.switched_off(lm):
-        fast = lm.caches.onnx_for(lm.model)
-        if fast is not None and fast.suits(inputs) and lean_forward.supports(lm.model):
-            return fast.logits(inputs, rows, cols)
-        return mlm_logits(lm.model, inputs, rows, cols, packed=lm.caches.packed)[0].float()
+        return mlm_logits(lm.model, inputs, rows, cols, packed=lm.caches.packed,
+                          onnx=lm.caches.onnx_for(lm.model))[0].float()
 
 
 def fill_mask(lm: LoadedModel, text: str, top_k: int = 5,

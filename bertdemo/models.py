@@ -383,16 +383,25 @@ def mlm_head(model, packed: lean_forward.PackedWeights | None = None):
 
 
 def mlm_logits(model, inputs: dict, rows: torch.Tensor, cols: torch.Tensor,
-               packed: lean_forward.PackedWeights | None = None, **forward_kwargs):
+               packed: lean_forward.PackedWeights | None = None, onnx=None, **forward_kwargs):
     """Logits (N, V) at the N positions (rows[i], cols[i]) of a (B, T) batch, and the forward's
     output (for `output_attentions=True` or `output_hidden_states=True` in `forward_kwargs`;
-    None when the lean forward ran).
+    None when a lean forward ran).
 
-    The head runs only at those positions; without grad, extra outputs or training, BERT-family
-    encoders also skip padding and run their last layer there only (`lean_forward`). `packed`:
-    where a served model's weights packed for oneDNN are kept (its `caches.packed`). An unknown
-    architecture gets a full forward, still correct. No grad mode is set here: training calls it too.
+    The one door through which every prediction goes, choosing its forward from what the model
+    anatomy says the model supports:
+    - `onnx` (the model's `onnx_engine.OnnxMaskedLM`, for a served BERT-layout model) when the batch
+      suits it (`suits`), nothing needs the modules' own calls and no extra output is asked;
+    - else the lean forward (`lean_forward.hidden_at`: no padding rows, last layer at the asked
+      positions; BERT-layout families without grad, or trained on a CPU) with the head at the
+      positions only (`mlm_head`);
+    - else the model's own base forward with the head at the positions, or, for a model whose head
+      the anatomy does not know, its whole forward (still correct).
+    `packed`: where a served model's weights packed for oneDNN are kept (its `caches.packed`). No
+    grad mode is set here: training calls it too.
     """
+    if onnx is not None and not forward_kwargs and onnx.suits(inputs) and lean_forward.supports(model):
+        return onnx.logits(inputs, rows, cols), None
     head = mlm_head(model, packed)
     if head is None:
         out = model(**inputs, **forward_kwargs)
