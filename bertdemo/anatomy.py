@@ -533,11 +533,17 @@ def guarded(view: str):
     return decorate
 
 
+_VIEWS_NEEDING = {"layers": "no neuron view, heads off or head importance",
+                  "attention": "no attention weights",
+                  "head": "no logit lens or head importance"}
+
+
 def views_line(model) -> str:
-    """The views a model supports, in words, for the model card and model line."""
+    """The views a model supports, in words, for the model card: "ModernBERT: every view", or
+    what it lacks and why."""
     anatomy = of(model)
     if not anatomy.missing:
         return f"{anatomy.name}: every view"
-    lacking = "; ".join(f"no {part} views ({why})" for part, why in anatomy.missing.items())
-    return f"{anatomy.name}: {lacking}"
+    lacking = "; ".join(f"{_VIEWS_NEEDING[part]} ({why})" for part, why in anatomy.missing.items())
+    return f"{anatomy.name}: every other view; {lacking}"
 

@@ -22,6 +22,7 @@ from bertviz import head_view, model_view
 
 from . import anatomy, hooks, validate
 from .fillmask import check_text, prediction
+from .plots import shown_token
 from .models import LoadedModel, mlm_logits
 
 VENDOR_DIR = Path(__file__).resolve().parent.parent / "assets" / "vendor"
@@ -326,7 +327,7 @@ def bertviz_html(att: Attention, bertviz_view: str = "head", layers: list[int] |
     per_layer = [unused] * att.num_layers
     for i, layer in enumerate(layers):
         per_layer[layer] = rounded[i:i + 1]  # (1, H, T, T)
-    common = dict(attention=per_layer, tokens=list(att.tokens), sentence_b_start=att.sentence_b_start,
+    common = dict(attention=per_layer, tokens=[shown_token(t) for t in att.tokens], sentence_b_start=att.sentence_b_start,
                   include_layers=layers, html_action="return")
     if bertviz_view == "head":
         body = head_view(**common, layer=layers[0]).data

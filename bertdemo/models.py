@@ -8,6 +8,7 @@ model once for everyone and gives the models it serves one set of caches.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import re
@@ -47,6 +48,8 @@ class ModelCard:
     head_missing: tuple[str, ...] = ()  # MLM-head weights the checkpoint lacked: randomly initialised
     body_missing: tuple[str, ...] = ()  # other weights it lacked (also randomly initialised)
     unused: tuple[str, ...] = ()  # checkpoint weights this architecture has no place for (e.g. pooler)
+    family: str = ""  # the encoder family as the model anatomy names it, e.g. "ModernBERT"
+    views: str = ""  # which views it supports, in words (`anatomy.views_line`)
     provenance: str | None = None  # where the weights come from, when known (the bundled model's training)
 
     @property
@@ -86,8 +89,11 @@ class ModelCard:
         prefix = f"{getattr(model, 'base_model_prefix', '')}."  # a stand-in module has none
         missing = sorted(info.get("missing_keys") or ())
         first = next(model.parameters(), torch.empty(0))  # any torch module will do, even a stand-in
+        known = getattr(model, "config", None) is not None
         return cls(type(model).__name__, sum(p.numel() for p in model.parameters()),
                    str(first.dtype).removeprefix("torch."), str(first.device), weights,
+                   family=anatomy.of(model).name if known else "",
+                   views=anatomy.views_line(model) if known else "",
                    head_missing=tuple(k for k in missing if not k.startswith(prefix)),
                    body_missing=tuple(k for k in missing if k.startswith(prefix)),
                    unused=tuple(sorted(info.get("unexpected_keys") or ())))
@@ -299,6 +305,20 @@ def allowed_choices(allowlist: list[str]) -> dict[str, str]:
             label = f"{display_name(entry)} ({n})"
         choices[label] = entry
     return choices
+
+
+def family_hint(entry: str) -> str | None:
+    """The family of a model the picker offers, read from its folder's config.json before it is
+    loaded (e.g. "ModernBERT"); None for a hub id or a folder without one."""
+    config = Path(entry) / "config.json"
+    if not config.is_file():
+        return None
+    try:
+        model_type = json.loads(config.read_text()).get("model_type")
+    except (OSError, ValueError):
+        return None
+    family = anatomy.FAMILIES.get(model_type)
+    return family.name if family else model_type
 
 
 def allowed_entry(choice, allowlist: list[str]) -> str:

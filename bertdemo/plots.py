@@ -90,11 +90,28 @@ def _subplot_rows_cached(n_rows: int) -> dict:
     return layout
 
 
+_WORD_START = ("Ġ", "▁")  # byte-level BPE's (RoBERTa, ModernBERT) and SentencePiece's (ALBERT, XLM-R, DeBERTa)
+
+
+def shown_token(token: str) -> str:
+    """A token as a reader reads it, whatever the tokenizer: the word-start marks of byte-level BPE
+    ("Ġcapital") and SentencePiece ("▁capital") and the leading space of a decoded BPE token
+    (" capital", as ModernBERT's and RoBERTa's predictions decode) dropped; BPE's newline byte
+    ("Ċ") shown as ⏎; WordPiece's "##" (a piece inside a word) kept, as BERT's readers know it."""
+    text = str(token)
+    if len(text) > 1 and text[0] in _WORD_START:
+        text = text[1:]
+    elif text.strip() and text[0] == " ":
+        text = text.lstrip(" ")
+    return text.replace("Ċ", "⏎").replace("\n", "⏎") or str(token)
+
+
 def _unique_labels(labels: list[str]) -> list[str]:
-    """Plotly merges equal category labels; suffix zero-width spaces so repeats stay separate bars."""
+    """Tokens as words (`shown_token`); plotly merges equal category labels, so repeats get
+    zero-width spaces and stay separate bars."""
     seen: dict[str, int] = {}
     out = []
-    for label in labels:
+    for label in map(shown_token, labels):
         seen[label] = seen.get(label, 0) + 1
         out.append(label + "\u200b" * (seen[label] - 1))
     return out
@@ -280,8 +297,9 @@ def _colorscale(name: str) -> tuple:
 
 
 def _plotly_text(label: str) -> str:
-    """Plotly reads `<b>`, `<br>`, `<a href>` in labels as markup; escape user text so it stays text."""
-    return html.escape(str(label), quote=False)
+    """Plotly reads `<b>`, `<br>`, `<a href>` in labels as markup; escape user text so it stays text
+    (tokens shown as words, `shown_token`)."""
+    return html.escape(shown_token(label), quote=False)
 
 
 def finetune_curves(steps: list, evals: list, planned_steps: int | None = None) -> go.Figure:

@@ -157,3 +157,43 @@ def test_a_few_fine_tune_steps_lower_the_loss(family):
     assert tuned.model is not lm.model
     assert history.evals[-1].loss < history.evals[0].loss
     assert bertdemo.fill_mask(tuned, SENTENCE)  # the tuned model serves every view too
+
+
+def test_tokens_are_shown_as_words_whatever_the_tokenizer(family):
+    """BPE's Ġ and SentencePiece's ▁ word-start marks, and a decoded BPE token's leading space,
+    never reach a label a person reads."""
+    from bertdemo import plots
+
+    _, _, lm = family
+    att = bertdemo.attention(lm, SENTENCE)
+    labels = plots.attention_heatmap(att.tokens, att.weights[0, 0], "layer 1, head 1").data[0].x
+    bars = plots.prediction_bars(bertdemo.fill_mask(lm, SENTENCE)).data[0].y
+    for label in [*labels, *bars]:
+        assert label[:1] not in ("Ġ", "▁", " ") or label.strip("Ġ▁ \u200b") == "", label
+
+
+def test_the_card_names_the_family_and_its_views(family):
+    from bertdemo.models import family_hint
+
+    name, folder, lm = family
+    assert lm.card.family == anatomy.FAMILIES[name].name == family_hint(str(folder))
+    assert lm.card.views == f"{lm.card.family}: every view"
+
+
+@pytest.mark.slow
+def test_the_app_serves_every_family_and_its_picker_loads_each(tmp_path_factory):
+    """The page builds with each family as its model, and the picker loads every one."""
+    import app
+    from bertdemo.config import Settings
+
+    folders = [str(tiny_models.save_tiny_family(name, tmp_path_factory.mktemp(f"app-{name}")))
+               for name in tiny_models.FAMILIES]
+    engine = bertdemo.Engine()
+    settings = Settings(model=folders[0], models=",".join(folders[1:]), device="cpu")
+    demo = app.build_demo(settings, engine=engine)
+    assert demo is not None
+    for folder in folders:
+        served = engine.load_allowed(folder, settings.allowed_models, "cpu")
+        assert bertdemo.fill_mask(served, SENTENCE)
+        store = app.load_store(Settings(model=folder, device="cpu"), engine)
+        assert store.base is not None and store.load_error is None

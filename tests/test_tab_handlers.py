@@ -82,7 +82,7 @@ def test_picking_a_model_changes_that_session_only(engine, tiny_bert_dir, tiny_b
     settings = Settings(model=str(tiny_bert_dir), models=tiny_distilbert.name, device="cpu")
     ann, bob = Visitor(store, settings, "ann", engine), Visitor(store, settings, "bob", engine)
     distil = pathlib.Path(tiny_distilbert.name).name
-    assert model_picker.on_pick(ann, distil) == f"Your tabs use **{distil}**."
+    assert model_picker.on_pick(ann, distil) == f"Your tabs use **{distil}** (DistilBERT)."
     assert ann.lm.model is tiny_distilbert.model and bob.lm is tiny_bert
     assert fillmask_tab.on_show(ann) == f"Model: **{distil}** on `cpu`"
     with pytest.raises(ValueError, match="not in the list this server offers"):

@@ -40,7 +40,8 @@ def model_line(store, session: str | None = None, place: Place = "tab") -> str:
     elif tuned is not None:
         line = f"{tabs} use **{base.name}**; your tuned model is ready (“Use my tuned model in all tabs”)."
     else:
-        line = f"{tabs} use **{base.name}**."
+        family = f" ({base.card.family})" if place == "picker" and base.card.family else ""
+        line = f"{tabs} use **{base.name}**{family}."
     return " ".join([line, *_warnings(lm, place)])
 
 
@@ -75,6 +76,8 @@ def model_card(store, session: str | None = None) -> str:
         return f"⚠️ {err}"
     card = lm.card
     lines = [f"**{lm.name}**: {card.summary()}."]
+    if card.views:
+        lines.append(f"Family and views: {card.views}.")
     if card.provenance:
         lines.append(card.provenance)
     if card.head_missing:

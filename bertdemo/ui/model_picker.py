@@ -5,7 +5,7 @@ import logging
 import gradio as gr
 
 from ..config import Settings
-from ..models import LoadedModel, allowed_choices, allowed_entry
+from ..models import LoadedModel, allowed_choices, allowed_entry, family_hint
 from .context import AppContext, Visitor, handler, standalone_demo
 from .model_line import model_card, model_line
 
@@ -14,11 +14,15 @@ log = logging.getLogger("bertdemo")
 
 def render(ctx: AppContext) -> None:
     """The picker, inside the current Blocks context."""
-    names = list(allowed_choices(ctx.settings.allowed_models))
+    offered = allowed_choices(ctx.settings.allowed_models)
+    names = list(offered)
+    # each shown with its family where its folder says it; the value stays the name
+    labelled = [(f"{name} · {family_hint(entry)}" if family_hint(entry) else name, name)
+                for name, entry in offered.items()]
     offers = (f"This server offers {len(names)} models; your choice applies to your browser "
               "session only." if len(names) > 1 else "This server offers this model only.")
     with gr.Row():
-        picker = gr.Dropdown(names, value=names[0], label="Model", info=offers,
+        picker = gr.Dropdown(labelled, value=names[0], label="Model", info=offers,
                              interactive=len(names) > 1, scale=2)
         note = gr.Markdown(scale=3)
     with gr.Accordion("Model card: size, precision, what the checkpoint lacked", open=False):
