@@ -191,6 +191,7 @@ class Family:
     padding_sensitive: bool = False
     unroll: Callable | None = None  # model -> the layers in calling order (ALBERT's shared ones)
     head_views: bool = True  # False: its heads are not what the head views can switch or score
+    attention_weights: bool = True  # False: it has no attention maps to show (see `notes`)
     notes: str = ""
 
 
@@ -248,8 +249,13 @@ FAMILIES: dict[str, Family] = {
     "eurobert": Family("EuroBERT", layers="layers", attention="self_attn", output="self_attn.o_proj",
                        final_norm="norm", head=plain_head("lm_head")),
     "fnet": Family("FNet", layers="encoder.layer", attention="fourier", output="fourier.output.dense",
-                   head=bert_head("cls.predictions"), padding_sensitive=True,
-                   notes="mixes tokens with a Fourier transform: it has no attention weights"),
+                   head=bert_head("cls.predictions"), padding_sensitive=True, head_views=False,
+                   attention_weights=False,
+                   notes="it mixes tokens with a Fourier transform: it has no attention weights or heads"),
+    "funnel": Family("Funnel", layers="encoder.blocks", attention="attention", output="attention.post_proj",
+                     head=plain_head("lm_head"), head_views=False, attention_weights=False,
+                     notes="it pools the sequence between its blocks, so its attention maps shrink layer "
+                           "by layer and its heads are not BERT's"),
     "convbert": Family("ConvBERT", head=bert_head("cls.predictions"), padding_sensitive=True,
                        scores=_BERT_SCORES, head_views=False,
                        notes="half of each layer's heads are convolutions over the sequence, not attention",
@@ -348,7 +354,7 @@ def _find(model) -> Anatomy:
     elif not family.head_views:
         missing["layers"] = family.notes
         attention = ()
-    if family.padding_sensitive and "fourier" in family.attention:
+    if not family.attention_weights:
         missing["attention"] = family.notes
     head = family.head(model)
     if head is None:

@@ -105,6 +105,7 @@ def attention(lm: LoadedModel, text: str, text_b: str | None = None, top_k: int 
     `heads.heads_off`). With [MASK]s in the text, the same forward pass also gives the top-k
     predictions at each mask. Raises ValueError for empty or over-long text.
     """
+    anatomy.of(lm.model).require("attention", "The attention view")
     inputs, meta = encode_input(lm, text, text_b)
     positions = meta.pop("mask_positions")
     cols = torch.tensor(positions, dtype=torch.long, device=lm.device)

@@ -29,6 +29,7 @@ from . import anatomy, lean_forward, validate
 log = logging.getLogger("bertdemo")
 
 USER_MASK = "[MASK]"
+UNKNOWN_MAX_LENGTH = 512  # for a model whose config and tokenizer name no length (Funnel): BERT's
 USER_MASK_RE = re.compile(r"\[mask\]", re.IGNORECASE)
 UNTRAINED_HEAD = ("MLM head not in the checkpoint: randomly initialised, predictions are noise "
                   "until you fine-tune")
@@ -194,7 +195,8 @@ class LoadedModel:
         # RoBERTa reserves 2 positions for its padding offset.
         if getattr(self.model.config, "model_type", "") in {"roberta", "xlm-roberta", "camembert"}:
             limits[0] = limits[0] - 2 if limits[0] else None
-        return min(x for x in limits if x and x < 1_000_000)
+        known = [x for x in limits if x and x < 1_000_000]
+        return min(known) if known else UNKNOWN_MAX_LENGTH
 
     def to_model_text(self, text: str) -> str:
         """Replace every `[MASK]` (any case) with the model's own mask token, e.g. `<mask>`."""

@@ -197,3 +197,67 @@ def test_the_app_serves_every_family_and_its_picker_loads_each(tmp_path_factory)
         assert bertdemo.fill_mask(served, SENTENCE)
         store = app.load_store(Settings(model=folder, device="cpu"), engine)
         assert store.base is not None and store.load_error is None
+
+
+# ---------------------------------------------------------------- the rest of the masked-LM mapping
+
+def _other_families() -> list[str]:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+    return sorted(set(MODEL_FOR_MASKED_LM_MAPPING_NAMES) - set(tiny_models.FAMILIES))
+
+
+_OTHER_SETTINGS = {  # what a tiny config of these needs beyond the common one
+    "funnel": dict(block_sizes=[1, 1], d_model=32, n_head=2, d_head=16, d_inner=64),
+    "squeezebert": dict(embedding_size=32),
+    "reformer": dict(axial_pos_embds_dim=[16, 16], axial_pos_shape=[8, 8], attention_head_size=16,
+                     feed_forward_size=64, attn_layers=["local", "local"], is_decoder=False),
+    "neomme": dict(num_key_value_heads=2),
+}
+VIEWS = {
+    "fill mask": lambda lm: bertdemo.fill_mask(lm, SENTENCE),
+    "joint": lambda lm: bertdemo.fill_jointly(lm, "The [MASK] sat on the [MASK]."),
+    "candidates": lambda lm: bertdemo.score_candidates(lm, SENTENCE, ["mat", "dog"]),
+    "sentence score": lambda lm: bertdemo.sentence_score(lm, "The cat sat."),
+    "attention": lambda lm: bertdemo.attention(lm, SENTENCE),
+    "neuron view": lambda lm: bertdemo.neuron_view(lm, SENTENCE, layer=0, head=0, token=1),
+    "heads off": lambda lm: bertdemo.fill_mask(bertdemo.heads_off(lm, [(0, 1)]), SENTENCE),
+    "importance": lambda lm: bertdemo.head_importance(lm, SENTENCE),
+    "logit lens": lambda lm: bertdemo.layer_predictions(lm, SENTENCE),
+    "attributions": lambda lm: bertdemo.saliency(lm, SENTENCE, steps=2),
+    "embeddings": lambda lm: bertdemo.embedding_map(lm, ["The cat sat.", "A cat ran."], word="cat", layer=1),
+    "fine-tune": lambda lm: bertdemo.finetune(lm, "The cat sat on the mat.\n" * 8, steps=2, batch_size=2,
+                                              max_length=16),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", _other_families())
+def test_any_other_masked_lm_works_or_is_refused_in_words(model_type, tmp_path):
+    """Every other model type in transformers' masked-LM mapping: loading and each view either
+    work or raise a ValueError (a message in the page), never another exception."""
+    from transformers import AutoConfig
+
+    tok = tiny_models.bert_tokenizer()
+    settings = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                    max_position_embeddings=64, vocab_size=len(tok), pad_token_id=0)
+    try:
+        config = AutoConfig.for_model(model_type, **settings | _OTHER_SETTINGS.get(model_type, {}))
+        torch.manual_seed(0)
+        tiny_models._save(AutoModelForMaskedLM.from_config(config), tok, tmp_path)
+    except Exception as err:  # noqa: BLE001 - a config this test cannot make tiny is not the demo's fault
+        pytest.skip(f"no tiny {model_type} here: {type(err).__name__}: {err}")
+    try:
+        lm = bertdemo.load(str(tmp_path))
+    except ValueError as err:
+        assert str(tmp_path) in str(err)  # a refusal naming the model
+        return
+    outcomes = {}
+    for view, run in VIEWS.items():
+        try:
+            run(lm)
+            outcomes[view] = "works"
+        except ValueError as err:
+            assert str(err).strip(), view
+            outcomes[view] = "refused"
+    assert set(outcomes) == set(VIEWS)  # each view either answered or said why not
