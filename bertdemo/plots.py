@@ -503,8 +503,13 @@ def embedding_scatter(result: dict, title: str) -> go.Figure:
             customdata=[[_plotly_text(p["text"])] for p in points],
             hovertemplate="<b>%{text}</b><br>%{customdata[0]}<extra></extra>"))
     x, y = (f"PC{i + 1} ({share:.0%} of the variance)" for i, share in enumerate(result["explained"]))
+    missing = result.get("missing") or []
+    if missing:  # the lines without the word: left out of the map, and said
+        lines = "; ".join(f"line {m['line']} ({_plotly_text(m['text'][:30] + ('…' if len(m['text']) > 30 else ''))})"
+                          for m in missing[:4]) + ("; …" if len(missing) > 4 else "")
+        title = f"{title}<br><sup>Left out, without '{_plotly_text(result['word'])}': {lines}</sup>"
     fig.update_layout(title=title, height=460, xaxis=dict(title=x), yaxis=dict(title=y),
-                      legend=dict(title="sentence"), margin=dict(l=10, r=10, t=50, b=10))
+                      legend=dict(title="sentence"), margin=dict(l=10, r=10, t=70 if missing else 50, b=10))
     return fig
 
 

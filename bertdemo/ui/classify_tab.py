@@ -106,6 +106,17 @@ def _section_settings(limits: Limits) -> dict:
     return dict(epochs=epochs, learning_rate=lr, batch_size=batch, freeze_body=freeze, seed=seed)
 
 
+BEFORE_AFTER_COLUMNS = ("held-out", "before", "after")
+PREDICTION_COLUMNS = ("", "text", "label", "predicted", "probabilities")
+SWEEP_COLUMNS = ("learning rate", "held-out accuracy", "macro-F1", "MLM loss before", "MLM loss after", "steps")
+ADAPT_COLUMNS = ("body", "accuracy before", "accuracy after", "macro-F1 after", "loss after", "steps")
+
+
+def _empty(columns) -> pd.DataFrame:
+    """A table with its headers and no rows: while a run goes, the last run's results are gone."""
+    return pd.DataFrame(columns=list(columns))
+
+
 def _section_run() -> dict:
     with gr.Row():
         train = gr.Button("Train the classifier", variant="primary")
@@ -114,11 +125,11 @@ def _section_run() -> dict:
     curve = gr.Plot(label="Training loss and held-out accuracy, live")
     with gr.Row():
         before_after = gr.Dataframe(label="Held-out scores: before (untrained head) and after",
-                                    headers=["held-out", "before", "after"], interactive=False,
+                                    headers=list(BEFORE_AFTER_COLUMNS), interactive=False,
                                     column_widths=["60%", "20%", "20%"])
         confusion = gr.Plot(label="Confusion matrix (held-out)", elem_id="classify-confusion")
     predictions = gr.Dataframe(label="Held-out predictions, mistakes first", interactive=False,
-                               headers=["", "text", "label", "predicted", "probabilities"],
+                               headers=list(PREDICTION_COLUMNS),
                                wrap=True, max_height=320, elem_id="classify-predictions")
     return {"train": train, "stop": stop, "outputs": [status, curve, before_after, confusion, predictions]}
 
@@ -145,7 +156,7 @@ def _section_forgetting() -> dict:
         run = gr.Button("Run the learning-rate sweep")
         status = gr.Markdown()
         plot = gr.Plot(label="Held-out accuracy against the body's MLM loss")
-        table = gr.Dataframe(interactive=False, label="The sweep")
+        table = gr.Dataframe(_empty(SWEEP_COLUMNS), interactive=False, label="The sweep")
     return {"run": run, "outputs": [status, plot, table]}
 
 
@@ -155,7 +166,7 @@ def _section_adapt() -> dict:
         run = gr.Button("Train from the base and from my MLM-tuned model")
         status = gr.Markdown()
         plot = gr.Plot(label="Base body vs MLM-adapted body, overlaid")
-        table = gr.Dataframe(interactive=False, label="Held-out scores after")
+        table = gr.Dataframe(_empty(ADAPT_COLUMNS), interactive=False, label="Held-out scores after")
     return {"run": run, "outputs": [status, plot, table]}
 
 
@@ -196,6 +207,7 @@ def on_upload(visitor: Visitor, file) -> list[list[str]]:
 
 def on_train(visitor: Visitor, form: ClassifierForm, progress=gr.Progress()):
     """Train on the table; streams (status, curve, before/after, confusion, predictions)."""
+    yield ("Starting…", None, _empty(BEFORE_AFTER_COLUMNS), None, _empty(PREDICTION_COLUMNS))  # the last run's go
     outcome = yield from live_run.stream(visitor, "train_classifier", form, progress, _live_curves)
     (classifier, history), plan = outcome.result, outcome.plan
     mlm = forgetting(plan.lm, classifier, [t for t, _ in plan.examples], plan.settings.seed)
@@ -241,6 +253,7 @@ def on_download(visitor: Visitor) -> str:
 
 def on_sweep(visitor: Visitor, form: SweepForm, progress=gr.Progress()):
     """The learning-rate sweep; streams (status, plot, table)."""
+    yield "Starting…", None, _empty(SWEEP_COLUMNS)  # the last sweep's results go as this one starts
     outcome = yield from live_run.stream(
         visitor, "forgetting_sweep", form, progress,
         lambda log: (f"Training at lr {log.current}… {_live_status(log.latest)}", gr.skip(), gr.skip()))
@@ -252,6 +265,7 @@ def on_sweep(visitor: Visitor, form: SweepForm, progress=gr.Progress()):
 def on_adapt(visitor: Visitor, form: ClassifierForm, progress=gr.Progress()):
     """Base body vs this session's MLM-tuned body (or one MLM-tuned on the examples' texts first);
     streams (status, plot, table)."""
+    yield "Starting…", None, _empty(ADAPT_COLUMNS)  # the last comparison's results go as this one starts
     outcome = yield from live_run.stream(visitor, "adapt_then_classify", form, progress, _adapt_live)
     histories = outcome.result
     if not histories:

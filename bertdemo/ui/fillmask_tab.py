@@ -1,5 +1,7 @@
 """The fill-mask tab: top-k bars per mask, joint completion, candidate words, sentence score, and
 the same sentence through two models side by side."""
+import math
+
 import gradio as gr
 import pandas as pd
 from gradio.context import get_render_context
@@ -13,7 +15,7 @@ from .model_line import model_line
 from .model_picker import pick
 
 MAX_BEAM = 5  # the beam slider's top: each step runs beam x masks rows
-JOINT_COLUMNS = ("sentence", "joint log-prob", "fill order")
+JOINT_COLUMNS = ("filled words (p when filled)", "joint log-prob", "fill order", "sentence")
 TUNED_CHOICE = "Your fine-tuned model"
 COMPARE_COLUMNS = ("mask", "token", "p (A)", "p (B)", "change (B - A)")
 
@@ -39,7 +41,8 @@ def render(ctx: AppContext) -> None:
     text, words, top_k, beam, predict = _section_input(settings)
     bars = gr.Plot(label="Predictions per mask")
     joint = gr.Dataframe(label="Joint completions: masks filled most-confident first, re-run each time",
-                         headers=list(JOINT_COLUMNS), interactive=False)
+                         headers=list(JOINT_COLUMNS), interactive=False, wrap=True,
+                         column_widths=["22%", "10%", "18%", "50%"])  # the words first: a long sentence wraps
     with gr.Accordion("Raw predictions (JSON)", open=False):
         raw = gr.JSON()
     candidates, mask_number, score_btn, candidate_table = _section_candidates()
@@ -153,7 +156,7 @@ def on_joint(visitor: Visitor, sentence, beam_size) -> pd.DataFrame:
         beam_size: completions kept at each step and returned, a whole number from 1 to 5.
 
     Returns:
-        a table with one row per completion: the filled sentence, its joint log-probability and the order the masks were filled in.
+        a table with one row per completion: the words filled in (each with its probability when filled), the joint log-probability, the order the masks were filled in, and the filled sentence.
     """
     beam_size = validate.whole_number(beam_size, "beam size", 1, MAX_BEAM)
     results = fillmask.fill_jointly(visitor.lm, sentence, beam_size, max_masks=visitor.settings.max_masks)
@@ -277,9 +280,11 @@ def _word_segments(sentence: str) -> list[tuple[str, str | None]]:
 
 
 def _joint_row(result: dict) -> list:
+    words = ", ".join(f"{f['token'].strip()} {math.exp(f['log_prob']):.0%}"
+                      for f in sorted(result["fills"], key=lambda f: f["mask"]))
     order = " → ".join(f"#{f['mask'] + 1}={f['token'].strip()}"
                        for f in sorted(result["fills"], key=lambda f: f["step"]))
-    return [result["text"], round(result["log_prob"], 4), order]
+    return [words, round(result["log_prob"], 4), order, result["text"]]
 
 
 CANDIDATE_COLUMNS = ("word", "pieces", "log p(word)", "mean log p per piece",

@@ -75,7 +75,7 @@ class Importance:
 def render(ctx: AppContext, text, text_b, n_layers: int, n_heads: int) -> None:
     """The two sections, below the tab's own; `text`, `text_b` are the tab's sentence boxes."""
     layer, head, token, tokens, show, neuron_outputs, neuron_export = _section_neuron(n_layers, n_heads)
-    mask_number, target, compute, grid, note, raw, importance_export = _section_importance()
+    mask_number, target, compute, grid, note, raw, importance_export = _section_importance(n_heads)
     off, predict, bars, off_note, off_raw, off_export = _section_heads_off()
 
     neuron_options = [layer, head, token]
@@ -116,7 +116,7 @@ def _section_neuron(n_layers: int, n_heads: int):
     return layer, head, token, tokens, show, [plot, tokens, raw], export
 
 
-def _section_importance():
+def _section_importance(n_heads: int):
     gr.Markdown("### Head importance: what each head does for the [MASK]")
     with gr.Row():
         mask_number = gr.Number(label="Head importance at mask number (1 = first)", value=1, precision=0,
@@ -124,8 +124,11 @@ def _section_importance():
         target = gr.Textbox(label="Word to score (empty: the top prediction)", scale=2)
     compute = gr.Button("Compute head importance", variant="primary")
     note = gr.Markdown()
-    grid = gr.Dataframe(label="Change in log p(word) with each head switched off: click a head", interactive=False,
-                        elem_id="head-importance")
+    columns = ["layer", *[f"head {h}" for h in range(n_heads)]]
+    # widths set, so that every head's column fits a 1280 px page (its own width: the last was cut)
+    grid = gr.Dataframe(pd.DataFrame(columns=columns), label="Change in log p(word) with each head switched "
+                        "off: click a head", interactive=False, elem_id="head-importance",
+                        column_widths=["8%"] + [f"{92 / n_heads:.2f}%"] * n_heads)
     gr.Markdown(IMPORTANCE_HELP)
     with gr.Accordion("Head importance's numbers (JSON)", open=False):
         raw = gr.JSON()
