@@ -97,9 +97,9 @@ def _section_run():
     status = gr.Markdown(elem_id="finetune-status")
     curve = gr.Plot(label="Loss and eval accuracy, live")
     metrics = gr.Dataframe(_empty(METRIC_COLUMNS), label="Evaluation on held-out lines, fixed masks",
-                           interactive=False)
+                           interactive=False, elem_id="finetune-metrics")
     probe_table = gr.Dataframe(_empty(PROBE_COLUMNS), label="Top-3 fill-mask predictions, before and after",
-                               interactive=False)
+                               interactive=False, elem_id="finetune-probes")
     return run_btn, stop_btn, compare_btn, status, curve, metrics, probe_table
 
 
