@@ -6,7 +6,7 @@ import gradio as gr
 import pandas as pd
 from gradio.context import get_render_context
 
-from .. import explain, fillmask, plots, validate
+from .. import explain, fillmask, plots, reading, validate
 from ..config import Settings
 from ..models import USER_MASK_RE, LoadedModel, allowed_choices, display_name
 from .common import plotly_chart
@@ -139,12 +139,24 @@ def on_predict(visitor: Visitor, sentence, top_k):
         top_k: predictions per mask, a whole number from 1 to the server's top-k limit (50 by default).
 
     Returns:
-        a bar chart (plotly), the predictions (one list per mask, best first, of {"token", "token_id", "score"} where score is the probability), and the model line (it warns when the model's MLM head is untrained).
+        a bar chart (plotly), the predictions (one list per mask, best first, of {"token", "token_id", "score"} where score is the probability), and the model line (it warns when the model's MLM head is untrained, and when the sentence is in a script or words the model cannot read).
     """
     settings = visitor.settings
     top_k = validate.whole_number(top_k, "top-k", 1, settings.max_top_k)
     predictions = visitor.engine.batcher.fill_mask(visitor.lm, sentence, top_k, max_masks=settings.max_masks)
-    return plotly_chart(plots.prediction_bars_json(predictions)), predictions, on_show(visitor)
+    notice = reading.reading_notice(visitor.lm, sentence)
+    line = on_show(visitor) + (f"\n\n{reading_words(notice, visitor.lm.name)}" if notice else "")
+    return plotly_chart(plots.prediction_bars_json(predictions)), predictions, line
+
+
+def reading_words(notice: reading.ReadingNotice, model: str) -> str:
+    """A `reading.ReadingNotice` as the page says it."""
+    share = f" ({notice.reads_share:.0%} of its vocabulary)" if notice.reads_share is not None else ""
+    if notice.script is not None:
+        why = f"this sentence is in **{notice.script} script**, {notice.script_share:.1%} of its vocabulary"
+    else:
+        why = f"{notice.unknown} of the {notice.words} words of this sentence come out as unknown pieces ([UNK])"
+    return f"⚠️ **{model} reads mostly {notice.reads}**{share}: {why}, so its predictions here mean little."
 
 
 def on_joint(visitor: Visitor, sentence, beam_size) -> pd.DataFrame:
