@@ -267,8 +267,9 @@ def neuron_view(result: dict) -> go.Figure:
     fig.update_xaxes(title_text="dimension", row=2, col=1)
     fig.update_xaxes(title_text="dimension", row=2, col=2)
     fig.update_xaxes(range=[0, 1], row=2, col=4)
-    fig.update_layout(title=f"Layer {result['layer']}, head {result['head']}: the query of {asking} "
-                            f"(token {result['token']}) against every key", showlegend=False,
+    named = _plotly_text(result["tokens"][result["token"]])
+    fig.update_layout(title=f"Layer {result['layer']}, head {result['head']}: the query of token "
+                            f"{result['token']}, “{named}”, against every key", showlegend=False,
                       height=min(max(360, 140 + 24 * len(tokens)), 2400), margin=dict(l=10, r=10, t=70, b=10))
     return fig
 

@@ -41,7 +41,7 @@ def render(ctx: AppContext) -> None:
     text, words, top_k, beam, predict = _section_input(settings)
     bars = gr.Plot(label="Predictions per mask")
     joint = gr.Dataframe(label="Joint completions: masks filled most-confident first, re-run each time",
-                         headers=list(JOINT_COLUMNS), interactive=False, wrap=True,
+                         headers=list(JOINT_COLUMNS), interactive=False, wrap=True, elem_id="joint-completions",
                          column_widths=["22%", "10%", "18%", "50%"])  # the words first: a long sentence wraps
     with gr.Accordion("Raw predictions (JSON)", open=False):
         raw = gr.JSON()

@@ -17,6 +17,7 @@ import gradio as gr
 import pandas as pd
 
 from .. import plots, validate, view_files
+from ..attention_views import first_query
 from ..explain import compare_predictions
 from ..fillmask import encode, fill_mask
 from ..heads import (
@@ -84,6 +85,8 @@ def render(ctx: AppContext, text, text_b, n_layers: int, n_heads: int) -> None:
     gr.on([c.change for c in neuron_options], handler(ctx, on_neuron_options), neuron_options, neuron_outputs,
           api_visibility="private", trigger_mode="always_last", concurrency_id="model")
     tokens.select(on_token_click, None, token, api_visibility="private")
+    gr.on([text.change, text_b.change], handler(ctx, on_sentence), [text, text_b], token, api_visibility="private",
+          trigger_mode="always_last", queue=False)
     neuron_export[0].click(handler(ctx, on_export_neuron), neuron_options, neuron_export[1],
                            api_visibility="private", concurrency_id="model")
 
@@ -105,7 +108,8 @@ def _section_neuron(n_layers: int, n_heads: int):
     with gr.Row():
         layer = gr.Slider(0, n_layers - 1, value=0, step=1, label="Neuron view: layer (from 0)", scale=2)
         head = gr.Slider(0, n_heads - 1, value=0, step=1, label="Neuron view: head (from 0)", scale=2)
-        token = gr.Number(label="Query token (its index, [CLS] = 0)", value=1, precision=0, minimum=0, scale=1)
+        token = gr.Number(label="Query token (its index, [CLS] = 0)", value=1, precision=0, minimum=0, scale=1,
+                          info="Starts on the sentence's first [MASK].")
     tokens = gr.HighlightedText(label="Click a token to see its query", combine_adjacent=False, show_legend=False,
                                 color_map={"query": "orange"}, elem_id="neuron-tokens")
     show = gr.Button("Show the neuron view", variant="primary")
@@ -159,12 +163,14 @@ def on_neuron(visitor: Visitor, sentence, second_sentence, layer, head, token):
         second_sentence: optional second sentence of a pair ([CLS] A [SEP] B [SEP]); empty for one sentence.
         layer: the layer, counted from 0.
         head: the head in that layer, counted from 0.
-        token: the query token's index among the tokens ([CLS] = 0).
+        token: the query token's index among the tokens ([CLS] = 0); empty (None): the first [MASK], else token 1.
 
     Returns:
         the plotly figure (query, keys, query x key per dimension, scores, weights), the tokens with the query token marked, and the numbers {"tokens", "query", "keys", "products", "scores", "weights", "layer", "head", "token", "head_dim"}; the weights equal the model's own attention.
     """
     lm = visitor.lm
+    if token is None:
+        token = first_query(lm, sentence, second_sentence or None)
     result = neuron_view(lm, sentence, layer=layer, head=head, token=token, text_b=second_sentence or None)
     query = NeuronQuery(weakref.ref(lm), sentence, second_sentence or None)
     visitor.store.keep_result(visitor.session, "neuron", query, query.nbytes)
@@ -176,6 +182,14 @@ def on_neuron_options(visitor: Visitor, layer, head, token):
     if query is None:
         return (gr.skip(),) * 3
     return _neuron_outputs(_neuron_again(query, layer, head, token))
+
+
+def on_sentence(visitor: Visitor, sentence, second_sentence):
+    """A new sentence: the neuron view's query starts on its first [MASK] (else token 1)."""
+    try:
+        return first_query(visitor.lm, sentence, second_sentence or None)
+    except ValueError:  # empty or too long: the view says so when shown
+        return gr.skip()
 
 
 def on_token_click(evt: gr.SelectData) -> int:
@@ -194,6 +208,8 @@ def on_export_neuron(visitor: Visitor, layer, head, token) -> dict:
 
 def _neuron_again(query: NeuronQuery, layer, head, token) -> dict:
     lm = _alive(query.model)
+    if token is None:
+        token = first_query(lm, query.text, query.text_b)
     return neuron_view(lm, query.text, layer=layer, head=head, token=token, text_b=query.text_b)
 
 
