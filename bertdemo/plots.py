@@ -107,7 +107,7 @@ _NOT_CHOSEN = "#eef0f3"
 
 
 def outcome_grid(tokens: list[str], grids: dict[str, dict]) -> go.Figure:
-    """Epochs x tokens heatmaps side by side (one per mode, e.g. static and dynamic).
+    """Epochs x tokens heatmaps, one above the other (one per mode, e.g. static and dynamic).
 
     `grids[mode]` holds "outcome" (E x T of "mask"/"random"/"keep"/None) and "seen" (E x T
     tokens the model sees, written in the cells).
@@ -118,20 +118,25 @@ def outcome_grid(tokens: list[str], grids: dict[str, dict]) -> go.Figure:
     scale = [[0, colors[0]], [1 / 6, colors[0]], [1 / 6, colors[1]], [1 / 2, colors[1]],
              [1 / 2, colors[2]], [5 / 6, colors[2]], [5 / 6, colors[3]], [1, colors[3]]]
     modes = list(grids)
-    fig = make_subplots(rows=1, cols=len(modes), subplot_titles=modes, shared_yaxes=True,
-                        horizontal_spacing=0.03)
+    # One above the other, each the page's full width, with the cells' text at a size one reads
+    # (plotly's own shrinks it to fit the cell: at 20 tokens side by side, about 7 px)
+    fig = make_subplots(rows=len(modes), cols=1, subplot_titles=modes, vertical_spacing=0.12 / len(modes))
     x = _unique_labels(tokens)
-    for col, mode in enumerate(modes, start=1):
+    size = 13 if len(tokens) <= 20 else 12 if len(tokens) <= 28 else 11 if len(tokens) <= 36 else 10
+    for row, mode in enumerate(modes, start=1):
         outcome = grids[mode]["outcome"]
         y = [f"epoch {e + 1}" for e in range(len(outcome))]
         fig.add_trace(go.Heatmap(
             z=[[codes[o] for o in row] for row in outcome], x=x, y=y, zmin=0, zmax=3,
             colorscale=scale, showscale=False, text=grids[mode]["seen"], texttemplate="%{text}",
-            xgap=1, ygap=1, customdata=[[o or "not chosen" for o in row] for row in outcome],
+            textfont=dict(size=size), xgap=1, ygap=1,
+            customdata=[[o or "not chosen" for o in cells] for cells in outcome],
             hovertemplate="%{y}, %{x}: %{customdata}, model sees %{text}<extra></extra>"),
-            row=1, col=col)
+            row=row, col=1)
     fig.update_yaxes(autorange="reversed")
-    fig.update_layout(height=min(160 + 24 * len(grids[modes[0]]["outcome"]), 1400),
+    fig.update_xaxes(tickfont=dict(size=size))
+    epochs = len(grids[modes[0]]["outcome"])
+    fig.update_layout(height=min(120 + len(modes) * (50 + 26 * epochs), 2400),
                       margin=dict(l=10, r=10, t=40, b=10))
     return fig
 

@@ -197,7 +197,7 @@ def on_candidates(visitor: Visitor, sentence, candidates, mask_number) -> pd.Dat
 def on_sentence_score(visitor: Visitor, sentence):
     """How natural a sentence is to the model: its pseudo-log-likelihood (each token masked in
     turn and scored given the rest, Salazar et al. 2020). With [MASK]s, its best joint completion
-    is scored.
+    is scored, and the summary says so, naming the words filled in.
 
     Args:
         sentence: the text to score, up to the model's length (512 tokens for BERT).
@@ -206,10 +206,15 @@ def on_sentence_score(visitor: Visitor, sentence):
         a summary line with the PLL and pseudo-perplexity (higher PLL, lower perplexity: more natural), and a bar chart of each token's log-probability.
     """
     lm = visitor.lm
+    filled = ""
     if USER_MASK_RE.search(sentence or ""):
-        sentence = fillmask.fill_jointly(lm, sentence, 1, max_masks=visitor.settings.max_masks)[0]["text"]
+        best = fillmask.fill_jointly(lm, sentence, 1, max_masks=visitor.settings.max_masks)[0]
+        sentence, words = best["text"], [f["token"].strip() for f in sorted(best["fills"], key=lambda f: f["mask"])]
+        filled = (f"The [MASK]{'s were' if len(words) > 1 else ' was'} filled with the model's own top guess "
+                  f"({', '.join(words)}: its best joint completion) before scoring, so this scores the model's "
+                  "sentence, not yours.\n\n")
     result = fillmask.sentence_score(lm, sentence)
-    summary = (f"**{sentence}** — PLL = {result['pll']:.2f}, pseudo-perplexity = "
+    summary = (f"{filled}**{sentence}** — PLL = {result['pll']:.2f}, pseudo-perplexity = "
                f"{result['pseudo_perplexity']:.2f} over {len(result['tokens'])} tokens")
     return summary, plots.token_scores(result["tokens"], result["log_probs"], "PLL by token")
 
