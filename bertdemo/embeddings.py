@@ -180,7 +180,7 @@ def nearest(vectors: np.ndarray, k: int = NEIGHBOURS) -> list[list[dict]]:
     unit = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
     similarity = unit @ unit.T
     np.fill_diagonal(similarity, -np.inf)
-    order = np.argsort(-similarity, axis=1)[:, :k]
+    order = np.argsort(-similarity, axis=1)[:, :min(k, len(vectors) - 1)]  # never the point itself
     return [[{"point": int(j), "similarity": float(similarity[i, j])} for j in row] for i, row in enumerate(order)]
 
 

@@ -1,10 +1,12 @@
-"""Tables at 1280 px (the `page` fixture's width), with the bundled model's 12 heads: every column
-is on the page, none hidden past the table's edge, in a real browser (Debian's chromium)."""
+"""The tabs on the bundled model (6 layers, 12 heads), in a real browser (Debian's chromium): the
+tables at 1280 px (the `page` fixture's width) show every column, none hidden past the table's
+edge; the layer probe's word-order examples show the embeddings well below the best layer."""
 import re
 
 import pytest
 from playwright.sync_api import expect
 
+import bertdemo
 from bertdemo import bundled
 from bertdemo.config import Settings
 from conftest import launch
@@ -83,3 +85,23 @@ def test_joint_completions_show_the_filled_words_first_and_the_sentence_whole(pa
         assert shown_whole(cell)
     assert shown_whole(headers.last)
     screenshot("widths_joint_completions")
+
+
+def test_the_word_order_examples_show_the_probe_rising_with_depth(page, bundled_url, screenshot):
+    from bertdemo.ui import classify_tab
+
+    page.goto(bundled_url)
+    page.get_by_role("tab", name="Classify").click()
+    page.get_by_text("Which layer knows your labels?").click()
+    page.get_by_role("button", name="Load the word-order examples").click()
+    expect(page.get_by_role("gridcell", name="The farmer chased the dog.", exact=True)).to_be_visible()
+    page.get_by_role("button", name="Probe every layer").click()
+    rows = classify_tab.example_rows(classify_tab.WORD_ORDER)
+    result = bertdemo.probe_layers(bertdemo.load(str(bundled.FOLDER), device="cpu"), rows, seed=0)
+    best = result["layers"][result["best_layer"]]
+    expect(page.locator("#probe-status")).to_contain_text(f"Best: layer {best['layer']}, {best['accuracy']:.0%}")
+    expect(page.locator("#probe-status")).not_to_contain_text("Every layer")
+    points = page.locator("#probe-chart .scatterlayer .trace").first.locator(".point")
+    expect(points).to_have_count(len(result["layers"]))
+    page.locator("#probe-chart").scroll_into_view_if_needed()
+    screenshot("classify_probe_word_order")
