@@ -223,8 +223,8 @@ def on_upload(visitor: Visitor, file) -> list[list[str]]:
 
 def on_train(visitor: Visitor, form: ClassifierForm, progress=gr.Progress()):
     """Train on the table; streams (status, curve, before/after, confusion, predictions)."""
-    yield ("Starting…", None, _empty(BEFORE_AFTER_COLUMNS), None, _empty(PREDICTION_COLUMNS))  # the last run's go
-    outcome = yield from live_run.stream(visitor, "train_classifier", form, progress, _live_curves)
+    cleared = ("Starting…", None, _empty(BEFORE_AFTER_COLUMNS), None, _empty(PREDICTION_COLUMNS))  # the last run's
+    outcome = yield from live_run.stream(visitor, "train_classifier", form, progress, _live_curves, cleared=cleared)
     (classifier, history), plan = outcome.result, outcome.plan
     mlm = forgetting(plan.lm, classifier, [t for t, _ in plan.examples], plan.settings.seed)
     yield (_final_status(history, plan.lm.name, outcome.note, visitor.limits),
@@ -269,10 +269,10 @@ def on_download(visitor: Visitor) -> str:
 
 def on_sweep(visitor: Visitor, form: SweepForm, progress=gr.Progress()):
     """The learning-rate sweep; streams (status, plot, table)."""
-    yield "Starting…", None, _empty(SWEEP_COLUMNS)  # the last sweep's results go as this one starts
     outcome = yield from live_run.stream(
         visitor, "forgetting_sweep", form, progress,
-        lambda log: (f"Training at lr {log.current}… {_live_status(log.latest)}", gr.skip(), gr.skip()))
+        lambda log: (f"Training at lr {log.current}… {_live_status(log.latest)}", gr.skip(), gr.skip()),
+        cleared=("Starting…", None, _empty(SWEEP_COLUMNS)))  # the last sweep's results go
     sweep, lm = outcome.result, outcome.plan.plan.lm
     yield (_sweep_status(sweep, lm.name, _head_trained(lm)),
            plots.forgetting_plot(sweep["points"], sweep["mlm_before"].loss), sweep_frame(sweep))
@@ -281,11 +281,11 @@ def on_sweep(visitor: Visitor, form: SweepForm, progress=gr.Progress()):
 def on_adapt(visitor: Visitor, form: ClassifierForm, progress=gr.Progress()):
     """Base body vs this session's MLM-tuned body (or one MLM-tuned on the examples' texts first);
     streams (status, plot, table)."""
-    yield "Starting…", None, _empty(ADAPT_COLUMNS)  # the last comparison's results go as this one starts
-    outcome = yield from live_run.stream(visitor, "adapt_then_classify", form, progress, _adapt_live)
+    outcome = yield from live_run.stream(visitor, "adapt_then_classify", form, progress, _adapt_live,
+                                         cleared=("Starting…", None, _empty(ADAPT_COLUMNS)))
     histories = outcome.result
     if not histories:
-        yield "Stopped while adapting: nothing to compare.", None, None
+        yield "Stopped while adapting: nothing to compare.", None, _empty(ADAPT_COLUMNS)
         return
     curves = {f"{run} body": h for run, h in histories.items()}
     planned = next(iter(histories.values())).planned_steps

@@ -127,9 +127,8 @@ def create_demo(store=None, settings: Settings | None = None) -> gr.Blocks:
 # ---------------------------------------------------------------- handlers
 
 def on_finetune(visitor: Visitor, request: TuningRequest, progress=gr.Progress()):
-    yield _cleared()  # the previous run's tables go as this one starts
     outcome = yield from live_run.stream(visitor, "finetune", request, progress, _live_outputs,
-                                         desc="fine-tuning")
+                                         desc="fine-tuning", cleared=_cleared())  # the last run's tables go
     (tuned, history), plan = outcome.result, outcome.plan
     base = plan.finetune.lm
     export_button.remember_run(visitor.store, visitor.session, visitor.settings, base, history, request.text)

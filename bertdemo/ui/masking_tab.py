@@ -212,9 +212,9 @@ def on_article(visitor: Visitor, text, seed, mask_probability, mask_replace_prob
 
 def on_consequence(visitor: Visitor, form: LabellingForm, progress=gr.Progress()):
     """Two short fine-tunes, the article's labelling then the collator's; streams the three outputs."""
-    yield None, _empty(CONSEQUENCE_COLUMNS), ""  # the last run's results go as this one starts
     outcome = yield from live_run.stream(visitor, "article_finetune", form, progress,
-                                         lambda log: (gr.skip(),) * 3, desc="labelling")
+                                         lambda log: (gr.skip(),) * 3, desc="labelling",
+                                         cleared=(None, _empty(CONSEQUENCE_COLUMNS), ""))  # the last run's go
     result = outcome.result
     curves = {LABELS[name]: history for name, history in result.runs.items()}
     yield plots.labelling_curves(curves), _consequence_frame(result), _consequence_note(result)
