@@ -34,7 +34,7 @@ from . import view_downloads
 from .context import AppContext, Visitor, handler
 
 NEURON_HELP = """**Neuron view** (Vig 2019, as in bertviz). For one layer and head: the query of the
-token you pick (click it, or type its index), every token's key, their product per dimension (red
+token you pick (it starts on the sentence's first [MASK]: click another, or type its index), every token's key, their product per dimension (red
 positive, blue negative), the score (sum of the products / √head size) and the weight (softmax of the
 scores: the row of the attention heatmap for that head). The vectors are the model's own query and
 key projections, read while it runs."""
