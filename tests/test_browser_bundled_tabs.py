@@ -105,3 +105,27 @@ def test_the_word_order_examples_show_the_probe_rising_with_depth(page, bundled_
     expect(points).to_have_count(len(result["layers"]))
     page.locator("#probe-chart").scroll_into_view_if_needed()
     screenshot("classify_probe_word_order")
+
+
+# Every table's headers, tab after tab: Gradio shows an empty table without headers as "1 2 3".
+TABLE_HEADERS = """() => [...document.querySelectorAll('table')].filter(t => t.offsetParent !== null).map(t =>
+    [...t.querySelectorAll('thead th')].map(h => h.textContent.replace('⋮', '').trim()))"""
+CLOSED_SECTIONS = {"Mask sampling": ["The law behind it: many samples", "The article's mask_tokens, side by side"],
+                   "Classify": ["Forgetting, measured", "Adapt, then classify"]}
+
+
+def test_every_empty_table_shows_its_headers(page, bundled_url):
+    page.goto(bundled_url)
+    seen = {}
+    for tab in ["Fill mask", "Attention", "Embeddings", "Mask sampling", "Fine-tune", "Classify"]:
+        page.get_by_role("tab", name=tab).click()
+        for section in CLOSED_SECTIONS.get(tab, []):
+            page.get_by_text(section).first.click()
+        expect(page.locator("table").filter(visible=True).first).to_be_visible()
+        seen[tab] = page.evaluate(TABLE_HEADERS)
+    tables = [headers for found in seen.values() for headers in found]
+    assert len(tables) >= 14, seen
+    placeholders = [headers for headers in tables if headers and all(re.fullmatch(r"\d+", h) for h in headers if h)]
+    assert not placeholders, seen
+    assert ["learning rate", "held-out accuracy", "macro-F1", "MLM loss before", "MLM loss after", "steps"] in seen["Classify"]
+    assert ["metric", "before", "after"] in seen["Fine-tune"]
