@@ -85,7 +85,9 @@ class FinetunePlan:
     limits: Limits
 
     def with_masking(self, masking: str) -> "FinetunePlan":
-        return dataclasses.replace(self, settings=dataclasses.replace(self.settings, masking=masking))
+        """This plan with `masking`; its model is not kept, so neither are its best weights."""
+        return dataclasses.replace(self, settings=dataclasses.replace(self.settings, masking=masking,
+                                                                      keep_best=False))
 
 
 def plan_finetune(lm: LoadedModel, texts: str | list[str], *, steps=None, epochs=None,

@@ -290,11 +290,13 @@ def _plotly_text(label: str) -> str:
     return html.escape(str(label), quote=False)
 
 
-def finetune_curves(steps: list, evals: list, planned_steps: int | None = None) -> go.Figure:
+def finetune_curves(steps: list, evals: list, planned_steps: int | None = None,
+                    best: tuple[int, str] | None = None) -> go.Figure:
     """Training loss per step and eval loss (same axis), eval accuracy on a second axis.
 
     `steps`/`evals` are a `training.RunHistory`'s `Step`s and `Evaluation`s (or the events so
-    far, for a live plot).
+    far, for a live plot). `best`: (step, label), a dashed line at the best evaluation (e.g.
+    "kept: step 24").
     Rebuilt on every live update, so it is built from dicts (`fast_figure`).
     """
     eval_steps = [e.step for e in evals]
@@ -312,6 +314,13 @@ def finetune_curves(steps: list, evals: list, planned_steps: int | None = None) 
     layout["yaxis2"].update(title=dict(text="accuracy"), range=[0, 1], tickformat=".0%")
     layout.update(height=380, margin=dict(l=10, r=10, t=40, b=10),  # legend clear of the label
                   legend=dict(orientation="h", x=1, xanchor="right", y=1.02, yanchor="bottom"))
+    if best is not None:
+        step, label = best
+        layout["shapes"] = [dict(type="line", x0=step, x1=step, y0=0, y1=1, xref="x", yref="paper",
+                                 line=dict(dash="dash", color="#16a34a", width=1.5))]
+        layout["annotations"] = [*layout.get("annotations", ()), dict(
+            x=step, y=1, xref="x", yref="paper", text=_plotly_text(label), showarrow=False,
+            xanchor="left", yanchor="top", font=dict(color="#16a34a"))]
     return fast_figure(data, layout)
 
 

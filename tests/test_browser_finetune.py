@@ -176,6 +176,8 @@ def test_an_overfitting_run_says_so_and_keeps_the_best_steps_model(page, app_url
     expect(status).to_contain_text(f"Overfitting: held-out loss has risen for")
     expect(status).to_contain_text(f"{best.loss:.3f} at step {best.step}")
     expect(status).to_contain_text(f"Kept the weights of step {best.step}")
+    curve = block(page, "Loss and eval accuracy, live")
+    expect(curve.locator(".annotation-text", has_text=f"kept: step {best.step}")).to_be_visible()  # on the chart
     kept = f"after (kept: step {best.step})"
     expect(page.locator("#finetune-metrics").get_by_text(kept, exact=True)).to_be_visible()
     expect(page.locator("#finetune-probes").get_by_text(kept, exact=True)).to_be_visible()

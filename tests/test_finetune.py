@@ -635,7 +635,7 @@ def test_validator_reserves_once_and_names_the_field(tiny_bert):
 
     visitor = _visitor(tiny_bert)
     ok = live_run.validator("finetune")(visitor, TuningRequest(*FORM, False, ""))
-    assert len(ok) == 11 and all(v == gr.validate(True, "") for v in ok)
+    assert len(ok) == 12 and all(v == gr.validate(True, "") for v in ok)
     assert visitor.store.runs.status("s1") == "waiting"  # the slot is reserved with the plan
     again = live_run.validator("compare_masking")(visitor, FinetuneForm(*FORM))
     assert len(again) == 9 and "already running" in again[0]["message"]

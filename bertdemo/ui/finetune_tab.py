@@ -34,7 +34,9 @@ watch it learn. The base model is never changed and nobody else sees your model.
 in ten is held out for evaluation with **fixed masks**, so the before/after numbers compare
 (with fewer than 4 lines, evaluation uses the training lines themselves: it then measures
 memorising, and the page says so). Masking: *dynamic* draws fresh masks for every batch,
-*static* draws them once and reuses them every epoch (the original BERT)."""
+*static* draws them once and reuses them every epoch (the original BERT). Once held-out loss has
+risen for two evaluations past its lowest the run is overfitting, and the page says so; by default
+the model keeps the weights of that best evaluation (as Trainer's `load_best_model_at_end`)."""
 def render(ctx: AppContext) -> None:
     """Build the tab's components and events inside the current Blocks/Tab context."""
     limits = ctx.settings.limits
@@ -133,8 +135,9 @@ def on_finetune(visitor: Visitor, request: TuningRequest, progress=gr.Progress()
     base = plan.finetune.lm
     export_button.remember_run(visitor.store, visitor.session, visitor.settings, base, history, request.text)
     rows = compare_probes(base, tuned, plan.probes, max_masks=visitor.settings.max_masks)
+    kept = (history.kept.step, f"kept: step {history.kept.step}") if history.kept else None
     yield (_final_status(history, outcome.note),
-           plots.finetune_curves(history.steps, history.evals, history.planned_steps),
+           plots.finetune_curves(history.steps, history.evals, history.planned_steps, best=kept),
            _metrics_frame(history), _probe_frame(rows, history), model_line(visitor.store, visitor.session, "finetune"))
 
 
@@ -151,7 +154,10 @@ def _cleared() -> tuple:
 
 def _live_outputs(log: EventLog) -> tuple:
     run = log.latest
-    return (_live_status(run.steps, run.evals), plots.finetune_curves(run.steps, run.evals, run.planned_steps or None),
+    best = overfitting(run.evals)
+    lowest = (best.step, f"lowest held-out loss: step {best.step}") if best else None
+    return (_live_status(run.steps, run.evals),
+            plots.finetune_curves(run.steps, run.evals, run.planned_steps or None, best=lowest),
             gr.skip(), gr.skip(), gr.skip())
 
 
