@@ -145,6 +145,13 @@ def encode_input(lm: LoadedModel, text: str, text_b: str | None = None):
     return inputs, meta
 
 
+def first_query(lm: LoadedModel, text: str, text_b: str | None = None) -> int:
+    """Where a view of one token's query starts: the first [MASK]'s index among the tokens
+    ([CLS] = 0), else the first token after [CLS]."""
+    _, meta = encode_input(lm, text, text_b)
+    return meta["mask_positions"][0] if meta["mask_positions"] else min(1, len(meta["tokens"]) - 1)
+
+
 # ---------------------------------------------------------------- views for the heatmaps
 
 def rollout(weights: np.ndarray, upto: int | None = None) -> np.ndarray:

@@ -99,8 +99,10 @@ def embedding_map(lm: LoadedModel, texts, *, layer: int, word: str | None = None
     principal components.
 
     Points: every non-special token of every sentence, or, with `word`, each occurrence of that
-    word (whole word, any case; a word split into pieces is the mean of its pieces). Returns
-    {"layer", "word", "points": [{"sentence" (0-based line), "text", "token", "position" (token
+    word (whole word, any case; a word split into pieces is the mean of its pieces): the lines
+    without it are left out and listed in "missing". Returns {"layer", "word", "missing":
+    [{"line" (1-based), "text"}] (empty without a word), "points": [{"sentence" (0-based line),
+    "text", "token", "position" (token
     index; a word's first piece), "x", "y", "neighbours": [{"point", "similarity"}] (the NEIGHBOURS
     nearest other points by cosine in the full hidden space)}], "explained": [ratio of the total
     variance on each axis]}. Each axis' sign is fixed so its largest loading is positive (as
@@ -111,14 +113,21 @@ def embedding_map(lm: LoadedModel, texts, *, layer: int, word: str | None = None
         raise validate.InputError("word", "The word must be text, e.g. 'bank', or empty to map every token.")
     word = word.strip() or None if word else None
     encoded = encode(lm, lines, layer, max_tokens=max_tokens)
-    points, vectors = _word_points(encoded, word) if word else _token_points(encoded)
+    points, vectors, missing = _word_points(encoded, word) if word else (*_token_points(encoded), [])
     if len(points) < 2:
-        raise validate.InputError("texts", "A map needs at least two points: add a sentence (or a word "
+        why = f", and {_not_in(word, missing)}" if missing else ""
+        raise validate.InputError("texts", f"A map needs at least two points{why}: add a sentence (or a word "
                                            "that occurs more than once).")
     coords, explained = pca_2d(vectors)
     for point, (x, y), near in zip(points, coords, nearest(vectors)):
         point.update(x=float(x), y=float(y), neighbours=near)
-    return {"layer": layer, "word": word, "points": points, "explained": explained}
+    return {"layer": layer, "word": word, "points": points, "explained": explained,
+            "missing": [{"line": n, "text": lines[n - 1]} for n in missing]}
+
+
+def _not_in(word: str, lines: list[int]) -> str:
+    shown = word if len(word) <= 40 else word[:40] + "…"
+    return f"'{shown}' is not in line{'s' if len(lines) > 1 else ''} {', '.join(map(str, lines))}"
 
 
 def _token_points(encoded: Encoded) -> tuple[list[dict], np.ndarray]:
@@ -131,8 +140,9 @@ def _token_points(encoded: Encoded) -> tuple[list[dict], np.ndarray]:
     return points, np.asarray(vectors)
 
 
-def _word_points(encoded: Encoded, word: str) -> tuple[list[dict], np.ndarray]:
-    """One point per occurrence of `word`: the mean of the pieces whose characters it covers."""
+def _word_points(encoded: Encoded, word: str) -> tuple[list[dict], np.ndarray, list[int]]:
+    """One point per occurrence of `word`: the mean of the pieces whose characters it covers; and
+    the lines (1-based) without it. ValueError if no line has it."""
     pattern = re.compile(rf"(?<!\w){re.escape(word)}(?!\w)", re.IGNORECASE)
     points, vectors, missing = [], [], []
     for s, text in enumerate(encoded.texts):
@@ -146,13 +156,10 @@ def _word_points(encoded: Encoded, word: str) -> tuple[list[dict], np.ndarray]:
                 points.append({"sentence": s, "text": text, "token": match.group(0), "position": pieces[0],
                                "pieces": [encoded.tokens[s][i] for i in pieces]})
                 vectors.append(encoded.states[s][pieces].mean(0))
-    if missing:
-        where = ", ".join(map(str, missing))
-        shown = word if len(word) <= 40 else word[:40] + "…"
-        raise validate.InputError("word", f"'{shown}' is not in line{'s' if len(missing) > 1 else ''} {where}: "
-                                          "use it once in every sentence, or leave the word empty to map "
-                                          "every token.")
-    return points, np.asarray(vectors)
+    if not points:
+        raise validate.InputError("word", f"{_not_in(word, missing)}: use it in at least two sentences, or "
+                                          "leave the word empty to map every token.")
+    return points, np.asarray(vectors), missing
 
 
 def pca_2d(vectors: np.ndarray) -> tuple[np.ndarray, list[float]]:
@@ -174,7 +181,7 @@ def nearest(vectors: np.ndarray, k: int = NEIGHBOURS) -> list[list[dict]]:
     unit = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
     similarity = unit @ unit.T
     np.fill_diagonal(similarity, -np.inf)
-    order = np.argsort(-similarity, axis=1)[:, :k]
+    order = np.argsort(-similarity, axis=1)[:, :min(k, len(vectors) - 1)]  # never the point itself
     return [[{"point": int(j), "similarity": float(similarity[i, j])} for j in row] for i, row in enumerate(order)]
 
 

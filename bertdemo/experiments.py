@@ -90,7 +90,8 @@ def plan_labelling(lm, texts: str | list[str], steps: int = 30, seed: int = 0,
     steps = validate.whole_number(steps, "Steps", 1, MAX_CONSEQUENCE_STEPS, field="steps")
     seed = check_seed(seed)
     plan = plan_finetune(lm, texts, steps=steps, learning_rate=learning_rate, batch_size=batch_size,
-                         seed=seed, max_length=max_length, limits=limits)
+                         seed=seed, max_length=max_length, limits=limits,
+                         keep_best=False)  # each labelling's last model is what the experiment compares
     return LabellingPlan(plan, hidden_eval_rows(lm, plan.data.eval, seed))
 
 

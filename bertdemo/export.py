@@ -5,7 +5,7 @@
                 `Trainer` with `DataCollatorForLanguageModeling`; runs unchanged under `python`,
                 `accelerate launch` or `torchrun`, so several GPUs or machines use an existing engine
   run.json      this run's settings (model, data file, masking, collator, lr, schedule, batch,
-                block length, seed), the only thing that differs between exports
+                block length, seed, keep_best), the only thing that differs between exports
   train.txt     the text the run trained on
 Needs only torch, transformers and accelerate where it runs, not bertdemo.
 """
@@ -41,9 +41,11 @@ def run_config(history: MLMHistory, model: str, *, weight_decay: float = 0.01,
                      "mask_replace_prob": 0.8, "random_replace_prob": 0.1},
         "learning_rate": s["learning_rate"], "lr_schedule": "linear", "warmup_ratio": warmup_ratio,
         "weight_decay": weight_decay, "max_grad_norm": 1.0, "optimizer": "adamw_torch", "seed": s["seed"],
+        "keep_best": s.get("keep_best", False),
         "demo": {"steps_run": len(history.steps), "stopped": history.stopped,
                  "eval_before": _scores(history.before) if history.evals else None,
-                 "eval_after": _scores(history.after) if history.evals else None},
+                 "eval_after": _scores(history.after) if history.evals else None,
+                 "kept": _scores(history.kept) if history.kept else None},
     }
     if s.get("epochs") is not None:
         config["demo"]["epochs_asked"] = s["epochs"]

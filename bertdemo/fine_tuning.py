@@ -72,6 +72,7 @@ class FinetuneSettings:
     seed: int = 0
     max_length: int = 128  # tokens per packed block, special tokens included
     epochs: float | None = None  # as asked, when the length was given in epochs
+    keep_best: bool = True  # return the weights of the evaluation with the lowest held-out loss
 
 
 @dataclass(frozen=True)
@@ -84,15 +85,19 @@ class FinetunePlan:
     limits: Limits
 
     def with_masking(self, masking: str) -> "FinetunePlan":
-        return dataclasses.replace(self, settings=dataclasses.replace(self.settings, masking=masking))
+        """This plan with `masking`; its model is not kept, so neither are its best weights."""
+        return dataclasses.replace(self, settings=dataclasses.replace(self.settings, masking=masking,
+                                                                      keep_best=False))
 
 
 def plan_finetune(lm: LoadedModel, texts: str | list[str], *, steps=None, epochs=None,
                   learning_rate=5e-5, batch_size=8, mlm_probability=0.15, masking="dynamic", seed=0,
-                  max_length=128, limits: Limits | None = None) -> FinetunePlan:
+                  max_length=128, keep_best=True, limits: Limits | None = None) -> FinetunePlan:
     """Check a fine-tune of `lm` on `texts` and prepare its data; raises `validate.InputError`
     (a ValueError) naming the setting at fault (`.field`: these parameters' names) and saying
-    how to fix it. The training length is `steps`, or `epochs` over the packed blocks."""
+    how to fix it. The training length is `steps`, or `epochs` over the packed blocks.
+    `keep_best`: the run returns the weights of its evaluation with the lowest held-out loss
+    (not the last ones once it overfits), as Trainer's `load_best_model_at_end`."""
     limits = limits or Limits()
     if (steps is None) == (epochs is None):
         raise validate.InputError("steps", "Give the training length as steps or as epochs (one of them).")
@@ -112,7 +117,8 @@ def plan_finetune(lm: LoadedModel, texts: str | list[str], *, steps=None, epochs
         epochs = validate.number(epochs, "epochs", 0.0, float(limits.max_steps), open_low=True, field="epochs")
     data = prepare_text(lm, texts, checked["max_length"], limits)
     steps = steps or _steps_for_epochs(epochs, len(data.train), checked["batch_size"], limits)
-    return FinetunePlan(lm, FinetuneSettings(steps=steps, epochs=epochs, **checked), data, limits)
+    return FinetunePlan(lm, FinetuneSettings(steps=steps, epochs=epochs, keep_best=bool(keep_best), **checked),
+                        data, limits)
 
 
 @dataclass(frozen=True)
@@ -134,15 +140,16 @@ class FinetuneForm:
     FIELD_OF: ClassVar[dict] = {"steps": "training_length", "epochs": "training_length",
                                 "max_length": "block_length", "mlm_probability": "mask_probability"}
 
-    def plan(self, lm: LoadedModel, limits: Limits) -> FinetunePlan:
-        """`plan_finetune` of this form; `validate.InputError.field` names the form's field."""
+    def plan(self, lm: LoadedModel, limits: Limits, **more) -> FinetunePlan:
+        """`plan_finetune` of this form (and `more` of its parameters); `validate.InputError.field`
+        names the form's field."""
         try:
             if self.length_unit not in LENGTH_UNITS:
                 raise validate.InputError("length_unit", "Count the training length in 'steps' or 'epochs'.")
             return plan_finetune(lm, self.text, **{self.length_unit: self.training_length},
                                  learning_rate=self.learning_rate, batch_size=self.batch_size,
                                  max_length=self.block_length, mlm_probability=self.mask_probability,
-                                 masking=self.masking, seed=self.seed, limits=limits)
+                                 masking=self.masking, seed=self.seed, limits=limits, **more)
         except validate.InputError as err:
             raise validate.InputError(self.FIELD_OF.get(err.field, err.field), str(err)) from None
 
@@ -435,7 +442,8 @@ def run_finetune(plan: FinetunePlan, *, on_event: Callable | None = None,
     """Fine-tune a copy of `plan.lm` with masked-LM loss on the plan's text; returns (tuned
     model, history). The loop is `training.train`: its events (`Step`, `Evaluation`, tagged with
     `run`) go to `on_event`; `should_stop()`, the plan's time limit and a non-finite loss end it
-    early (`history.stopped`).
+    early (`history.stopped`). With the plan's `keep_best` the model returned has the weights of
+    the best evaluation (`history.kept`, None when that was the last).
 
     collate_fn: replaces the standard MLM collator for training (the eval masks stay standard),
     e.g. to train with the article's labelling; same input/output as `mlm_collator`.
@@ -455,7 +463,8 @@ def run_finetune(plan: FinetunePlan, *, on_event: Callable | None = None,
         task = MaskedLMTask(lm, model, plan, collate_fn)
         train(model, task.batches(), task.loss, task.evaluate, history, learning_rate=s.learning_rate,
               max_seconds=plan.limits.max_seconds, eval_every=eval_every, weight_decay=weight_decay,
-              warmup_ratio=warmup_ratio, on_event=on_event, should_stop=should_stop, run=run)
+              warmup_ratio=warmup_ratio, on_event=on_event, should_stop=should_stop, run=run,
+              keep_best=s.keep_best)
     model.eval().requires_grad_(False)
     return LoadedModel(f"{lm.name} (fine-tuned)", lm.tokenizer, model, lm.device, caches=lm.caches), history
 
@@ -468,7 +477,7 @@ def finetune(lm: LoadedModel, texts: str | list[str], *, on_event: Callable | No
     """Fine-tune a copy of `lm` with masked-LM loss on `texts`; returns (tuned model, history).
 
     settings: `plan_finetune`'s (steps or epochs, learning_rate, batch_size, mlm_probability,
-    masking, seed, max_length, limits); the rest as `run_finetune`.
+    masking, seed, max_length, keep_best, limits); the rest as `run_finetune`.
     """
     return run_finetune(plan_finetune(lm, texts, **settings), on_event=on_event, should_stop=should_stop,
                         collate_fn=collate_fn, eval_every=eval_every, weight_decay=weight_decay,
@@ -483,10 +492,11 @@ class TuningRequest(FinetuneForm):
 
     keep_partial: bool = False  # keep the model of a stopped or timed-out run
     probes: str = ""  # sentences with [MASK], one per line, predicted before and after
+    keep_best: bool = True  # the model of the best evaluation, not the last step's (`plan_finetune`)
 
     def plan(self, lm: LoadedModel, limits: Limits) -> "TuningPlan":
         """The fine-tune's plan, and the probes (default: lines of the text, a word masked)."""
-        plan = super().plan(lm, limits)
+        plan = super().plan(lm, limits, keep_best=self.keep_best)
         probes = [p.strip() for p in (self.probes or "").splitlines() if p.strip()] or default_probes(self.text)
         if not probes:
             raise validate.InputError("probes", "No probe sentences: write one or more with [MASK], one per line.")

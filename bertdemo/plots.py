@@ -124,7 +124,7 @@ _NOT_CHOSEN = "#eef0f3"
 
 
 def outcome_grid(tokens: list[str], grids: dict[str, dict]) -> go.Figure:
-    """Epochs x tokens heatmaps side by side (one per mode, e.g. static and dynamic).
+    """Epochs x tokens heatmaps, one above the other (one per mode, e.g. static and dynamic).
 
     `grids[mode]` holds "outcome" (E x T of "mask"/"random"/"keep"/None) and "seen" (E x T
     tokens the model sees, written in the cells).
@@ -135,20 +135,25 @@ def outcome_grid(tokens: list[str], grids: dict[str, dict]) -> go.Figure:
     scale = [[0, colors[0]], [1 / 6, colors[0]], [1 / 6, colors[1]], [1 / 2, colors[1]],
              [1 / 2, colors[2]], [5 / 6, colors[2]], [5 / 6, colors[3]], [1, colors[3]]]
     modes = list(grids)
-    fig = make_subplots(rows=1, cols=len(modes), subplot_titles=modes, shared_yaxes=True,
-                        horizontal_spacing=0.03)
+    # One above the other, each the page's full width, with the cells' text at a size one reads
+    # (plotly's own shrinks it to fit the cell: at 20 tokens side by side, about 7 px)
+    fig = make_subplots(rows=len(modes), cols=1, subplot_titles=modes, vertical_spacing=0.12 / len(modes))
     x = _unique_labels(tokens)
-    for col, mode in enumerate(modes, start=1):
+    size = 13 if len(tokens) <= 20 else 12 if len(tokens) <= 28 else 11 if len(tokens) <= 36 else 10
+    for row, mode in enumerate(modes, start=1):
         outcome = grids[mode]["outcome"]
         y = [f"epoch {e + 1}" for e in range(len(outcome))]
         fig.add_trace(go.Heatmap(
             z=[[codes[o] for o in row] for row in outcome], x=x, y=y, zmin=0, zmax=3,
             colorscale=scale, showscale=False, text=grids[mode]["seen"], texttemplate="%{text}",
-            xgap=1, ygap=1, customdata=[[o or "not chosen" for o in row] for row in outcome],
+            textfont=dict(size=size), xgap=1, ygap=1,
+            customdata=[[o or "not chosen" for o in cells] for cells in outcome],
             hovertemplate="%{y}, %{x}: %{customdata}, model sees %{text}<extra></extra>"),
-            row=1, col=col)
+            row=row, col=1)
     fig.update_yaxes(autorange="reversed")
-    fig.update_layout(height=min(160 + 24 * len(grids[modes[0]]["outcome"]), 1400),
+    fig.update_xaxes(tickfont=dict(size=size))
+    epochs = len(grids[modes[0]]["outcome"])
+    fig.update_layout(height=min(120 + len(modes) * (50 + 26 * epochs), 2400),
                       margin=dict(l=10, r=10, t=40, b=10))
     return fig
 
@@ -284,8 +289,9 @@ def neuron_view(result: dict) -> go.Figure:
     fig.update_xaxes(title_text="dimension", row=2, col=1)
     fig.update_xaxes(title_text="dimension", row=2, col=2)
     fig.update_xaxes(range=[0, 1], row=2, col=4)
-    fig.update_layout(title=f"Layer {result['layer']}, head {result['head']}: the query of {asking} "
-                            f"(token {result['token']}) against every key", showlegend=False,
+    named = _plotly_text(result["tokens"][result["token"]])
+    fig.update_layout(title=f"Layer {result['layer']}, head {result['head']}: the query of token "
+                            f"{result['token']}, “{named}”, against every key", showlegend=False,
                       height=min(max(360, 140 + 24 * len(tokens)), 2400), margin=dict(l=10, r=10, t=70, b=10))
     return fig
 
@@ -302,11 +308,13 @@ def _plotly_text(label: str) -> str:
     return html.escape(shown_token(label), quote=False)
 
 
-def finetune_curves(steps: list, evals: list, planned_steps: int | None = None) -> go.Figure:
+def finetune_curves(steps: list, evals: list, planned_steps: int | None = None,
+                    best: tuple[int, str] | None = None) -> go.Figure:
     """Training loss per step and eval loss (same axis), eval accuracy on a second axis.
 
     `steps`/`evals` are a `training.RunHistory`'s `Step`s and `Evaluation`s (or the events so
-    far, for a live plot).
+    far, for a live plot). `best`: (step, label), a dashed line at the best evaluation (e.g.
+    "kept: step 24").
     Rebuilt on every live update, so it is built from dicts (`fast_figure`).
     """
     eval_steps = [e.step for e in evals]
@@ -324,6 +332,13 @@ def finetune_curves(steps: list, evals: list, planned_steps: int | None = None) 
     layout["yaxis2"].update(title=dict(text="accuracy"), range=[0, 1], tickformat=".0%")
     layout.update(height=380, margin=dict(l=10, r=10, t=40, b=10),  # legend clear of the label
                   legend=dict(orientation="h", x=1, xanchor="right", y=1.02, yanchor="bottom"))
+    if best is not None:
+        step, label = best
+        layout["shapes"] = [dict(type="line", x0=step, x1=step, y0=0, y1=1, xref="x", yref="paper",
+                                 line=dict(dash="dash", color="#16a34a", width=1.5))]
+        layout["annotations"] = [*layout.get("annotations", ()), dict(
+            x=step, y=1, xref="x", yref="paper", text=_plotly_text(label), showarrow=False,
+            xanchor="left", yanchor="top", font=dict(color="#16a34a"))]
     return fast_figure(data, layout)
 
 
@@ -521,8 +536,13 @@ def embedding_scatter(result: dict, title: str) -> go.Figure:
             customdata=[[_plotly_text(p["text"])] for p in points],
             hovertemplate="<b>%{text}</b><br>%{customdata[0]}<extra></extra>"))
     x, y = (f"PC{i + 1} ({share:.0%} of the variance)" for i, share in enumerate(result["explained"]))
+    missing = result.get("missing") or []
+    if missing:  # the lines without the word: left out of the map, and said
+        lines = "; ".join(f"line {m['line']} ({_plotly_text(m['text'][:30] + ('…' if len(m['text']) > 30 else ''))})"
+                          for m in missing[:4]) + ("; …" if len(missing) > 4 else "")
+        title = f"{title}<br><sup>Left out, without '{_plotly_text(result['word'])}': {lines}</sup>"
     fig.update_layout(title=title, height=460, xaxis=dict(title=x), yaxis=dict(title=y),
-                      legend=dict(title="sentence"), margin=dict(l=10, r=10, t=50, b=10))
+                      legend=dict(title="sentence"), margin=dict(l=10, r=10, t=70 if missing else 50, b=10))
     return fig
 
 

@@ -84,6 +84,7 @@ class RunHistory:
     evals: list[Evaluation] = field(default_factory=list)
     stopped: str | None = None
     seconds: float = 0.0
+    kept: Evaluation | None = None  # the evaluation whose weights the run returned, when not the last
 
     @property
     def before(self) -> Evaluation:
@@ -92,6 +93,11 @@ class RunHistory:
     @property
     def after(self) -> Evaluation:
         return self.evals[-1]
+
+    @property
+    def returned(self) -> Evaluation:
+        """The evaluation of the weights the run returned: the kept best one, else the last."""
+        return self.kept or self.after
 
     @property
     def completed(self) -> bool:
@@ -128,6 +134,52 @@ class EventLog:
         return self.runs.get(self.current) or RunHistory(planned_steps=0)
 
 
+# ---------------------------------------------------------------- overfitting
+
+def best_evaluation(evals: list[Evaluation]) -> Evaluation | None:
+    """The evaluation with the lowest held-out loss among those after training began (step 0 is
+    the model before training, which keeping "the best" must not hand back); None before any."""
+    trained = [e for e in evals if e.step > 0]
+    return min(trained, key=lambda e: e.loss) if trained else None
+
+
+def overfitting(evals: list[Evaluation], patience: int = 2) -> Evaluation | None:
+    """The best evaluation (`best_evaluation`) when held-out loss has risen past it for `patience`
+    evaluations in a row (every one since is higher): the run now learns its training text by
+    heart. None while the loss still falls, or has risen for fewer evaluations."""
+    best = best_evaluation(evals)
+    return best if best is not None and evals.index(best) <= len(evals) - 1 - patience else None
+
+
+class _BestWeights:
+    """A copy of the weights at the best evaluation so far (as Trainer's `load_best_model_at_end`
+    keeps its best checkpoint), kept on the model's device and overwritten in place when a later
+    evaluation beats it; `restore()` puts them back in the model."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model, self.evaluation, self.saved = model, None, None
+
+    def _tensors(self) -> dict[str, torch.Tensor]:  # tied weights once
+        return {**dict(self.model.named_parameters()), **dict(self.model.named_buffers())}
+
+    @torch.no_grad()
+    def offer(self, evaluation: Evaluation) -> None:
+        if evaluation.step == 0 or (self.evaluation is not None and evaluation.loss >= self.evaluation.loss):
+            return
+        if self.saved is None:
+            self.saved = {k: v.detach().clone() for k, v in self._tensors().items()}
+        else:
+            for k, v in self._tensors().items():
+                self.saved[k].copy_(v)
+        self.evaluation = evaluation
+
+    @torch.no_grad()
+    def restore(self) -> None:
+        for k, v in self._tensors().items():
+            v.copy_(self.saved[k])
+        self.saved = None
+
+
 # ---------------------------------------------------------------- the loop
 
 def train(model: torch.nn.Module, batches: Iterator[dict], loss: Callable[[dict], torch.Tensor],
@@ -135,7 +187,7 @@ def train(model: torch.nn.Module, batches: Iterator[dict], loss: Callable[[dict]
           max_seconds: float = math.inf, eval_every: int | None = None, weight_decay: float = 0.01,
           warmup_ratio: float = 0.1, on_event: Callable[[Event], None] | None = None,
           should_stop: Callable[[], bool] | None = None, run: str | None = None,
-          rate_scale: Callable[[str], float] | None = None) -> RunHistory:
+          rate_scale: Callable[[str], float] | None = None, keep_best: bool = False) -> RunHistory:
     """`history.planned_steps` optimizer steps of `model` on `loss(next(batches))`.
 
     `evaluate(step)` runs before training (step 0), every `eval_every` steps (default: ten times
@@ -145,7 +197,9 @@ def train(model: torch.nn.Module, batches: Iterator[dict], loss: Callable[[dict]
     has one: `runs.StopCheck` says "time limit"), or after `max_seconds` ("time limit"); a
     non-finite loss ends it too ("diverged"). Batches are dicts of (B, ...) tensors;
     `batch["attention_mask"]`, when present, counts the step's tokens. `rate_scale`: see
-    `make_optimizer` (the steps report the base rate).
+    `make_optimizer` (the steps report the base rate). `keep_best`: at the end the model gets
+    back the weights of its evaluation with the lowest loss (`best_evaluation`), as Trainer's
+    `load_best_model_at_end` does, and `history.kept` names it (None when the last was the best).
     """
     steps = history.planned_steps
     eval_every = max(1, steps // 10) if eval_every is None else eval_every
@@ -155,8 +209,12 @@ def train(model: torch.nn.Module, batches: Iterator[dict], loss: Callable[[dict]
     params = [p for p in model.parameters() if p.requires_grad]
     start = time.perf_counter()
 
+    best = _BestWeights(model) if keep_best else None
+
     def record(event: Event) -> None:
         (history.steps if isinstance(event, Step) else history.evals).append(event)
+        if best is not None and isinstance(event, Evaluation):
+            best.offer(event)
         emit(event)
 
     record(dataclasses.replace(evaluate(0), run=run))
@@ -187,6 +245,9 @@ def train(model: torch.nn.Module, batches: Iterator[dict], loss: Callable[[dict]
             history.stopped = "diverged"
     if history.evals[-1].step != len(history.steps):
         record(dataclasses.replace(evaluate(len(history.steps)), run=run))
+    if best is not None and best.evaluation is not None and best.evaluation is not history.evals[-1]:
+        best.restore()
+        history.kept = best.evaluation
     history.seconds = time.perf_counter() - start
     return history  # the optimizer goes with this frame: its moments (2x the model) are freed now
 

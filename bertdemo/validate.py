@@ -93,6 +93,9 @@ def model_name(value) -> str:
 
 
 def shown(value) -> str:
-    """The offending value for a message: short, whatever a script sent."""
+    """The offending value for a message: short, whatever a script sent. A whole number sent as a
+    float (gr.Number and JSON send 100000.0 for 100000) reads as the whole number."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e16:
+        value = int(value)
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."

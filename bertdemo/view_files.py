@@ -77,8 +77,8 @@ def neuron(result: dict, folder: Path) -> list[Path]:
     rows = [[i, token, d, _num(query[d]), _num(result["keys"][i][d]), _num(result["products"][i][d]),
              _num(result["scores"][i]), _num(result["weights"][i])]
             for i, token in enumerate(tokens) for d in range(result["head_dim"])]
-    title = (f"Layer {result['layer']}, head {result['head']}: the query of {tokens[result['token']]!r} "
-             f"(token {result['token']}) against every key")
+    title = (f"Layer {result['layer']}, head {result['head']}: the query of token {result['token']}, "
+             f"“{tokens[result['token']]}”, against every key")  # as the page's title
     labels, dims = [f"{i} {t}" for i, t in enumerate(tokens)], [str(d) for d in range(result["head_dim"])]
 
     def draw(fig):

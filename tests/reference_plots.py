@@ -93,10 +93,12 @@ def mask_attention_grid(rows, labels: list[str], hidden: list[bool] | None = Non
     return fig
 
 
-def finetune_curves(steps: list, evals: list, planned_steps: int | None = None) -> go.Figure:
+def finetune_curves(steps: list, evals: list, planned_steps: int | None = None,
+                    best: tuple[int, str] | None = None) -> go.Figure:
     """Training loss per step and eval loss (same axis), eval accuracy on a second axis.
 
-    `steps`/`evals` are a `training.RunHistory`'s `Step`s and `Evaluation`s.
+    `steps`/`evals` are a `training.RunHistory`'s `Step`s and `Evaluation`s; `best`: (step,
+    label), a dashed line there.
     """
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     fig.add_trace(go.Scatter(x=[s.step for s in steps], y=[s.loss for s in steps],
@@ -111,6 +113,11 @@ def finetune_curves(steps: list, evals: list, planned_steps: int | None = None) 
     fig.update_yaxes(title_text="accuracy", range=[0, 1], tickformat=".0%", secondary_y=True)
     fig.update_layout(height=380, margin=dict(l=10, r=10, t=40, b=10),  # legend clear of the label
                       legend=dict(orientation="h", x=1, xanchor="right", y=1.02, yanchor="bottom"))
+    if best is not None:
+        fig.add_shape(type="line", x0=best[0], x1=best[0], y0=0, y1=1, xref="x", yref="paper",
+                      line=dict(dash="dash", color="#16a34a", width=1.5))
+        fig.add_annotation(x=best[0], y=1, xref="x", yref="paper", text=best[1], showarrow=False,
+                           xanchor="left", yanchor="top", font=dict(color="#16a34a"))
     return fig
 
 

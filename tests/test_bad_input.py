@@ -54,7 +54,7 @@ ENDPOINTS = {
     "/masking_law": [("text", TEXT), *RATES, ("number", 1000)],
     "/article_snippet": [("text", TEXT), *RATES, ("number", 20)],
     "/article_finetune": [("text", TEXT), ("number", 0), ("number", 5), ("number", 3e-4)],
-    "/finetune": [*FINETUNE_FORM, ("flag", False), ("text", SENTENCE)],
+    "/finetune": [*FINETUNE_FORM, ("flag", False), ("text", SENTENCE), ("flag", True)],
     "/compare_masking": FINETUNE_FORM,
     "/suggest_probes": [("text", FT_TEXT)],
     "/stop_finetune": [],

@@ -37,6 +37,25 @@ def test_predict_draws_one_bar_per_prediction(page, app_url, tiny_bert, screensh
     screenshot("fillmask_bars")
 
 
+def test_a_right_to_left_sentence_is_said_to_be_beyond_what_the_model_reads(page, app_url, tiny_bert, screenshot):
+    from bertdemo.reading import reading_notice
+    from bertdemo.ui.fillmask_tab import reading_words
+
+    hebrew = "פריז היא [MASK] של צרפת."
+    notice = reading_notice(tiny_bert, hebrew)
+    assert notice.script == "Hebrew"
+    page.goto(app_url)
+    predict(page, hebrew)
+    expect(block(page, "Predictions per mask").locator(".barlayer .point")).to_have_count(5)  # still predicted
+    name = tiny_bert.name.rsplit("/", 1)[-1]
+    said = page.locator("p", has_text="reads mostly Latin-script text")
+    expect(said).to_have_text(re.sub(r"\*\*", "", reading_words(notice, name)))
+    expect(said).to_contain_text("this sentence is in Hebrew script, 0.0% of its vocabulary")
+    screenshot("fillmask_right_to_left_notice")
+    predict(page, SENTENCE)  # a sentence it reads: the notice goes
+    expect(said).to_have_count(0)
+
+
 def test_clicking_a_word_turns_it_into_a_mask(page, app_url):
     page.goto(app_url)
     page.get_by_label("Sentence with [MASK]s").fill("Paris is the capital of France.")

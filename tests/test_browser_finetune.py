@@ -120,3 +120,82 @@ def test_bad_input_is_refused_with_its_message_beside_the_field(page, app_url, t
     expect(page.locator("#finetune-status")).to_have_text("")  # no run started
     if not text:
         screenshot("finetune_error")
+
+
+# What the tables held while each run went: the status line and the metrics table's data rows at
+# every change of the page, so that a table cleared for a moment is seen however short the run.
+RECORD_TABLES = """() => {
+  window.tablesSeen = [];
+  new MutationObserver(() => {
+    const rows = document.querySelectorAll('#finetune-metrics tbody tr, #finetune-probes tbody tr');
+    window.tablesSeen.push([document.querySelector('#finetune-status').innerText.trim(), rows.length]);
+  }).observe(document.body, {subtree: true, childList: true, characterData: true});
+}"""
+
+
+def test_a_second_fine_tune_clears_the_last_runs_tables_as_it_starts(page, app_url, screenshot):
+    open_tab(page, app_url)
+    fill_form(page, TEXT, **RUN)
+    page.get_by_role("button", name="Fine-tune", exact=True).click()
+    status = page.locator("#finetune-status")
+    expect(status).to_contain_text("Done:", timeout=60_000)
+    metric_rows = page.locator("#finetune-metrics").get_by_role("row")
+    expect(metric_rows).to_have_count(5)  # a header and four metrics
+
+    page.evaluate(RECORD_TABLES)
+    page.get_by_label("Training length").fill("12")
+    page.get_by_role("button", name="Fine-tune", exact=True).click()
+    expect(status).to_contain_text("Done: 12 steps in", timeout=60_000)
+    seen = page.evaluate("window.tablesSeen")
+    # (the last step's line stays while the final tables arrive: steps 1-11 and before only)
+    running = [rows for text, rows in seen if re.search(r"Starting…|Evaluating the base|Step ([1-9]|1[01])/12 ", text)]
+    assert running and all(rows == 0 for rows in running), seen  # no row of the first run while it ran
+    expect(metric_rows).to_have_count(5)
+    screenshot("finetune_second_run")
+
+
+OVERFIT_TEXT = TEXT  # 4 training lines and one held out: 40 steps at 1e-2 learn them by heart
+OVERFIT = dict(steps=40, batch_size=2, max_length=16)
+
+
+def test_an_overfitting_run_says_so_and_keeps_the_best_steps_model(page, app_url, tiny_bert, screenshot):
+    tuned, history = finetune(tiny_bert, OVERFIT_TEXT, learning_rate=1e-2, **OVERFIT)
+    best = history.kept
+    assert best is not None and best.step < OVERFIT["steps"]  # the run overfits: held-out loss rose
+    open_tab(page, app_url)
+    fill_form(page, OVERFIT_TEXT, **OVERFIT)
+    page.get_by_label("Learning rate").fill("0.01")
+    page.get_by_role("button", name="Suggest probes from my text").click()
+    probe_rows = compare_probes(tiny_bert, tuned, default_probes(OVERFIT_TEXT))
+    expect(page.get_by_role("textbox", name=re.compile(r"^Probe sentences"))).to_have_value(
+        "\n".join(row["probe"] for row in probe_rows))
+    expect(page.get_by_role("checkbox", name="Keep the weights of the best evaluation")).to_be_checked()
+    page.get_by_role("button", name="Fine-tune", exact=True).click()
+    status = page.locator("#finetune-status")
+    expect(status).to_contain_text(f"Done: {OVERFIT['steps']} steps in", timeout=60_000)
+    expect(status).to_contain_text(f"Overfitting: held-out loss has risen for")
+    expect(status).to_contain_text(f"{best.loss:.3f} at step {best.step}")
+    expect(status).to_contain_text(f"Kept the weights of step {best.step}")
+    curve = block(page, "Loss and eval accuracy, live")
+    expect(curve.locator(".annotation-text", has_text=f"kept: step {best.step}")).to_be_visible()  # on the chart
+    kept = f"after (kept: step {best.step})"
+    expect(page.locator("#finetune-metrics").get_by_text(kept, exact=True)).to_be_visible()
+    expect(page.locator("#finetune-probes").get_by_text(kept, exact=True)).to_be_visible()
+    for row in finetune_tab._metrics_frame(history).itertuples(index=False):  # the kept model's scores
+        expect(table_row(page, row[0])).to_have_text([str(cell) for cell in row])
+    for row in finetune_tab._probe_frame(probe_rows, history).itertuples(index=False):
+        expect(table_row(page, row[0])).to_have_text(list(row))
+    screenshot("finetune_overfitting_kept")
+
+
+def test_a_paste_over_the_limit_is_refused_naming_both_lengths(page, app_url, screenshot):
+    text = ("Paris is the capital of France and the Seine flows through it.\n" * 500)[:LIMITS.max_chars + 7_249]
+    open_tab(page, app_url)
+    box = page.get_by_role("textbox", name=re.compile(r"^Your text"))
+    box.fill(text)
+    expect(box).to_have_value(text)  # the box keeps the whole paste: nothing cut silently
+    page.get_by_role("button", name="Fine-tune", exact=True).click()
+    message = f"The text has {len(text):,} characters; at most {LIMITS.max_chars:,} are allowed."
+    expect(page.locator("label", has=box).locator(".validation-error", has_text=message)).to_be_visible()
+    expect(page.locator("#finetune-status")).to_have_text("")  # no run started
+    screenshot("finetune_text_over_the_limit")

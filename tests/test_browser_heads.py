@@ -25,13 +25,16 @@ def plot_title(page, label: str):
 
 def test_neuron_view_draws_and_a_clicked_token_becomes_the_query(page, app_url, tiny_bert, screenshot):
     open_attention(page, app_url)
+    # the query starts on the sentence's [MASK], the token the tab is about
+    expect(page.get_by_role("spinbutton", name=re.compile(r"^Query token"))).to_have_value("4")
     page.get_by_role("button", name="Show the neuron view").click()
     title = plot_title(page, "Neuron view: query, keys")
-    expect(title).to_have_text("Layer 0, head 0: the query of paris (token 1) against every key")
-    page.locator("#neuron-tokens .token", has_text="[MASK]").click()
-    expect(page.get_by_role("spinbutton", name=re.compile(r"^Query token"))).to_have_value("4")
-    expect(title).to_have_text("Layer 0, head 0: the query of [MASK] (token 4) against every key")
+    expect(title).to_have_text("Layer 0, head 0: the query of token 4, “[MASK]”, against every key")
     weights = bertdemo.neuron_view(tiny_bert, SENTENCE, layer=0, head=0, token=4)["weights"]
+    page.locator("#neuron-tokens .token", has_text="paris").click()
+    expect(page.get_by_role("spinbutton", name=re.compile(r"^Query token"))).to_have_value("1")
+    expect(title).to_have_text("Layer 0, head 0: the query of token 1, “paris”, against every key")
+    weights = bertdemo.neuron_view(tiny_bert, SENTENCE, layer=0, head=0, token=1)["weights"]
     block = page.locator("div.block", has=page.get_by_test_id("block-label").filter(has_text="Neuron view: query"))
     expect(block.locator(".bartext", has_text=f"{max(weights):.2f}").first).to_be_attached()  # the weights' bars
     screenshot("attention_neuron_view")

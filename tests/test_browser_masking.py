@@ -70,6 +70,7 @@ def test_epochs_grid_curve_and_law_plot_render(page, app_url, tiny_bert, screens
     expect(grid.locator(".gtitle, .annotation-text")).to_have_text(["static", "dynamic"])
     cells = [seen for mode in ("static", "dynamic") for row in expected[mode]["seen"] for seen in row]
     expect(grid.locator(".hm text")).to_have_text(cells)  # what the model sees, cell by cell
+    expect(grid.locator(".hm text").first).to_have_css("font-size", "13px")  # a size one reads
     curve = block(page, "Tokens ever chosen")
     expect(curve.locator(".scatterlayer .trace")).to_have_count(4)  # static/dynamic x measured/theory
     expect(curve.locator(".legendtext", has_text="dynamic, measured")).to_be_visible()

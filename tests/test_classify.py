@@ -439,9 +439,22 @@ def test_stop_in_the_tab_ends_the_run_and_frees_the_slot(visitor):
 
     form = ClassifierForm(table(keyword_task()), 70, 3e-3, 8, False, 0)
     run = tab.on_train(visitor, form, progress=lambda *a, **k: None)
+    next(run)  # the last run's results cleared: the run has started
     next(run)  # the first live update: the run is going
     assert tab.on_stop(visitor) == "Stopping after the current step…"
     status = list(run)[-1][0]
     assert "**Ended early** because you pressed Stop, after" in status and "of 280 steps" in status
     assert tab.on_stop(visitor).startswith("Nothing is running")  # the slot was released
     assert tab.on_classify(visitor, "the dog")["label"].tolist()[0] in {"animal", "place"}  # kept
+
+
+def test_a_new_run_clears_the_last_runs_tables_as_it_starts(visitor):
+    from bertdemo.ui import classify_tab as tab
+
+    form = ClassifierForm(table(keyword_task()), 1, 3e-3, 8, False, 0)
+    first = list(tab.on_train(visitor, form, progress=lambda *a, **k: None))[-1]
+    assert len(first[2]) and len(first[4])  # scores and predictions shown
+    status, curve, scores, confusion, predictions = next(tab.on_train(visitor, form, progress=lambda *a, **k: None))
+    assert status == "Starting…" and curve is None and confusion is None
+    assert scores.empty and list(scores.columns) == ["held-out", "before", "after"]
+    assert predictions.empty and list(predictions.columns) == list(tab.PREDICTION_COLUMNS)

@@ -193,3 +193,51 @@ def test_a_heads_off_view_maps_without_its_heads_and_the_shared_model_is_untouch
     assert [p["x"] for p in without["points"]] != pytest.approx([p["x"] for p in whole["points"]], abs=1e-4)
     assert bertdemo.embedding_map(tiny_bert, texts, layer=2) == whole
     assert bertdemo.embedding_map(view, texts, layer=0) == bertdemo.embedding_map(tiny_bert, texts, layer=0)
+
+
+@pytest.fixture(scope="module")
+def bundled_model():
+    from bertdemo import bundled
+    if not bundled.available():
+        pytest.skip("the bundled model's files are not there")
+    return bertdemo.load(str(bundled.FOLDER), device="cpu")
+
+
+def test_the_word_order_set_shows_depth_where_topics_do_not(bundled_model):
+    """Topics are in their words: every layer reads them, the embeddings too. The word-order set's
+    two labels use the same words: the embeddings fall well below the best layer (on the bundled
+    model, seed 0: 25% at layer 0, 90% at layer 2, always-one-label 50%)."""
+    topics_result = bertdemo.probe_layers(bundled_model, classify_tab.example_rows(classify_tab.FIRST_EXAMPLE))
+    assert min(entry["accuracy"] for entry in topics_result["layers"]) == 1.0
+    rows = classify_tab.example_rows(classify_tab.WORD_ORDER)
+    assert len(rows) == 96 and sorted(set(t.split()[1] for t, _ in rows[:2])) == ["dog", "farmer"]
+    for seed in (0, 1):
+        result = bertdemo.probe_layers(bundled_model, rows, seed=seed)
+        layers = [entry["accuracy"] for entry in result["layers"]]
+        assert layers[0] <= result["baseline"] and max(layers) >= 0.9 and max(layers) - layers[0] >= 0.5, layers
+
+
+def test_the_probe_says_when_every_layer_reads_the_labels(bundled_model):
+    visitor = Visitor(SessionStore(bundled_model), Settings(device="cpu"), "s1")
+    status, _ = classify_tab.on_probe(visitor, classify_tab.example_rows(classify_tab.FIRST_EXAMPLE), 0)
+    assert "Every layer reads these labels" in status and "word-order" in status
+    status, _ = classify_tab.on_probe(visitor, classify_tab.example_rows(classify_tab.WORD_ORDER), 0)
+    assert "Every layer" not in status and status.startswith("Best: layer 2, 90%")
+    assert classify_tab.on_word_order() == (classify_tab.WORD_ORDER, classify_tab.example_rows(classify_tab.WORD_ORDER))
+
+
+def test_lines_without_the_word_are_left_out_and_listed(tiny_bert):
+    lines = ["I sat on the river bank.", "The weather was lovely.", "The bank lent me money.", "Banks and a bank."]
+    result = bertdemo.embedding_map(tiny_bert, lines, layer=1, word="bank")
+    assert [p["sentence"] for p in result["points"]] == [0, 2, 3]  # whole words only: "Banks" is not "bank"
+    assert result["missing"] == [{"line": 2, "text": "The weather was lovely."}]
+    visitor = Visitor(SessionStore(tiny_bert), Settings(device="cpu"), "s1")
+    scatter, table, raw = embeddings_tab.on_map(visitor, "\n".join(lines), 1, "bank")
+    assert "Left out, without 'bank': line 2 (The weather was lovely.)" in scatter.layout.title.text
+    assert len(table) == 3 and list(table.columns) == ["point", "nearest 1", "nearest 2", "nearest 3"]
+    first = raw["points"][0]["neighbours"]
+    assert len(first) == 2  # two other points: two neighbours, never the point itself
+    assert list(table.iloc[0])[1:] == [f"bank (line {raw['points'][n['point']]['sentence'] + 1}) "
+                                       f"{n['similarity']:.2f}" for n in first] + [""]
+    everything = bertdemo.embedding_map(tiny_bert, lines, layer=1)  # no word: nothing is left out
+    assert everything["missing"] == []

@@ -31,6 +31,12 @@ def test_run_json_holds_every_setting_of_the_run(runs, tiny_bert_dir):
         masking="static", weight_decay=0.02)
     assert config["collator"]["class"] == "DataCollatorForLanguageModeling"
     assert config["demo"]["steps_run"] == 2 and config["demo"]["eval_after"]["step"] == 2
+    assert config["keep_best"] is True  # the fine-tune's keep_best, under the same name
+
+
+def test_run_json_says_when_the_run_kept_the_last_weights(tiny_bert, tiny_bert_dir):
+    _, history = bertdemo.finetune(tiny_bert, TEXT, keep_best=False, **SETTINGS)
+    assert export.run_config(history, str(tiny_bert_dir))["keep_best"] is False
 
 
 def test_export_zip_has_script_settings_and_data(runs, tiny_bert_dir, tmp_path):
@@ -64,6 +70,15 @@ def test_first_step_loss_matches_the_demo_loop(runs, tiny_bert_dir, tmp_path, ma
     folder = export.write_files(runs[masking], str(tiny_bert_dir), TEXT, tmp_path)
     loss = json.loads(run_script(folder, "--first-batch-loss").strip().splitlines()[-1])["loss"]
     assert loss == pytest.approx(runs[masking].steps[0].loss, rel=1e-5)
+
+
+@pytest.mark.slow
+def test_the_exported_script_keeps_the_best_evaluations_weights(runs, tiny_bert_dir, tmp_path):
+    """keep_best in run.json: Trainer's load_best_model_at_end, and the script says which it kept."""
+    folder = export.write_files(runs["dynamic"], str(tiny_bert_dir), TEXT, tmp_path)
+    out = run_script(folder, "--max-steps", "3")
+    assert re.search(r"kept the weights of checkpoint-[123] \(lowest held-out loss\)", out), out
+    assert bertdemo.load(str(folder / "tuned-model"), device="cpu").card.head_trained
 
 
 @pytest.mark.slow

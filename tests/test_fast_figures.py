@@ -64,6 +64,9 @@ def test_finetune_curves(planned):
     assert _json(plots.finetune_curves(steps, evals, planned)) == \
         _json(reference_plots.finetune_curves(steps, evals, planned))
     assert _json(plots.finetune_curves([], [], planned)) == _json(reference_plots.finetune_curves([], [], planned))
+    kept = (20, "kept: step 20")  # the best evaluation's line
+    assert _json(plots.finetune_curves(steps, evals, planned, best=kept)) == \
+        _json(reference_plots.finetune_curves(steps, evals, planned, best=kept))
 
 
 def test_cached_layouts_are_not_shared_between_figures():

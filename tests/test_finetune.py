@@ -12,7 +12,7 @@ from bertdemo.config import Limits
 from bertdemo.fine_tuning import (MASKINGS, FinetuneForm, TuningRequest, compare_masking, compare_probes,
                                   default_probes, evaluate, finetune, fixed_rows, masked_logits, mlm_collator,
                                   pack, prepare_text, save_zip, split_units)
-from bertdemo.training import Step
+from bertdemo.training import Evaluation, RunHistory, Step, overfitting, train
 
 REPEATED = "\n".join(tiny_models.SENTENCES * 5)  # 20 lines: 2 held out, both also seen in training
 FAST = dict(learning_rate=1e-2, batch_size=8, max_length=16)  # a random tiny model needs a large rate
@@ -175,6 +175,75 @@ def test_time_limit_stops_cleanly(tiny_bert):
     assert history.stopped == "time limit" and history.steps == []
     assert history.after == history.before
     assert tuned.model is not tiny_bert.model
+
+
+# ---------------------------------------------------------------- overfitting, and the best weights kept
+
+def test_the_loop_keeps_the_weights_of_its_lowest_evaluation_loss():
+    """A held-out loss that bottoms out at step 4 and rises: the model ends with step 4's weights,
+    as Trainer's load_best_model_at_end; without keep_best, with the last step's."""
+    losses = {0: 5.0, 2: 4.0, 4: 3.0, 6: 3.5, 8: 4.2, 10: 4.9}
+    for keep in (True, False):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 1)
+        weights = {}
+
+        def evaluate(step):
+            weights[step] = model.weight.detach().clone()
+            return Evaluation(step, losses[step], 0.0)
+        batches = iter(lambda: {"x": torch.randn(4, 3)}, None)
+        history = train(model, batches, lambda b: model(b["x"]).pow(2).mean(), evaluate, RunHistory(10),
+                        learning_rate=0.1, eval_every=2, keep_best=keep)
+        assert [e.step for e in history.evals] == [0, 2, 4, 6, 8, 10]
+        assert overfitting(history.evals).step == 4  # risen for two evaluations (and more) past step 4
+        if keep:
+            assert history.kept.step == 4 and history.returned.loss == 3.0
+            assert torch.equal(model.weight, weights[4])
+        else:
+            assert history.kept is None and torch.equal(model.weight, weights[10])
+
+
+def test_overfitting_is_said_only_after_two_evaluations_past_the_lowest():
+    def evals(*losses):
+        return [Evaluation(step, loss, 0.0) for step, loss in enumerate(losses)]
+    assert overfitting(evals(5, 4, 3, 3.5)) is None  # risen once: could be noise
+    assert overfitting(evals(5, 4, 3, 3.5, 3.6)).step == 2
+    assert overfitting(evals(5, 4, 3, 3.5, 2.9)) is None  # a new lowest
+    assert overfitting(evals(5, 6, 7)) is None  # step 0 is the model before training, never "the best"
+
+
+OVERFIT_TEXT = """Paris is the capital of France.
+The Eiffel tower is a famous landmark.
+Berlin is the capital of Germany.
+London is the capital of England.
+Rome is the capital of Italy."""  # 4 training lines, one held out: 40 steps at 1e-2 learn them by heart
+OVERFIT = dict(steps=40, batch_size=2, max_length=16, learning_rate=1e-2)
+
+
+def held_out_loss(lm, tuned, text=OVERFIT_TEXT, **settings):
+    """The tuned model's loss on the run's own fixed eval masks."""
+    from bertdemo.fine_tuning import MaskedLMTask, plan_finetune
+    plan = plan_finetune(lm, text, **settings)
+    return MaskedLMTask(lm, tuned.model, plan).evaluate(0).loss
+
+
+@pytest.mark.slow
+def test_a_fine_tune_that_overfits_returns_its_best_evaluations_model(tiny_bert):
+    tuned, history = finetune(tiny_bert, OVERFIT_TEXT, **OVERFIT)
+    best = overfitting(history.evals)
+    assert best is not None and history.after.loss > best.loss  # it did overfit
+    assert history.kept == best and history.settings["keep_best"]
+    assert held_out_loss(tiny_bert, tuned, **OVERFIT) == pytest.approx(best.loss, rel=1e-5)
+    last, plain = finetune(tiny_bert, OVERFIT_TEXT, keep_best=False, **OVERFIT)
+    assert plain.kept is None and plain.evals == history.evals  # the same run, only what it returns differs
+    assert held_out_loss(tiny_bert, last, **OVERFIT) == pytest.approx(plain.after.loss, rel=1e-5)
+
+
+def test_the_tuning_request_carries_keep_best_to_the_plan(tiny_bert):
+    form = dict(text=OVERFIT_TEXT, training_length=2, length_unit="steps", learning_rate=1e-3, batch_size=2,
+                block_length=16, mask_probability=0.15, masking="dynamic", seed=0)
+    assert TuningRequest(**form).plan(tiny_bert, Limits()).finetune.settings.keep_best
+    assert not TuningRequest(**form, keep_best=False).plan(tiny_bert, Limits()).finetune.settings.keep_best
 
 
 @pytest.mark.slow
@@ -566,7 +635,7 @@ def test_validator_reserves_once_and_names_the_field(tiny_bert):
 
     visitor = _visitor(tiny_bert)
     ok = live_run.validator("finetune")(visitor, TuningRequest(*FORM, False, ""))
-    assert len(ok) == 11 and all(v == gr.validate(True, "") for v in ok)
+    assert len(ok) == 12 and all(v == gr.validate(True, "") for v in ok)
     assert visitor.store.runs.status("s1") == "waiting"  # the slot is reserved with the plan
     again = live_run.validator("compare_masking")(visitor, FinetuneForm(*FORM))
     assert len(again) == 9 and "already running" in again[0]["message"]
@@ -580,3 +649,20 @@ def test_the_form_is_planned_once_and_checks_the_unit(tiny_bert):
     with pytest.raises(ValueError, match="'steps' or 'epochs'") as err:
         FinetuneForm(REPEATED, 4, "minutes", *FORM[3:]).plan(tiny_bert, Limits())
     assert err.value.field == "length_unit"
+
+
+def test_the_live_panel_says_overfitting_with_the_best_step():
+    from bertdemo.ui import finetune_tab
+    steps = [Step(6, 10, 1.0, 1e-3, 1.0)]
+    evals = [Evaluation(step, loss, 0.0) for step, loss in ((0, 5.0), (2, 3.0), (4, 3.2), (6, 3.4))]
+    assert "Overfitting" not in finetune_tab._live_status(steps, evals[:3])  # risen once: not yet
+    said = finetune_tab._live_status(steps, evals)
+    assert said.startswith("Step 6/10") and "Overfitting" in said and "3.000 at **step 2**" in said
+
+
+@pytest.mark.parametrize("steps, said", [(100000.0, "got 100000."), (100000, "got 100000."), (2.5e5 + 0.5, "got 250000.5.")])
+def test_a_whole_number_is_said_without_a_decimal_point(tiny_bert, steps, said):
+    """gr.Number and JSON send 100000.0 for 100000: the message says the number typed."""
+    with pytest.raises(ValueError) as refused:
+        finetune(tiny_bert, REPEATED, steps=steps)
+    assert str(refused.value).endswith(said), refused.value

@@ -40,7 +40,14 @@ def test_neuron_view_keeps_only_its_query_and_redraws_for_other_choices(visitor,
     _, _, again = heads_panel.on_neuron_options(visitor, 0, 1, 2)
     assert again == bertdemo.neuron_view(real_vocab_bert, SENTENCE, layer=0, head=1, token=2)
     assert heads_panel.on_token_click(gr.SelectData(None, {"index": 6, "value": "x"})) == 6
-    assert figure.layout.title.text.startswith("Layer 1, head 0: the query of [MASK]")
+    assert figure.layout.title.text.startswith("Layer 1, head 0: the query of token 4, “[MASK]”,")
+
+
+def test_the_neuron_view_starts_on_the_first_mask(visitor):
+    assert heads_panel.on_sentence(visitor, SENTENCE, "") == 4  # a new sentence: its [MASK]
+    assert heads_panel.on_sentence(visitor, "The cat sat.", "") == 1  # none: the first token after [CLS]
+    _, tokens, numbers = heads_panel.on_neuron(visitor, SENTENCE, "", 0, 0, None)  # a script sends none
+    assert numbers["token"] == 4 and tokens[4] == ("[MASK] ", "query")
 
 
 def test_grid_clicks_switch_heads_off_and_on_and_the_predictions_follow(visitor, real_vocab_bert):

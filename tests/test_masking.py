@@ -430,3 +430,17 @@ def test_article_labelling_run_can_be_stopped_and_holds_one_slot(tiny_bert, monk
     assert "stopped early: article's labelling: stopped" in note or "did not both train" in note
     assert visitor.store.runs.status("s1") is None  # released
     assert reserve(visitor, form)[0]["is_valid"]
+
+
+def test_the_epoch_grids_text_stays_readable_on_a_long_text(tiny_bert):
+    """Static above dynamic, each the page's width, the cells' text at a fixed size (plotly's own
+    shrinks it to fit: unreadable past about 15 tokens side by side)."""
+    from bertdemo import plots
+
+    text = " ".join(["paris is the capital of france ."] * 4)  # 28 words
+    result = masking.static_vs_dynamic(tiny_bert.tokenizer, text, 3, 0, 0.15)
+    fig = plots.outcome_grid(result["tokens"], {mode: result[mode] for mode in ("static", "dynamic")})
+    assert [trace.textfont.size for trace in fig.data] == [11, 11]  # 30 tokens with [CLS] and [SEP]
+    static, dynamic = fig.layout.yaxis.domain, fig.layout.yaxis2.domain
+    assert static[0] > dynamic[1]  # one above the other
+    assert fig.layout.xaxis.domain[1] - fig.layout.xaxis.domain[0] == pytest.approx(1.0)

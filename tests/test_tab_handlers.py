@@ -70,6 +70,14 @@ def test_sentence_score_of_a_masked_sentence_scores_its_best_completion(visitor,
     assert completed in summary and f"{expected['pseudo_perplexity']:.2f}" in summary
 
 
+def test_sentence_score_says_it_filled_the_mask_with_the_models_guess(visitor, tiny_bert):
+    summary, _ = fillmask_tab.on_sentence_score(visitor, SENTENCE)
+    word = bertdemo.fill_jointly(tiny_bert, SENTENCE, 1)[0]["fills"][0]["token"].strip()
+    assert summary.startswith(f"The [MASK] was filled with the model's own top guess ({word}: ")
+    plain, _ = fillmask_tab.on_sentence_score(visitor, "Paris is the capital of France.")
+    assert "filled" not in plain  # nothing to fill: nothing said
+
+
 def test_a_too_long_sentence_says_how_long_and_the_limit(visitor):
     with pytest.raises(ValueError, match=r"is \d+ tokens long; .* at most 64 tokens"):
         fillmask_tab.on_predict(visitor, "[MASK] " + "paris " * 100, 5)

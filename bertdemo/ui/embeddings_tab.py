@@ -45,8 +45,11 @@ def render(ctx: AppContext) -> None:
                 label="Words with two senses")
     scatter = gr.Plot(label="Hidden states at the chosen layer, on their top two principal components",
                       elem_id="embedding-map")
-    neighbours = gr.Dataframe(label="Nearest neighbours (cosine, full hidden space)", interactive=False,
-                              wrap=True, elem_id="embedding-neighbours")
+    # the neighbour cells name a point by its token and line (the rows give each line's words), so
+    # that the last neighbour fits a 1280 px page beside the point's own label
+    neighbours = gr.Dataframe(_empty_neighbours(), label="Nearest neighbours (cosine, full hidden space)",
+                              interactive=False, wrap=True, elem_id="embedding-neighbours",
+                              column_widths=["40%"] + [f"{60 // embeddings.NEIGHBOURS}%"] * embeddings.NEIGHBOURS)
     with gr.Accordion("Raw map (JSON)", open=False):
         raw = gr.JSON()
     inputs, outputs = [texts, layer, word], [scatter, neighbours, raw]
@@ -66,10 +69,10 @@ def on_map(visitor: Visitor, texts, layer, word):
     Args:
         texts: sentences, one per line (at least two points in all), e.g. "I sat on the river bank.\\nThe bank lent me money."; at most the server's line and token limits (50 lines, 2,000 tokens by default).
         layer: 0 = the embeddings, up to the model's number of layers (12 for bert-base) = the last.
-        word: a word every sentence uses, e.g. "bank" (whole word, any case; split words are the mean of their pieces); empty maps every token.
+        word: a word to follow, e.g. "bank" (whole word, any case; split words are the mean of their pieces): lines without it are left out and listed; empty maps every token.
 
     Returns:
-        the scatter (plotly, coloured by sentence), a table of each point's nearest neighbours, and the raw map {"layer", "word", "points": [{"sentence", "text", "token", "position", "x", "y", "neighbours"}], "explained": [variance share of each axis]}.
+        the scatter (plotly, coloured by sentence; its title lists the lines left out), a table of each point's nearest neighbours, and the raw map {"layer", "word", "points": [{"sentence", "text", "token", "position", "x", "y", "neighbours"}], "explained": [variance share of each axis], "missing": [{"line", "text"}] (lines without the word)}.
     """
     lm = visitor.lm
     result = embeddings.embedding_map(lm, texts, layer=layer, word=word or None,
@@ -81,13 +84,26 @@ def on_map(visitor: Visitor, texts, layer, word):
 
 
 def neighbour_frame(result: dict) -> pd.DataFrame:
-    """One row per point: its label, and its nearest points' labels with their cosine similarity."""
+    """One row per point: its label, and its nearest points (token and line) with their cosine
+    similarity."""
     points = result["points"]
     rows = []
     for point in points:
-        near = [f"{label(points[n['point']])} ({n['similarity']:.2f})" for n in point["neighbours"]]
+        near = [f"{short_label(points[n['point']])} {n['similarity']:.2f}" for n in point["neighbours"]]
         rows.append({"point": label(point), **{f"nearest {i + 1}": v for i, v in enumerate(near)}})
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=NEIGHBOUR_COLUMNS).fillna("")  # fewer points than neighbours
+
+
+NEIGHBOUR_COLUMNS = ["point", *[f"nearest {i + 1}" for i in range(embeddings.NEIGHBOURS)]]
+
+
+def _empty_neighbours() -> pd.DataFrame:
+    return pd.DataFrame(columns=NEIGHBOUR_COLUMNS)
+
+
+def short_label(point: dict) -> str:
+    """"bank (line 2)": a neighbour's token and line."""
+    return f"{point['token']} (line {point['sentence'] + 1})"
 
 
 def label(point: dict) -> str:

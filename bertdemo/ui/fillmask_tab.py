@@ -1,10 +1,12 @@
 """The fill-mask tab: top-k bars per mask, joint completion, candidate words, sentence score, and
 the same sentence through two models side by side."""
+import math
+
 import gradio as gr
 import pandas as pd
 from gradio.context import get_render_context
 
-from .. import explain, fillmask, plots, validate
+from .. import explain, fillmask, plots, reading, validate
 from ..config import Settings
 from ..models import USER_MASK_RE, LoadedModel, allowed_choices, display_name
 from .cached_examples import ModelExamples
@@ -14,7 +16,7 @@ from .model_line import model_line
 from .model_picker import pick
 
 MAX_BEAM = 5  # the beam slider's top: each step runs beam x masks rows
-JOINT_COLUMNS = ("sentence", "joint log-prob", "fill order")
+JOINT_COLUMNS = ("filled words (p when filled)", "joint log-prob", "fill order", "sentence")
 TUNED_CHOICE = "Your fine-tuned model"
 COMPARE_COLUMNS = ("mask", "token", "p (A)", "p (B)", "change (B - A)")
 
@@ -40,7 +42,9 @@ def render(ctx: AppContext) -> None:
     text, words, top_k, beam, predict = _section_input(settings)
     bars = gr.Plot(label="Predictions per mask", render=False)
     joint = gr.Dataframe(label="Joint completions: masks filled most-confident first, re-run each time",
-                         headers=list(JOINT_COLUMNS), interactive=False, render=False)
+                         headers=list(JOINT_COLUMNS), interactive=False, render=False, wrap=True,
+                         elem_id="joint-completions",
+                         column_widths=["22%", "10%", "18%", "50%"])  # the words first: a long sentence wraps
     raw = gr.JSON(render=False)
     # A click on an example answers at once: its results are cached, per model, on first use.
     ModelExamples(ctx, [[e, 5, 3] for e in EXAMPLES], [text, top_k, beam], [bars, raw, model_info, joint],
@@ -142,12 +146,24 @@ def on_predict(visitor: Visitor, sentence, top_k):
         top_k: predictions per mask, a whole number from 1 to the server's top-k limit (50 by default).
 
     Returns:
-        a bar chart (plotly), the predictions (one list per mask, best first, of {"token", "token_id", "score"} where score is the probability), and the model line (it warns when the model's MLM head is untrained).
+        a bar chart (plotly), the predictions (one list per mask, best first, of {"token", "token_id", "score"} where score is the probability), and the model line (it warns when the model's MLM head is untrained, and when the sentence is in a script or words the model cannot read).
     """
     settings = visitor.settings
     top_k = validate.whole_number(top_k, "top-k", 1, settings.max_top_k)
     predictions = visitor.engine.batcher.fill_mask(visitor.lm, sentence, top_k, max_masks=settings.max_masks)
-    return plotly_chart(plots.prediction_bars_json(predictions)), predictions, on_show(visitor)
+    notice = reading.reading_notice(visitor.lm, sentence)
+    line = on_show(visitor) + (f"\n\n{reading_words(notice, visitor.lm.name)}" if notice else "")
+    return plotly_chart(plots.prediction_bars_json(predictions)), predictions, line
+
+
+def reading_words(notice: reading.ReadingNotice, model: str) -> str:
+    """A `reading.ReadingNotice` as the page says it."""
+    share = f" ({notice.reads_share:.0%} of its vocabulary)" if notice.reads_share is not None else ""
+    if notice.script is not None:
+        why = f"this sentence is in **{notice.script} script**, {notice.script_share:.1%} of its vocabulary"
+    else:
+        why = f"{notice.unknown} of the {notice.words} words of this sentence come out as unknown pieces ([UNK])"
+    return f"⚠️ **{model} reads mostly {notice.reads}**{share}: {why}, so its predictions here mean little."
 
 
 def on_example(visitor: Visitor, sentence, top_k, beam_size):
@@ -164,7 +180,7 @@ def on_joint(visitor: Visitor, sentence, beam_size) -> pd.DataFrame:
         beam_size: completions kept at each step and returned, a whole number from 1 to 5.
 
     Returns:
-        a table with one row per completion: the filled sentence, its joint log-probability and the order the masks were filled in.
+        a table with one row per completion: the words filled in (each with its probability when filled), the joint log-probability, the order the masks were filled in, and the filled sentence.
     """
     beam_size = validate.whole_number(beam_size, "beam size", 1, MAX_BEAM)
     results = fillmask.fill_jointly(visitor.lm, sentence, beam_size, max_masks=visitor.settings.max_masks)
@@ -193,7 +209,7 @@ def on_candidates(visitor: Visitor, sentence, candidates, mask_number) -> pd.Dat
 def on_sentence_score(visitor: Visitor, sentence):
     """How natural a sentence is to the model: its pseudo-log-likelihood (each token masked in
     turn and scored given the rest, Salazar et al. 2020). With [MASK]s, its best joint completion
-    is scored.
+    is scored, and the summary says so, naming the words filled in.
 
     Args:
         sentence: the text to score, up to the model's length (512 tokens for BERT).
@@ -202,10 +218,15 @@ def on_sentence_score(visitor: Visitor, sentence):
         a summary line with the PLL and pseudo-perplexity (higher PLL, lower perplexity: more natural), and a bar chart of each token's log-probability.
     """
     lm = visitor.lm
+    filled = ""
     if USER_MASK_RE.search(sentence or ""):
-        sentence = fillmask.fill_jointly(lm, sentence, 1, max_masks=visitor.settings.max_masks)[0]["text"]
+        best = fillmask.fill_jointly(lm, sentence, 1, max_masks=visitor.settings.max_masks)[0]
+        sentence, words = best["text"], [f["token"].strip() for f in sorted(best["fills"], key=lambda f: f["mask"])]
+        filled = (f"The [MASK]{'s were' if len(words) > 1 else ' was'} filled with the model's own top guess "
+                  f"({', '.join(words)}: its best joint completion) before scoring, so this scores the model's "
+                  "sentence, not yours.\n\n")
     result = fillmask.sentence_score(lm, sentence)
-    summary = (f"**{sentence}** — PLL = {result['pll']:.2f}, pseudo-perplexity = "
+    summary = (f"{filled}**{sentence}** — PLL = {result['pll']:.2f}, pseudo-perplexity = "
                f"{result['pseudo_perplexity']:.2f} over {len(result['tokens'])} tokens")
     return summary, plots.token_scores(result["tokens"], result["log_probs"], "PLL by token")
 
@@ -288,9 +309,11 @@ def _word_segments(sentence: str) -> list[tuple[str, str | None]]:
 
 
 def _joint_row(result: dict) -> list:
+    words = ", ".join(f"{f['token'].strip()} {math.exp(f['log_prob']):.0%}"
+                      for f in sorted(result["fills"], key=lambda f: f["mask"]))
     order = " → ".join(f"#{f['mask'] + 1}={f['token'].strip()}"
                        for f in sorted(result["fills"], key=lambda f: f["step"]))
-    return [result["text"], round(result["log_prob"], 4), order]
+    return [words, round(result["log_prob"], 4), order, result["text"]]
 
 
 CANDIDATE_COLUMNS = ("word", "pieces", "log p(word)", "mean log p per piece",

@@ -13,7 +13,7 @@ import pandas as pd
 from .. import plots, runs
 from ..config import Limits, Settings
 from ..fine_tuning import FinetuneForm, MLMHistory, TuningRequest, compare_probes, default_probes
-from ..training import EventLog
+from ..training import EventLog, overfitting
 from . import export_button, live_run
 from .context import AppContext, Visitor, handler, standalone_demo
 from .model_line import model_line
@@ -34,19 +34,21 @@ watch it learn. The base model is never changed and nobody else sees your model.
 in ten is held out for evaluation with **fixed masks**, so the before/after numbers compare
 (with fewer than 4 lines, evaluation uses the training lines themselves: it then measures
 memorising, and the page says so). Masking: *dynamic* draws fresh masks for every batch,
-*static* draws them once and reuses them every epoch (the original BERT)."""
+*static* draws them once and reuses them every epoch (the original BERT). Once held-out loss has
+risen for two evaluations past its lowest the run is overfitting, and the page says so; by default
+the model keeps the weights of that best evaluation (as Trainer's `load_best_model_at_end`)."""
 def render(ctx: AppContext) -> None:
     """Build the tab's components and events inside the current Blocks/Tab context."""
     limits = ctx.settings.limits
     gr.Markdown(INTRO)
     active = gr.Markdown(model_line(ctx.store, None, "finetune"))
-    form, keep_partial, probes, suggest = _section_form(limits)
+    form, keep, probes, suggest = _section_form(limits)
     run_btn, stop_btn, compare_btn, status, curve, metrics, probe_table = _section_run()
     use_tuned_btn, use_base_btn, download_btn, download = _section_model()
     export_button.render(ctx)
     compare_status, compare_plot = _section_compare()
 
-    live_run.wire(ctx, "finetune", run_btn, {**form, "keep_partial": keep_partial, "probes": probes},
+    live_run.wire(ctx, "finetune", run_btn, {**form, **keep, "probes": probes},
                   [status, curve, metrics, probe_table, active], on_finetune)
     live_run.wire(ctx, "compare_masking", compare_btn, form, [compare_status, compare_plot], on_compare)
     stop_btn.click(handler(ctx, on_stop), None, status, api_name="stop_finetune", queue=False)
@@ -59,8 +61,8 @@ def render(ctx: AppContext) -> None:
 
 def _section_form(limits: Limits):
     text = gr.Textbox(label="Your text (one sentence or paragraph per line)", value=EXAMPLE_TEXT,
-                      lines=8, max_length=limits.max_chars,
-                      info=f"At most {limits.max_chars:,} characters.")
+                      lines=8, info=f"At most {limits.max_chars:,} characters.")
+    # no max_length: the browser would cut a longer paste silently; the plan refuses it, saying both lengths
     gr.Examples([[EXAMPLE_TEXT], [ARTICLE_TEXT]], inputs=text,
                 example_labels=["Paris, 8 lines", "The article's 3 sentences"])
     with gr.Row():
@@ -78,12 +80,15 @@ def _section_form(limits: Limits):
         seed = gr.Number(label="Seed", value=0, precision=0)
         keep_partial = gr.Checkbox(False, label="Keep the model if I press Stop or the time runs out",
                                    info="Off: a stopped run never replaces your previous tuned model.")
+        keep_best = gr.Checkbox(True, label="Keep the weights of the best evaluation",
+                                info="As Trainer's load_best_model_at_end: once held-out loss rises, the "
+                                     "model of its lowest point is kept, not the last step's.")
     probes = gr.Textbox(label="Probe sentences, one per line, with [MASK]", lines=3,
                         value="\n".join(default_probes(EXAMPLE_TEXT)))
     suggest = gr.Button("Suggest probes from my text", size="sm")
     form = dict(text=text, training_length=length, length_unit=unit, learning_rate=lr, batch_size=batch,
                 block_length=block, mask_probability=probability, masking=masking, seed=seed)
-    return form, keep_partial, probes, suggest
+    return form, dict(keep_partial=keep_partial, keep_best=keep_best), probes, suggest
 
 
 def _section_run():
@@ -93,8 +98,10 @@ def _section_run():
         compare_btn = gr.Button("Compare static vs dynamic masking")
     status = gr.Markdown(elem_id="finetune-status")
     curve = gr.Plot(label="Loss and eval accuracy, live")
-    metrics = gr.Dataframe(label="Evaluation on held-out lines, fixed masks", interactive=False)
-    probe_table = gr.Dataframe(label="Top-3 fill-mask predictions, before and after", interactive=False)
+    metrics = gr.Dataframe(_empty(METRIC_COLUMNS), label="Evaluation on held-out lines, fixed masks",
+                           interactive=False, elem_id="finetune-metrics")
+    probe_table = gr.Dataframe(_empty(PROBE_COLUMNS), label="Top-3 fill-mask predictions, before and after",
+                               interactive=False, elem_id="finetune-probes")
     return run_btn, stop_btn, compare_btn, status, curve, metrics, probe_table
 
 
@@ -123,14 +130,15 @@ def create_demo(store=None, settings: Settings | None = None) -> gr.Blocks:
 
 def on_finetune(visitor: Visitor, request: TuningRequest, progress=gr.Progress()):
     outcome = yield from live_run.stream(visitor, "finetune", request, progress, _live_outputs,
-                                         desc="fine-tuning")
+                                         desc="fine-tuning", cleared=_cleared())  # the last run's tables go
     (tuned, history), plan = outcome.result, outcome.plan
     base = plan.finetune.lm
     export_button.remember_run(visitor.store, visitor.session, visitor.settings, base, history, request.text)
     rows = compare_probes(base, tuned, plan.probes, max_masks=visitor.settings.max_masks)
+    kept = (history.kept.step, f"kept: step {history.kept.step}") if history.kept else None
     yield (_final_status(history, outcome.note),
-           plots.finetune_curves(history.steps, history.evals, history.planned_steps),
-           _metrics_frame(history), _probe_frame(rows), model_line(visitor.store, visitor.session, "finetune"))
+           plots.finetune_curves(history.steps, history.evals, history.planned_steps, best=kept),
+           _metrics_frame(history), _probe_frame(rows, history), model_line(visitor.store, visitor.session, "finetune"))
 
 
 def on_compare(visitor: Visitor, form: FinetuneForm, progress=gr.Progress()):
@@ -140,9 +148,16 @@ def on_compare(visitor: Visitor, form: FinetuneForm, progress=gr.Progress()):
     yield _compare_status(outcome.result, visitor.limits), plots.masking_comparison(outcome.result)
 
 
+def _cleared() -> tuple:
+    return ("Starting…", None, _empty(METRIC_COLUMNS), _empty(PROBE_COLUMNS), gr.skip())
+
+
 def _live_outputs(log: EventLog) -> tuple:
     run = log.latest
-    return (_live_status(run.steps), plots.finetune_curves(run.steps, run.evals, run.planned_steps or None),
+    best = overfitting(run.evals)
+    lowest = (best.step, f"lowest held-out loss: step {best.step}") if best else None
+    return (_live_status(run.steps, run.evals),
+            plots.finetune_curves(run.steps, run.evals, run.planned_steps or None, best=lowest),
             gr.skip(), gr.skip(), gr.skip())
 
 
@@ -176,12 +191,25 @@ def on_suggest(visitor: Visitor, text) -> str:
 
 # ---------------------------------------------------------------- results
 
-def _live_status(steps: list) -> str:
+def _live_status(steps: list, evals: list = ()) -> str:
     if not steps:
         return "Evaluating the base model…"
     last = steps[-1]
-    return (f"Step {last.step}/{last.steps} — loss {last.loss:.3f}, "
+    line = (f"Step {last.step}/{last.steps} — loss {last.loss:.3f}, "
             f"lr {last.learning_rate:.2e}, {last.tokens_per_s:,.0f} tokens/s")
+    warning = overfitting_warning(list(evals))
+    return f"{line}\n\n{warning}" if warning else line
+
+
+def overfitting_warning(evals: list) -> str | None:
+    """What the page says once held-out loss has risen for two evaluations past its lowest."""
+    best = overfitting(evals)
+    if best is None:
+        return None
+    rises = len(evals) - 1 - evals.index(best)
+    return (f"⚠️ **Overfitting**: held-out loss has risen for {rises} evaluations since its lowest, "
+            f"{best.loss:.3f} at **step {best.step}** (now {evals[-1].loss:.3f}). The model is learning "
+            "its training lines by heart.")
 
 
 def _final_status(history: MLMHistory, note: str) -> str:
@@ -193,24 +221,54 @@ def _final_status(history: MLMHistory, note: str) -> str:
             f"tokens/s) on {history.train_lines} training line(s) packed into "
             f"{history.train_blocks} block(s)." if history.completed
             else f"**Ended early** after {done} steps ({history.seconds:.1f} s).")
-    return f"{head} {where}\n\n{note}"
+    return f"{head} {where}\n\n" + "".join(f"{part}\n\n" for part in _kept_lines(history)) + note
+
+
+def _kept_lines(history: MLMHistory) -> list[str]:
+    """The overfitting warning, and which step's weights the run returned."""
+    warning = overfitting_warning(history.evals)
+    if history.kept is not None:
+        return [line for line in (warning, f"**Kept the weights of step {history.kept.step}**, its best "
+                f"evaluation (held-out loss {history.kept.loss:.3f}; the last step's: "
+                f"{history.after.loss:.3f}): the “after” columns below are that model.") if line]
+    if warning and not history.settings.get("keep_best", False):
+        return [warning + " This run kept the last step's weights (tick “Keep the weights of the best "
+                "evaluation” to keep the best)."]
+    return [warning] if warning else []
+
+
+METRIC_COLUMNS = ("metric", "before", "after")
+PROBE_COLUMNS = ("probe", "before (base model)", "after (this run's model)")
+
+
+def _empty(columns) -> pd.DataFrame:
+    """A table with its headers and no rows: what is shown before a run and while one runs."""
+    return pd.DataFrame(columns=list(columns))
+
+
+def _after_header(history: MLMHistory, header: str) -> str:
+    return f"after (kept: step {history.kept.step})" if history.kept is not None else header
 
 
 def _metrics_frame(history: MLMHistory) -> pd.DataFrame:
+    """Before training, and the model the run returned (the kept best evaluation, else the last)."""
     def column(scores) -> list:
         return [round(scores.loss, 4), f"{scores.accuracy:.1%}", round(scores.perplexity, 2), scores.masked]
-    return pd.DataFrame({"metric": ["masked-token loss", "masked-token accuracy", "perplexity exp(loss)",
-                                    "masked tokens scored"],
-                         "before": column(history.before), "after": column(history.after)})
+    metric, before, after = METRIC_COLUMNS
+    return pd.DataFrame({metric: ["masked-token loss", "masked-token accuracy", "perplexity exp(loss)",
+                                  "masked tokens scored"],
+                         before: column(history.before),
+                         _after_header(history, after): column(history.returned)})
 
 
-def _probe_frame(rows: list[dict]) -> pd.DataFrame:
+def _probe_frame(rows: list[dict], history: MLMHistory | None = None) -> pd.DataFrame:
     def cell(predictions: list[list[dict]]) -> str:
         return " | ".join(", ".join(f"{p['token'].strip()} {p['score']:.0%}" for p in mask)
                           for mask in predictions)
-    return pd.DataFrame({"probe": [r["probe"] for r in rows],
-                         "before (base model)": [cell(r["before"]) for r in rows],
-                         "after (this run's model)": [cell(r["after"]) for r in rows]})
+    probe, before, after = PROBE_COLUMNS
+    return pd.DataFrame({probe: [r["probe"] for r in rows],
+                         before: [cell(r["before"]) for r in rows],
+                         (_after_header(history, after) if history else after): [cell(r["after"]) for r in rows]})
 
 
 def _compare_status(histories: dict, limits: Limits) -> str:

@@ -17,6 +17,7 @@ import gradio as gr
 import pandas as pd
 
 from .. import plots, validate, view_files
+from ..attention_views import first_query
 from ..explain import compare_predictions
 from ..fillmask import encode, fill_mask
 from ..heads import (
@@ -33,7 +34,7 @@ from . import view_downloads
 from .context import AppContext, Visitor, handler
 
 NEURON_HELP = """**Neuron view** (Vig 2019, as in bertviz). For one layer and head: the query of the
-token you pick (click it, or type its index), every token's key, their product per dimension (red
+token you pick (it starts on the sentence's first [MASK]: click another, or type its index), every token's key, their product per dimension (red
 positive, blue negative), the score (sum of the products / √head size) and the weight (softmax of the
 scores: the row of the attention heatmap for that head). The vectors are the model's own query and
 key projections, read while it runs."""
@@ -75,7 +76,7 @@ class Importance:
 def render(ctx: AppContext, text, text_b, n_layers: int, n_heads: int) -> None:
     """The two sections, below the tab's own; `text`, `text_b` are the tab's sentence boxes."""
     layer, head, token, tokens, show, neuron_outputs, neuron_export = _section_neuron(n_layers, n_heads)
-    mask_number, target, compute, grid, note, raw, importance_export = _section_importance()
+    mask_number, target, compute, grid, note, raw, importance_export = _section_importance(n_heads)
     off, predict, bars, off_note, off_raw, off_export = _section_heads_off()
 
     neuron_options = [layer, head, token]
@@ -84,6 +85,8 @@ def render(ctx: AppContext, text, text_b, n_layers: int, n_heads: int) -> None:
     gr.on([c.change for c in neuron_options], handler(ctx, on_neuron_options), neuron_options, neuron_outputs,
           api_visibility="private", trigger_mode="always_last", concurrency_id="model")
     tokens.select(on_token_click, None, token, api_visibility="private")
+    gr.on([text.change, text_b.change], handler(ctx, on_sentence), [text, text_b], token, api_visibility="private",
+          trigger_mode="always_last", queue=False)
     neuron_export[0].click(handler(ctx, on_export_neuron), neuron_options, neuron_export[1],
                            api_visibility="private", concurrency_id="model")
 
@@ -105,7 +108,8 @@ def _section_neuron(n_layers: int, n_heads: int):
     with gr.Row():
         layer = gr.Slider(0, n_layers - 1, value=0, step=1, label="Neuron view: layer (from 0)", scale=2)
         head = gr.Slider(0, n_heads - 1, value=0, step=1, label="Neuron view: head (from 0)", scale=2)
-        token = gr.Number(label="Query token (its index, [CLS] = 0)", value=1, precision=0, minimum=0, scale=1)
+        token = gr.Number(label="Query token (its index, [CLS] = 0)", value=1, precision=0, minimum=0, scale=1,
+                          info="Starts on the sentence's first [MASK].")
     tokens = gr.HighlightedText(label="Click a token to see its query", combine_adjacent=False, show_legend=False,
                                 color_map={"query": "orange"}, elem_id="neuron-tokens")
     show = gr.Button("Show the neuron view", variant="primary")
@@ -116,7 +120,7 @@ def _section_neuron(n_layers: int, n_heads: int):
     return layer, head, token, tokens, show, [plot, tokens, raw], export
 
 
-def _section_importance():
+def _section_importance(n_heads: int):
     gr.Markdown("### Head importance: what each head does for the [MASK]")
     with gr.Row():
         mask_number = gr.Number(label="Head importance at mask number (1 = first)", value=1, precision=0,
@@ -124,8 +128,11 @@ def _section_importance():
         target = gr.Textbox(label="Word to score (empty: the top prediction)", scale=2)
     compute = gr.Button("Compute head importance", variant="primary")
     note = gr.Markdown()
-    grid = gr.Dataframe(label="Change in log p(word) with each head switched off: click a head", interactive=False,
-                        elem_id="head-importance")
+    columns = ["layer", *[f"head {h}" for h in range(n_heads)]]
+    # widths set, so that every head's column fits a 1280 px page (its own width: the last was cut)
+    grid = gr.Dataframe(pd.DataFrame(columns=columns), label="Change in log p(word) with each head switched "
+                        "off: click a head", interactive=False, elem_id="head-importance",
+                        column_widths=["8%"] + [f"{92 / n_heads:.2f}%"] * n_heads)
     gr.Markdown(IMPORTANCE_HELP)
     with gr.Accordion("Head importance's numbers (JSON)", open=False):
         raw = gr.JSON()
@@ -156,12 +163,14 @@ def on_neuron(visitor: Visitor, sentence, second_sentence, layer, head, token):
         second_sentence: optional second sentence of a pair ([CLS] A [SEP] B [SEP]); empty for one sentence.
         layer: the layer, counted from 0.
         head: the head in that layer, counted from 0.
-        token: the query token's index among the tokens ([CLS] = 0).
+        token: the query token's index among the tokens ([CLS] = 0); empty (None): the first [MASK], else token 1.
 
     Returns:
         the plotly figure (query, keys, query x key per dimension, scores, weights), the tokens with the query token marked, and the numbers {"tokens", "query", "keys", "products", "scores", "weights", "layer", "head", "token", "head_dim"}; the weights equal the model's own attention.
     """
     lm = visitor.lm
+    if token is None:
+        token = first_query(lm, sentence, second_sentence or None)
     result = neuron_view(lm, sentence, layer=layer, head=head, token=token, text_b=second_sentence or None)
     query = NeuronQuery(weakref.ref(lm), sentence, second_sentence or None)
     visitor.store.keep_result(visitor.session, "neuron", query, query.nbytes)
@@ -173,6 +182,14 @@ def on_neuron_options(visitor: Visitor, layer, head, token):
     if query is None:
         return (gr.skip(),) * 3
     return _neuron_outputs(_neuron_again(query, layer, head, token))
+
+
+def on_sentence(visitor: Visitor, sentence, second_sentence):
+    """A new sentence: the neuron view's query starts on its first [MASK] (else token 1)."""
+    try:
+        return first_query(visitor.lm, sentence, second_sentence or None)
+    except ValueError:  # empty or too long: the view says so when shown
+        return gr.skip()
 
 
 def on_token_click(evt: gr.SelectData) -> int:
@@ -191,6 +208,8 @@ def on_export_neuron(visitor: Visitor, layer, head, token) -> dict:
 
 def _neuron_again(query: NeuronQuery, layer, head, token) -> dict:
     lm = _alive(query.model)
+    if token is None:
+        token = first_query(lm, query.text, query.text_b)
     return neuron_view(lm, query.text, layer=layer, head=head, token=token, text_b=query.text_b)
 
 
