@@ -55,7 +55,7 @@ MOST_TOKENS = 80  # unmeasured: a batch of this many token slots (padding includ
 SINGLE_LENGTHS = (12, 32, 64, 128)  # measured: one sentence of this many tokens ([CLS] and [SEP] included)
 CROWD_SIZES = (4, 8, 16)  # measured: this many sentences at once (the micro-batcher's crowds) ...
 CROWD_LENGTH = 12  # ... of this many tokens each, a short sentence
-MEASURE_S = 2.0  # timing both forwards takes about this long (rounds after a first one for warm-up)
+MEASURE_S = 2.0  # timing both forwards takes about this long, at least two rounds of the shapes
 MARGIN = 0.03  # ONNX Runtime serves a shape only if measured this much faster than torch there
 
 
@@ -224,20 +224,21 @@ def shapes_to_time(max_length: int) -> list[tuple[int, int]]:
 
 def time_forwards(forwards: dict[str, Callable[[int, int], Any]], shapes: list[tuple[int, int]],
                   budget_s: float = MEASURE_S, clock: Callable[[], float] = time.perf_counter,
-                  most_rounds: int = 6) -> Timings:
-    """The best seconds of each of `forwards` (name -> run(batch, length)) on each shape, run
-    round-robin so that noise (requests served meanwhile) hits them alike: a first round for
-    warm-up, not counted, then rounds until `budget_s` has passed (at least one)."""
+                  least_rounds: int = 2, most_rounds: int = 6) -> Timings:
+    """The best seconds of each of `forwards` (name -> run(batch, length)) on each shape. Rounds
+    of every shape, each shape's forwards back to back (in turn first, so that neither always
+    runs in the other's wake), until `budget_s` has passed and at least `least_rounds` ran: the
+    best of them leaves out the first, cold call of a shape and the calls slowed by requests
+    served meanwhile."""
     best = {shape: {name: float("inf") for name in forwards} for shape in shapes}
-    started = clock()
-    for round_ in range(most_rounds + 1):
+    started, names = clock(), list(forwards)
+    for round_ in range(most_rounds):
         for shape in shapes:
-            for name, run in forwards.items():
+            for name in names if round_ % 2 == 0 else names[::-1]:
                 tick = clock()
-                run(*shape)
-                if round_:
-                    best[shape][name] = min(best[shape][name], clock() - tick)
-        if round_ and clock() - started >= budget_s:
+                forwards[name](*shape)
+                best[shape][name] = min(best[shape][name], clock() - tick)
+        if round_ + 1 >= least_rounds and clock() - started >= budget_s:
             break
     return best
 

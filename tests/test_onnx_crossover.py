@@ -61,17 +61,30 @@ def test_the_table_for_the_log_says_each_shape_and_its_forward():
     assert "16 x 12: ONNX Runtime 158.0 ms, torch 132.0 ms -> torch" in table
 
 
-def test_timing_takes_the_best_round_after_a_warm_up_within_the_budget():
-    now = [0.0]
+def test_timing_takes_each_forwards_best_call_within_the_budget():
+    now, order = [0.0], []
     costs = {"onnx": iter([5.0, 0.030, 0.020, 0.001]), "torch": iter([5.0, 0.040, 0.050, 0.001])}
 
     def run(name):
-        return lambda batch, length: now.__setitem__(0, now[0] + next(costs[name]))
+        return lambda batch, length: (order.append(name), now.__setitem__(0, now[0] + next(costs[name])))
 
     got = onnx_engine.time_forwards({"onnx": run("onnx"), "torch": run("torch")}, [(1, 12)], budget_s=10.08,
                                     clock=lambda: now[0])
-    # round 0 (5 s each: a cold start) is not counted; the budget is spent after round 2
+    # the first calls (5 s each: a cold start) are not the best; the budget is spent after round 3
     assert got == {(1, 12): {"onnx": pytest.approx(0.020), "torch": pytest.approx(0.040)}}
+    assert order == ["onnx", "torch", "torch", "onnx", "onnx", "torch"]  # each in turn first
+
+
+def test_timing_runs_two_rounds_even_past_the_budget():
+    now = [0.0]
+    calls = []
+
+    def run(batch, length):
+        calls.append((batch, length))
+        now[0] += 1.0
+
+    onnx_engine.time_forwards({"onnx": run, "torch": run}, [(1, 12), (4, 12)], budget_s=0.5, clock=lambda: now[0])
+    assert len(calls) == 2 * 2 * 2  # 2 rounds of 2 shapes x 2 forwards: the first call of a shape is cold
 
 
 def test_the_shapes_timed_stay_within_the_models_length():
