@@ -15,7 +15,7 @@ the head's (H x V) product runs on N rows, not on B x T.
 It serves what people type one at a time, sentences of a few dozen tokens at most (`suits`):
 there a product is bound by reading the weights. Longer sentences and crowds go to the lean torch
 forward (`lean_forward`), faster once arithmetic bounds it. Where the two cross depends on the CPU
-(an Intel Xeon: 80 token slots; an AMD EPYC: a crowd was slower through ONNX Runtime at any size),
+(an Intel Xeon: 80 token slots; on an AMD EPYC a crowd of 16 short sentences was slower through it),
 so a served model's crossover is measured (`measure`, `Crossover`): both forwards timed on one
 sentence of a few lengths and on small crowds, a second or two in the background, and each batch
 served by the faster for its shape. Unmeasured (`--onnx`), `MOST_TOKENS` decides.
