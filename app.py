@@ -32,7 +32,8 @@ from bertdemo.config import DEFAULT_MODEL, Settings, parse_auth
 from bertdemo.engine import Engine
 from bertdemo.sessions import SessionStore
 from bertdemo.ui import (about_tab, attention_tab, classify_tab, embeddings_tab, explain_tab, fillmask_tab,
-                         finetune_tab, masking_tab, mcp_tools, model_banner, model_picker, search_tab, sent_values)
+                         finetune_tab, masking_tab, mcp_tools, model_banner, model_picker, queue_watch,
+                         search_tab, sent_values)
 from bertdemo.ui.common import hide_paths, refuse_non_finite_numbers
 from bertdemo.ui.context import AppContext, forget_session, handler
 from bertdemo.ui.health import Health
@@ -113,6 +114,7 @@ def build_demo(settings: Settings, store: SessionStore | None = None,
     # Space has served 10,000 events. Once per 100 events instead (read when the queue is made).
     os.environ.setdefault("GRADIO_ANALYTICS_CACHE_FREQUENCY", "100")
     demo.queue(max_size=settings.queue_size, default_concurrency_limit=4)
+    queue_watch.keep_live_sessions(demo)  # a script's session is not forgotten while its run goes on
     return demo
 
 

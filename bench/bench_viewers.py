@@ -8,8 +8,10 @@ Two clients, both on this machine, so both take CPU from the server they measure
   visitor with a new session, as a crowd arriving from a shared link (~2 ms of client CPU each).
 The light client also sends 16 different sentences (`DIFFERENT`): with `TEXTS`, four visitors
 ask each sentence, which the server computes once. Each is also run with batching off
-(`--max-batch 1`), and the CPU seconds of server and client per round are printed, so a ratio
-can be read for what it is.
+(`--max-batch 1`), and with `--no-onnx` (torch serves every batch: the app's default picks ONNX
+Runtime or torch per shape by measuring both, and its crowd should never be slower than torch
+alone), and the CPU seconds of server and client per round are printed, so a ratio can be read
+for what it is. The first line names the CPU: the figures hold for it.
 Run: python bench/bench_viewers.py
 """
 import asyncio
@@ -29,7 +31,7 @@ import httpx  # noqa: E402
 from gradio_client import Client  # noqa: E402
 
 from bertdemo import onnx_engine  # noqa: E402
-from common import bert_base_folder, free_port, serve_app  # noqa: E402
+from common import bert_base_folder, free_port, machine, serve_app  # noqa: E402
 
 ONNX_READY = "ONNX Runtime forward ready"  # the app's log line (bertdemo/engine.py): short sentences' engine built
 
@@ -119,13 +121,14 @@ def timed(pid: int, rounds: dict) -> dict:
     return stats
 
 
-def measure(max_batch: int, folder: str) -> dict:
+def measure(max_batch: int, folder: str, onnx: bool = True) -> dict:
     """Serve the app in its own process (as in production), once its ONNX Runtime forward is
-    built; time one request vs a crowd with each client."""
+    built and measured (or with `--no-onnx`); time one request vs a crowd with each client."""
     port = free_port()
     url = f"http://127.0.0.1:{port}/"
-    with serve_app(["--model", folder, "--device", "cpu", "--port", str(port), "--max-batch", str(max_batch)],
-                   log_line=ONNX_READY if onnx_engine.available() else None) as proc:
+    flags = [] if onnx else ["--no-onnx"]
+    with serve_app(["--model", folder, "--device", "cpu", "--port", str(port), "--max-batch", str(max_batch), *flags],
+                   log_line=ONNX_READY if onnx and onnx_engine.available() else None) as proc:
         clients = [Client(url, verbose=False) for _ in range(CROWD)]
         crowd_seconds(clients[:1]), crowd_seconds(clients)  # warm-up
         got = timed(proc.pid, {"one": lambda: crowd_seconds(clients[:1]),
@@ -155,11 +158,16 @@ def line(name: str, one: dict, crowd: dict) -> str:
 
 def main() -> None:
     folder = str(bert_base_folder())
-    batched, unbatched = measure(16, folder), measure(1, folder)
-    print(f"bert-base-sized model, {CROWD} simultaneous /fill_mask requests vs one (goal <= 4x)")
+    batched, unbatched, torch_only = measure(16, folder), measure(1, folder), measure(16, folder, onnx=False)
+    print(f"{machine()}\nbert-base-sized model, {CROWD} simultaneous /fill_mask requests vs one (goal <= 4x)")
     for client in ("gradio_client", "light", "light, all different"):
         print(line(f"{client}, batched:", *batched[client]))
+        print(line(f"{client}, batched, --no-onnx:", *torch_only[client]))
         print(line(f"{client}, unbatched:", *unbatched[client]))
+    for client in ("gradio_client", "light", "light, all different"):
+        ours, torch_alone = batched[client][1]["wall"], torch_only[client][1]["wall"]
+        print(f"{client} crowd, the app's default vs --no-onnx: {ours * 1e3:.1f} vs {torch_alone * 1e3:.1f} ms "
+              f"({ours / torch_alone:.2f}x; goal: never slower, within the noise)")
     same = all([[p["token_id"] for p in r] for r in a] == [[p["token_id"] for p in r] for r in b]
                for client in ("gradio_client", "light", "light, all different")
                for a, b in zip(batched[client][1]["results"], unbatched[client][1]["results"]))

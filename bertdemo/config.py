@@ -55,9 +55,11 @@ class Settings:
     download_max_mb: int = option(2048, "megabytes of downloads kept on disk (least recent "
                                         "sessions' deleted first)")
     download_max_age: int = option(3600, "seconds a download stays available before it is deleted")
-    onnx: bool = option(True, "run fill-mask through ONNX Runtime where installed (each served model "
-                        "exported once, kept in $BERTDEMO_ONNX_CACHE or ~/.cache/bertdemo/onnx); "
-                        "off: torch serves it")
+    onnx: bool | None = option(None, "fill-mask through ONNX Runtime where installed (each served model "
+                               "exported once, kept in $BERTDEMO_ONNX_CACHE or ~/.cache/bertdemo/onnx). "
+                               "Neither flag: each batch runs on whichever of ONNX Runtime and torch was "
+                               "measured faster for its shape when the model was served (logged); on: "
+                               "ONNX Runtime for batches under 80 token slots, unmeasured; off: torch only")
     allow_pickle: bool = option(False, "accept checkpoints without safetensors (pickle can run code)")
     share: bool = option(False, "also serve on a public *.gradio.live link: anyone with it can use the demo")
     mcp: bool = option(False, "also serve the quick tools (fill-mask, scores, mask sampling, layer "
@@ -142,7 +144,8 @@ def config_doc() -> str:
     rows = ["| flag | environment variable | default | meaning |", "| --- | --- | --- | --- |"]
     for f in fields(Settings):
         name = f"`{flag(f)}` / `--no-{flag(f)[2:]}`" if "bool" in f.type else f"`{flag(f)}`"
-        rows.append(f"| {name} | `{env_var(f)}` | {_shown_default(f.default)} | "
+        default = "neither" if "bool" in f.type and f.default is None else _shown_default(f.default)
+        rows.append(f"| {name} | `{env_var(f)}` | {default} | "
                     f"{' '.join(f.metadata['help'].split())} |")
     others = ["| variable | meaning |", "| --- | --- |"]
     others += [f"| `{name}` | {meaning} |" for name, meaning in OTHER_ENV.items()]

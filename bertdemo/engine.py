@@ -16,9 +16,12 @@ What it holds:
 - `search` (`corpus_search.IndexCache`): the corpus search's indexes, on disk, and the stop
   requests of the builds under way (`search_stops`);
 - `batcher` (`batching.MicroBatcher`): concurrent fill-mask requests share one forward;
-- with `onnx=True` (the app's default), each served model's ONNX Runtime forward
-  (`onnx_engine`), built in the background once the model is served: its requests take torch's
-  forward until it is ready (`onnx_ready`), the same results either way (within float rounding).
+- with `onnx=None` (the app's default) or `True` (`--onnx`), each served model's ONNX Runtime
+  forward (`onnx_engine`), built in the background once the model is served: its requests take
+  torch's forward until it is ready (`onnx_ready`), the same results either way (within float
+  rounding). With `None` both forwards are timed there first, on the shapes that matter, and each
+  batch goes to the faster for its shape (`onnx_engine.Crossover`, logged); with `True` ONNX
+  Runtime serves the batches under `onnx_engine.MOST_TOKENS` token slots, unmeasured.
 """
 from __future__ import annotations
 
@@ -41,12 +44,15 @@ log = logging.getLogger(__name__)
 class Engine:
     """Every model the app loaded and every cache their requests share (see the module doc)."""
 
-    def __init__(self, max_batch: int = 16, onnx: bool = False):
+    def __init__(self, max_batch: int = 16, onnx: bool | None = False):
+        """`onnx`: False, torch only; None, ONNX Runtime or torch by measurement; True, ONNX Runtime
+        for small batches, unmeasured (see the module doc)."""
         self.caches = ModelCaches()
         self.batcher = MicroBatcher(max_batch=max_batch)
         self.search = corpus_search.IndexCache()
         self.search_stops = corpus_search.StopRequests()
-        self.onnx = onnx and onnx_engine.available()
+        self.onnx = onnx is not False and onnx_engine.available()
+        self.measure_onnx = onnx is None
         self._builds: dict[int, threading.Thread] = {}  # id of a served model -> its ONNX build
         self._loaded: dict[tuple, LoadedModel] = {}  # (name, device, pickle, dtype) -> model
         self._shown: dict[tuple[int, str], LoadedModel] = {}  # (id of the loaded one, shown name) -> model
@@ -114,11 +120,22 @@ class Engine:
     def _onnx_build(self, model) -> None:
         try:
             started = time.perf_counter()
-            self.caches.set_onnx(model, onnx_engine.OnnxMaskedLM.build(model))
+            encoder = onnx_engine.OnnxMaskedLM.build(model)
+            if self.measure_onnx:  # before it serves: until then torch serves every batch
+                encoder.measure(self.torch_forward(model))
+            self.caches.set_onnx(model, encoder)
             # the packed weights stay: crowds and long sentences still take the lean torch forward
             log.info("ONNX Runtime forward ready for %s in %.1f s", model.name_or_path, time.perf_counter() - started)
         except Exception:  # noqa: BLE001 - the torch forward serves on; the log says why
             log.exception("ONNX Runtime export failed for %s: serving with torch", model.name_or_path)
+
+    def torch_forward(self, model):
+        """`forward(inputs, rows, cols) -> logits` of a served `model` without ONNX Runtime: the
+        lean torch forward on its packed weights, as `models.mlm_logits` serves it."""
+        def forward(inputs, rows, cols):
+            with torch.inference_mode():
+                return models.mlm_logits(model, inputs, rows, cols, packed=self.caches.packed)[0]
+        return forward
 
     def onnx_ready(self, lm: LoadedModel, timeout: float | None = None) -> bool:
         """Wait up to `timeout` s for `lm`'s ONNX Runtime forward; whether it serves now."""

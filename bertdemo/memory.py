@@ -14,7 +14,8 @@ none of this changes what any request computes.
     exec_with_jemalloc(argv)   # first thing in app.py: re-exec under jemalloc (same pid) if found
     cap_arenas()               # then, before threads start; MALLOC_ARENA_MAX in the env wins
     trim()                     # after a run: freed memory of every glibc arena back to the system
-    with pages_kept(): ...     # a training run: jemalloc keeps its freed pages until the block ends
+    with pages_kept(): ...     # a training run: jemalloc keeps its freed pages until the block ends,
+                               # then hands them all back (purge)
 
 BERTDEMO_MALLOC=glibc keeps glibc's malloc. The glibc calls do nothing where the C library is not
 glibc (musl, macOS, Windows), and are harmless under jemalloc. Only the standard library is
@@ -119,6 +120,7 @@ def exec_with_jemalloc(argv: list[str]) -> None:
 # ---------------------------------------------------------------- a training run's pages
 
 _DECAYS = ("dirty_decay_ms", "muzzy_decay_ms")
+ALL_ARENAS = 4096  # jemalloc's MALLCTL_ARENAS_ALL: "arena.4096.purge" purges every arena
 _kept_lock = threading.Lock()
 _kept_runs = 0
 _kept_saved: dict[str, int] = {}
@@ -154,11 +156,17 @@ def _swap_decay(mallctl, name: str, value: int) -> int | None:
 @contextlib.contextmanager
 def pages_kept():
     """Inside the block, jemalloc keeps the pages that are freed (its decay set to -1) and hands
-    them out again; when the last such block ends the old decay comes back, which returns every
-    unused page to the system at once. A training step frees and allocates its activations and
-    gradients (GBs) anew: with jemalloc's default decay, and its arena for large sizes purging at
-    once, each step paid a page fault per fresh page (bert-base, 8 x 128 on 2 vCPUs: 300 tokens/s
-    against 400 with pages kept). Does nothing under glibc."""
+    them out again; when the last such block ends the old decay comes back and every unused page
+    goes back to the system at once (`purge`). A training step frees and allocates its activations
+    and gradients (GBs) anew: with jemalloc's default decay, and its arena for large sizes purging
+    at once, each step paid a page fault per fresh page (bert-base, 8 x 128 on 2 vCPUs: 300
+    tokens/s against 400 with pages kept). Does nothing under glibc.
+
+    The purge matters for runs back to back: restoring the decay alone returns the kept pages only
+    over the next ~10 s (jemalloc's dirty decay), so a run starting within seconds set the decay
+    to -1 again while the last run's pages were still held, in its arena or (its thread a new one)
+    in another, and the traffic's pages with them: the server's memory stayed at its high-water
+    mark and climbed as runs landed in other arenas."""
     global _kept_runs
     mallctl = _mallctl()
     if mallctl is None:
@@ -180,3 +188,11 @@ def pages_kept():
                 for name, old in _kept_saved.items():
                     _swap_decay(mallctl, name, old)
                 _kept_saved.clear()
+                purge(mallctl)
+
+
+def purge(mallctl=None) -> bool:
+    """Return every unused page of every jemalloc arena to the system now (tens of ms per GB);
+    False under glibc."""
+    mallctl = mallctl or _mallctl()
+    return mallctl is not None and mallctl(f"arena.{ALL_ARENAS}.purge".encode(), None, None, None, 0) == 0

@@ -14,7 +14,13 @@ the head's (H x V) product runs on N rows, not on B x T.
 
 It serves what people type one at a time, sentences of a few dozen tokens at most (`suits`):
 there a product is bound by reading the weights. Longer sentences and crowds go to the lean torch
-forward (`lean_forward`), faster once arithmetic bounds it.
+forward (`lean_forward`), faster once arithmetic bounds it. Where the two cross depends on the CPU
+(an Intel Xeon: 80 token slots; on an AMD EPYC a crowd of 16 short sentences was slower through it),
+so a served model's crossover is measured (`measure`, `Crossover`): both forwards timed on one
+sentence of a few lengths and on small crowds, a second or two in the background, and each batch
+served by the faster for its shape. Unmeasured (`--onnx`), `MOST_TOKENS` decides.
+
+    encoder.measure(torch_forward)               # times both, keeps the `Crossover`, logs its table
 
 Exports are kept on disk (`cache_dir()`) under a key of the config and every weight, so a model
 is exported once per machine, and a changed weight can never be served from an old export: the
@@ -32,8 +38,11 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -42,7 +51,12 @@ from . import anatomy
 
 log = logging.getLogger(__name__)
 INPUTS = ("input_ids", "attention_mask", "token_type_ids", "rows", "cols")
-MOST_TOKENS = 80  # a batch of this many token slots (padding included) or more takes the lean torch forward (`suits`)
+MOST_TOKENS = 80  # unmeasured: a batch of this many token slots (padding included) or more takes torch (`suits`)
+SINGLE_LENGTHS = (12, 32, 64, 128)  # measured: one sentence of this many tokens ([CLS] and [SEP] included)
+CROWD_SIZES = (4, 8, 16)  # measured: this many sentences at once (the micro-batcher's crowds) ...
+CROWD_LENGTH = 12  # ... of this many tokens each, a short sentence
+MEASURE_S = 2.0  # timing both forwards takes about this long, at least two rounds of the shapes
+MARGIN = 0.03  # ONNX Runtime serves a shape only if measured this much faster than torch there
 
 
 def available() -> bool:
@@ -156,6 +170,87 @@ def _quiet_export():
                 logger.setLevel(level)
 
 
+# ---------------------------------------------------------------- which forward, by measurement
+
+Timings = dict  # (batch, length) -> {"onnx": best seconds, "torch": best seconds}
+
+
+@dataclass(frozen=True)
+class Crossover:
+    """Which forward serves a batch of (batch, length) on this machine, from timings of both:
+    one sentence runs through ONNX Runtime up to `single_tokens` tokens, several at once up to
+    `crowd_slots` token slots (batch x padded length); torch beyond. Each limit is the largest
+    measured shape up to which ONNX Runtime won every shape by `MARGIN` (0: it lost the smallest),
+    never more than measured: beyond the table, torch, the forward without ONNX Runtime."""
+
+    single_tokens: int
+    crowd_slots: int
+    threads: int  # torch's intra-op threads when measured: another count needs new timings
+    timings: Timings = field(default_factory=dict, compare=False)
+
+    @classmethod
+    def decide(cls, timings: Timings, threads: int, margin: float = MARGIN) -> "Crossover":
+        def limit(shapes, size) -> int:
+            best = 0
+            for shape in sorted(shapes, key=size):
+                if timings[shape]["onnx"] >= timings[shape]["torch"] * (1 - margin):
+                    break
+                best = size(shape)
+            return best
+
+        singles = [shape for shape in timings if shape[0] == 1]
+        crowds = [shape for shape in timings if shape[0] > 1]
+        return cls(limit(singles, lambda shape: shape[1]), limit(crowds, lambda shape: shape[0] * shape[1]),
+                   threads, timings)
+
+    def suits(self, batch: int, length: int) -> bool:
+        """Whether ONNX Runtime serves a batch of `batch` sentences padded to `length` tokens."""
+        return length <= self.single_tokens if batch == 1 else batch * length <= self.crowd_slots
+
+    def table(self) -> str:
+        """The timings and the decision, for the log."""
+        rows = [f"{b} x {t}: ONNX Runtime {ms['onnx'] * 1e3:.1f} ms, torch {ms['torch'] * 1e3:.1f} ms -> "
+                f"{'ONNX Runtime' if self.suits(b, t) else 'torch'}" for (b, t), ms in sorted(self.timings.items())]
+        return (f"one sentence through ONNX Runtime up to {self.single_tokens} tokens, several at once up "
+                f"to {self.crowd_slots} token slots, torch beyond ({self.threads} threads); " + "; ".join(rows))
+
+
+def shapes_to_time(max_length: int) -> list[tuple[int, int]]:
+    """(batch, length) of the batches timed: one sentence of `SINGLE_LENGTHS` tokens (within the
+    model's `max_length`), and crowds of `CROWD_SIZES` short sentences."""
+    singles = [(1, n) for n in SINGLE_LENGTHS if n <= max_length]
+    return singles + [(b, CROWD_LENGTH) for b in CROWD_SIZES if CROWD_LENGTH <= max_length]
+
+
+def time_forwards(forwards: dict[str, Callable[[int, int], Any]], shapes: list[tuple[int, int]],
+                  budget_s: float = MEASURE_S, clock: Callable[[], float] = time.perf_counter,
+                  least_rounds: int = 2, most_rounds: int = 6) -> Timings:
+    """The best seconds of each of `forwards` (name -> run(batch, length)) on each shape. Rounds
+    of every shape, each shape's forwards back to back (in turn first, so that neither always
+    runs in the other's wake), until `budget_s` has passed and at least `least_rounds` ran: the
+    best of them leaves out the first, cold call of a shape and the calls slowed by requests
+    served meanwhile."""
+    best = {shape: {name: float("inf") for name in forwards} for shape in shapes}
+    started, names = clock(), list(forwards)
+    for round_ in range(most_rounds):
+        for shape in shapes:
+            for name in names if round_ % 2 == 0 else names[::-1]:
+                tick = clock()
+                forwards[name](*shape)
+                best[shape][name] = min(best[shape][name], clock() - tick)
+        if round_ + 1 >= least_rounds and clock() - started >= budget_s:
+            break
+    return best
+
+
+def example_batch(batch: int, length: int, vocab_size: int) -> tuple[dict, torch.Tensor, torch.Tensor]:
+    """A batch as the fill-mask serves it: `batch` sentences of `length` tokens, one mask each."""
+    generator = torch.Generator().manual_seed(batch * 1000 + length)
+    ids = torch.randint(1000 if vocab_size > 2000 else 0, vocab_size, (batch, length), generator=generator)
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids)}
+    return inputs, torch.arange(batch), torch.full((batch,), length // 2)
+
+
 class OnnxMaskedLM:
     """An ONNX Runtime session over one model's export (see the module doc)."""
 
@@ -165,6 +260,9 @@ class OnnxMaskedLM:
         self.parameters = list(model.parameters())
         self.stamp = _stamp(self.parameters)
         self._lock = threading.Lock()
+        self.crossover: Crossover | None = None  # measured (`measure`); None: `MOST_TOKENS` decides
+        self._torch_forward = None  # what `measure` timed against: kept to measure again
+        self._measuring = False
 
     @classmethod
     def build(cls, model: torch.nn.Module, threads: int | None = None, folder: Path | None = None) -> "OnnxMaskedLM":
@@ -188,13 +286,58 @@ class OnnxMaskedLM:
                    options.intra_op_num_threads)
 
     def suits(self, inputs: dict) -> bool:
-        """Whether this batch is better run here than by the lean torch forward: fewer than
-        `MOST_TOKENS` token slots (B x T: ONNX Runtime computes the padding too). Measured on
-        bert-base (2 vCPUs, Intel Xeon), ONNX Runtime vs torch: one sentence of 24 tokens 36 vs 46
-        ms, 64 tokens 65 vs 73, 96 tokens 84 vs 87, 128 tokens 106 vs 106; crowds of short
-        sentences (~10 tokens) 4 x 12 slots 55 vs 59, 6 x 12 73 vs 72, 8 x 12 90 vs 86, 16 x 12
-        158 vs 132. The lean forward skips the padding and runs its last layer at the masks only."""
-        return inputs["input_ids"].numel() < MOST_TOKENS
+        """Whether this batch is better run here than by the lean torch forward. Measured
+        (`measure`): as its `Crossover` says for the batch's shape, while torch's thread count is
+        the one measured with (another count: torch serves while both are timed again, in the
+        background). Unmeasured: fewer than `MOST_TOKENS` token slots (B x T: ONNX Runtime
+        computes the padding too), from bert-base on an Intel Xeon (2 vCPUs), ONNX Runtime vs
+        torch: one sentence of 24 tokens 36 vs 46 ms, 64 tokens 65 vs 73, 96 tokens 84 vs 87, 128
+        tokens 106 vs 106; crowds of short sentences (~10 tokens) 4 x 12 slots 55 vs 59, 6 x 12 73
+        vs 72, 8 x 12 90 vs 86, 16 x 12 158 vs 132. The lean forward skips the padding and runs its
+        last layer at the masks only."""
+        batch, length = inputs["input_ids"].shape
+        if self._torch_forward is None:
+            return batch * length < MOST_TOKENS
+        crossover = self.crossover
+        if crossover is None or crossover.threads != torch.get_num_threads():
+            self._measure_again()
+            return False
+        return crossover.suits(batch, length)
+
+    def measure(self, torch_forward: Callable, budget_s: float | None = None) -> Crossover:
+        """Time this session and `torch_forward(inputs, rows, cols)` (the lean torch forward, as
+        `models.mlm_logits` runs it without ONNX Runtime) on the shapes that matter
+        (`shapes_to_time`), keep the `Crossover` they give and log its table."""
+        config = self.model.config
+        batches = {shape: example_batch(*shape, config.vocab_size)
+                   for shape in shapes_to_time(config.max_position_embeddings)}
+        threads, started = torch.get_num_threads(), time.perf_counter()
+        with torch.inference_mode():
+            timings = time_forwards({"onnx": lambda b, t: self.logits(*batches[b, t]),
+                                     "torch": lambda b, t: torch_forward(*batches[b, t])}, list(batches),
+                                    MEASURE_S if budget_s is None else budget_s)
+        self._torch_forward, self.crossover = torch_forward, Crossover.decide(timings, threads)
+        log.info("ONNX Runtime or torch for %s, measured in %.1f s: %s", config.name_or_path,
+                 time.perf_counter() - started, self.crossover.table())
+        return self.crossover
+
+    def _measure_again(self) -> None:
+        """Measure again in the background (once at a time): torch's thread count changed."""
+        with self._lock:
+            if self._measuring:
+                return
+            self._measuring = True
+
+        def work():
+            try:
+                self.measure(self._torch_forward)
+            except Exception:  # noqa: BLE001 - torch serves on; the log says why
+                log.exception("measuring ONNX Runtime against torch failed: torch serves")
+                self.crossover = Crossover(0, 0, torch.get_num_threads())
+            finally:
+                self._measuring = False
+
+        threading.Thread(target=work, daemon=True, name="onnx-measure").start()
 
     def matches(self, model: torch.nn.Module) -> bool:
         """Whether this session computes `model` as it is now: the same object, no weight changed in

@@ -148,3 +148,27 @@ def test_the_app_serves_fill_mask_through_onnx_runtime(tiny_bert_dir):
         assert_same_predictions(predictions, reference)
     finally:
         demo.close()
+
+
+def test_by_default_both_forwards_are_timed_the_table_logged_and_predictions_unchanged(tiny_bert_dir, monkeypatch,
+                                                                                      caplog):
+    """The app's default (neither --onnx nor --no-onnx): before the ONNX Runtime forward serves,
+    both forwards are timed on the shapes that matter and the table is logged; whichever serves a
+    batch, the predictions are the pipeline's."""
+    import logging
+
+    monkeypatch.setattr(onnx_engine, "MEASURE_S", 0.2)  # the decision is tested in test_onnx_crossover.py
+    caplog.set_level(logging.INFO, logger="bertdemo")
+    engine = bertdemo.Engine(onnx=None)
+    lm = engine.load_allowed(str(tiny_bert_dir), [str(tiny_bert_dir)], device="cpu")
+    assert engine.onnx_ready(lm, timeout=120)
+    crossover = lm.caches.onnx_for(lm.model).crossover
+    assert crossover is not None and crossover.threads == torch.get_num_threads()
+    assert set(crossover.timings) == set(onnx_engine.shapes_to_time(lm.model.config.max_position_embeddings))
+    assert "ONNX Runtime or torch for" in caplog.text and "token slots" in caplog.text
+    fill = pipeline("fill-mask", model=lm.model, tokenizer=lm.tokenizer, device="cpu")
+    for text in TEXTS:
+        reference = fill(text, top_k=5)
+        reference = [reference] if isinstance(reference[0], dict) else reference
+        assert_same_predictions(bertdemo.fill_mask(lm, text, top_k=5),
+                                [[{"token_id": r["token"], "score": r["score"]} for r in mask] for mask in reference])

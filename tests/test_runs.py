@@ -175,8 +175,9 @@ def test_the_zip_is_made_once_per_model(tiny_bert):
 # ---------------------------------------------------------------- through the app's queue
 
 @pytest.fixture
-def gated_app(tiny_bert_dir, monkeypatch):
-    """The real app whose fine-tune waits for a gate, so a second request stays queued behind it."""
+def gated_demo(tiny_bert_dir, monkeypatch):
+    """The real app whose fine-tune waits for a gate, so a second request stays queued behind it:
+    (demo, url, store, gate)."""
     import app
     from conftest import launch
 
@@ -194,9 +195,15 @@ def gated_app(tiny_bert_dir, monkeypatch):
     store = SessionStore(bertdemo.load(str(tiny_bert_dir), device="cpu"))
     demo = app.build_demo(Settings(model=str(tiny_bert_dir), device="cpu"), store)
     url = launch(demo)
-    yield url, store, gate
+    yield demo, url, store, gate
     gate.set()
     demo.close()
+
+
+@pytest.fixture
+def gated_app(gated_demo):
+    _, url, store, gate = gated_demo
+    return url, store, gate
 
 
 def join(url: str, session: str, fn_index: int) -> httpx.Response:
@@ -280,3 +287,43 @@ def test_a_run_whose_page_closed_says_so_not_stop(tiny_bert):
     assert outcome.ended == "closed" and outcome.result[1].stopped == "closed"
     assert "lost this page's connection" in runs.keep_or_discard(caller(store), outcome.result[0],
                                                                  outcome.result[1], keep_partial=False)
+
+
+# ---------------------------------------------------------------- a script's run among a crowd
+
+def test_the_queues_message_map_never_forgets_a_session_waiting_for_an_answer():
+    from bertdemo.ui.queue_watch import LiveSessions
+
+    pending = {"script": {"its fine-tune"}}
+    held = LiveSessions({}, max_size=3, pending=lambda: pending)
+    held["script"] = "its messages"
+    for i in range(10):  # one-request sessions, answered
+        held[f"one-{i}"] = "theirs"
+        pending[f"one-{i}"] = set()
+    assert held["script"] == "its messages" and len(held) == 3
+    assert list(pending) == ["script", "one-8", "one-9"]  # the forgotten ones' empty sets go too
+    pending["script"].clear()  # answered: it may go now, as the oldest
+    held["next"] = "new"
+    assert "script" not in held and len(held) == 3
+
+
+@pytest.mark.slow
+def test_a_scripts_fine_tune_is_answered_while_a_crowd_of_sessions_comes_and_goes(gated_demo):
+    """A gradio_client script fine-tuning while one-request sessions (scripts calling the HTTP API
+    without a session) keep arriving: Gradio forgets the oldest of 2,000 sessions' message queues,
+    here of 20, and a run still going must not be among them."""
+    from gradio_client import Client
+
+    demo, url, store, gate = gated_demo
+    client = Client(url, verbose=False)
+    job = client.submit(REPEATED, 2, "steps", 1e-2, 8, 16, 0.15, "dynamic", 0, False, "", api_name="/finetune")
+    wait_for(lambda: store.runs.status(client.session_hash) == "running")
+    demo._queue.pending_messages_per_session.max_size = 20  # Gradio's 2,000, made small
+    for _ in range(25):
+        posted = httpx.post(f"{url}gradio_api/call/fill_mask", json={"data": ["Paris is the [MASK].", 3]},
+                            timeout=30)
+        answer = httpx.get(f"{url}gradio_api/call/fill_mask/{posted.json()['event_id']}", timeout=30)
+        assert "event: complete" in answer.text
+    gate.set()
+    status = job.result(timeout=60)[0]
+    assert "Done" in status

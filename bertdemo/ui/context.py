@@ -24,7 +24,7 @@ from ..engine import Engine
 from ..models import LoadedModel
 from ..sessions import SessionStore
 from .common import friendly_errors, session_id
-from .queue_watch import QueueWatch
+from .queue_watch import QueueWatch, keep_live_sessions
 
 
 @dataclass(frozen=True)
@@ -128,6 +128,7 @@ def standalone_demo(title: str, render: Callable[[AppContext], None], store: Ses
         render(ctx)
         demo.unload(handler(ctx, forget_session))
     demo.queue(max_size=settings.queue_size)
+    keep_live_sessions(demo)
     return demo
 
 
