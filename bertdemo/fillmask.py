@@ -179,7 +179,9 @@ def fill_jointly(lm: LoadedModel, text: str, beam_size: int = 3,
 def _extend_beams(lm, enc: Encoded, beams, beam_size: int, step: int, known=None):
     """One step of the beam: each beam fills its most confident open mask with its top tokens.
     `known`: the first step's (top log-probs, ids) per mask, (masks, >= beam_size), if computed."""
-    open_cols = [[p for p in enc.mask_positions if b[0][p] == lm.mask_token_id] for b in beams]
+    # open: not filled yet (by the fills, not the ids: a model may predict its own mask token)
+    open_cols = [[p for i, p in enumerate(enc.mask_positions) if i not in {f["mask"] for f in b[2]}]
+                 for b in beams]
     tops = [known] if known is not None else _beam_tops(lm, enc, beams, open_cols, beam_size)
     candidates = []
     for (beam_ids, beam_lp, fills), cols_b, (top_lp, top_ids) in zip(beams, open_cols, tops):

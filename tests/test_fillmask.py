@@ -197,3 +197,19 @@ def test_mask_word():
     assert [w for w, _, _ in fillmask.split_words("It's [mask]!")] == ["It's", "[mask]", "!"]
     with pytest.raises(ValueError):
         fillmask.mask_word("one", 5)
+
+
+def test_joint_filling_fills_every_mask_even_when_the_model_predicts_its_mask_token(tiny_bert):
+    """A model (a random one, an odd checkpoint) may rank its own [MASK] first: the joint fill
+    still fills each mask once and writes every one into the sentence."""
+    import copy
+
+    from bertdemo.models import LoadedModel
+
+    model = copy.deepcopy(tiny_bert.model)
+    with torch.no_grad():
+        model.cls.predictions.decoder.bias[tiny_bert.mask_token_id] = 100.0
+    odd = LoadedModel("mask-first", tiny_bert.tokenizer, model, tiny_bert.device)
+    completions = bertdemo.fill_jointly(odd, "the [MASK] sat on the [MASK] .", beam_size=2)
+    for completion in completions:
+        assert sorted(f["mask"] for f in completion["fills"]) == [0, 1]
