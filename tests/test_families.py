@@ -268,3 +268,50 @@ def test_any_other_masked_lm_works_or_is_refused_in_words(model_type, tmp_path):
             assert str(err).strip(), view
             outcomes[view] = "refused"
     assert set(outcomes) == set(VIEWS)  # each view either answered or said why not
+
+
+def test_the_other_views_answer_on_every_family(family, tiny_bert):
+    """Joint filling, candidates, the sentence score, bertviz's views, rollout, two models side by
+    side, the layer probes and the classifier, on each family."""
+    from bertdemo import attention_views
+
+    _, _, lm = family
+    joint = bertdemo.fill_jointly(lm, "The [MASK] sat on the [MASK].", beam_size=2)
+    assert all(sorted(f["mask"] for f in c["fills"]) == [0, 1] for c in joint)
+    scored = bertdemo.score_candidates(lm, SENTENCE, ["mat", "bench"])
+    assert len(scored) == 2 and all(s["log_prob"] <= 0 for s in scored)
+    pll = bertdemo.sentence_score(lm, "The cat sat.")
+    assert pll["pseudo_perplexity"] >= 1
+    att = bertdemo.attention(lm, SENTENCE)
+    for view in ("head", "model"):
+        page = attention_views.bertviz_html(att, view)
+        assert "<script" in page and "Ġ" not in page and "▁" not in page
+    assert attention_views.rollout(att.weights).sum(-1) == pytest.approx(1.0)
+    compared = bertdemo.compare_predictions(lm, tiny_bert, SENTENCE)
+    assert len(compared["masks"]) == 1
+    examples = [(f"{w} is here today.", "animal" if w in ("cat", "dog") else "place")
+                for w in ("cat", "dog", "park", "river") for _ in range(3)]
+    probes = bertdemo.probe_layers(lm, examples)
+    assert len(probes["layers"]) == 3
+    classifier, history = bertdemo.train_classifier(lm, examples, epochs=1, batch_size=4)
+    assert history.completed and set(bertdemo.classify(classifier, ["the cat"])[0]) == {"animal", "place"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["modernbert", "albert", "deberta-v2"])
+def test_a_families_run_exports_as_a_script_that_trains(name, tmp_path):
+    """The exported Trainer script runs on the family (BPE, Unigram; attention of its own)."""
+    import subprocess
+    import sys
+
+    from bertdemo import export
+
+    folder = tiny_models.save_tiny_family(name, tmp_path / "model")
+    lm = bertdemo.load(str(folder))
+    text = "\n".join(["The cat sat on the mat.", "A dog ran in the park."] * 8)
+    _, history = bertdemo.finetune(lm, text, steps=2, batch_size=4, max_length=32)
+    script = export.write_files(history, str(folder), text, tmp_path / "run")
+    done = subprocess.run([sys.executable, "train_mlm.py", "--max-steps", "2"], cwd=script, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert bertdemo.fill_mask(bertdemo.load(str(script / "tuned-model")), SENTENCE)
