@@ -326,9 +326,9 @@ def memory_report(samples: list[tuple[float, float]], every_s: float = 15) -> tu
     return max(thirds[1]), max(thirds[2])
 
 
-def timed(args, url: str, pid: int) -> int:
-    out, samples, started = Outcomes(), [], time.monotonic()
-    until = started + args.seconds
+def sample_rss(pid: int, samples: list, started: float):
+    """Append (seconds since `started`, the server's RSS in MB) to `samples` every second, in a
+    thread, until the function returned is called (it waits for the thread's last sample)."""
     stop = threading.Event()
 
     def sample():
@@ -337,6 +337,17 @@ def timed(args, url: str, pid: int) -> int:
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
+
+    def finish():
+        stop.set()
+        sampler.join()
+    return finish
+
+
+def timed(args, url: str, pid: int) -> int:
+    out, samples, started = Outcomes(), [], time.monotonic()
+    until = started + args.seconds
+    finish_sampling = sample_rss(pid, samples, started)
     rng = random.Random(args.seed)
     clients = [Client(url, verbose=False) for _ in range(args.clients)]
     with ThreadPoolExecutor(len(clients) + 3) as pool:
@@ -345,8 +356,7 @@ def timed(args, url: str, pid: int) -> int:
                  pool.submit(flooding, out, url, until, args.queue_size)]
         for job in jobs:
             job.result()
-    stop.set()
-    sampler.join()
+    finish_sampling()
     return report(out, samples, args.seconds)
 
 
@@ -424,14 +434,7 @@ def crowd(args, url: str, pid: int) -> int:
     session fine-tuning with the endpoint's defaults back to back."""
     out, samples, started = Outcomes(), [], time.monotonic()
     until = started + args.seconds
-    stop = threading.Event()
-
-    def sample():
-        while not stop.wait(1.0):
-            samples.append((time.monotonic() - started, rss_mb(pid)))
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
+    finish_sampling = sample_rss(pid, samples, started)
     rng = random.Random(args.seed)
     with ThreadPoolExecutor(args.clients + 2) as pool:
         jobs = [pool.submit(raw_predicting, out, url, random.Random(rng.random()), until)
@@ -439,8 +442,7 @@ def crowd(args, url: str, pid: int) -> int:
         jobs += [pool.submit(abandoning, out, url, until, 0.2), pool.submit(finetuning_defaults, out, url, until)]
         for job in jobs:
             job.result()
-    stop.set()
-    sampler.join()
+    finish_sampling()
     sessions = sum(sum(c.values()) for kind, c in out.counts.items() if kind != "/finetune (defaults)")
     print(f"\n{sessions:,} one-request sessions came and went around the fine-tunes (Gradio's queue "
           f"keeps the messages of 2,000 sessions)")
