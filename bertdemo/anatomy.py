@@ -313,11 +313,6 @@ class Anatomy:
         if part in self.missing:
             raise ValueError(f"{view} is not available for this model ({self.name}): {self.missing[part]}")
 
-    def supports(self) -> dict[str, bool]:
-        """{view group: whether this model has what it needs}."""
-        return {"fill mask": True, "attention": "attention" not in self.missing,
-                "heads": "layers" not in self.missing, "mlm head": "head" not in self.missing}
-
 
 _FOUND: "weakref.WeakKeyDictionary[torch.nn.Module, Anatomy]" = weakref.WeakKeyDictionary()
 _FOUND_LOCK = threading.Lock()
@@ -342,8 +337,7 @@ def _find(model) -> Anatomy:
         return Anatomy(model_type, None, missing={
             "layers": f"its layers are not a layout the views know ({type(model).__name__}): only fill "
                       "mask and the views built on whole forwards work",
-            "head": "its MLM head is not one the views know, so it cannot be applied at each layer",
-            "attention": "its attention is not a layout the views know"})
+            "head": "its MLM head is not one the views know, so it cannot be applied at each layer"})
     base = model.base_model
     missing = {}
     layers = tuple(family.unroll(model) if family.unroll else (_get(base, family.layers) or ()))

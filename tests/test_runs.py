@@ -208,7 +208,7 @@ def gated_app(gated_demo):
 
 def join(url: str, session: str, fn_index: int) -> httpx.Response:
     """Queue one /finetune request the way the page does, without listening for its result."""
-    data = [REPEATED, 2, "steps", 1e-2, 8, 16, 0.15, "dynamic", 0, False, ""]
+    data = [REPEATED, 2, "steps", 1e-2, 8, 16, 0.15, "dynamic", 0, False, "", True]  # /finetune's parameters
     return httpx.post(f"{url}gradio_api/queue/join", json={
         "data": data, "fn_index": fn_index, "session_hash": session, "event_data": None}, timeout=30)
 

@@ -17,8 +17,8 @@ FT_TEXT = "\n".join(["Paris is the capital of France.", "The Eiffel Tower is a f
 
 def finetune_args(steps: int) -> list:
     """/finetune's inputs: text, amount, unit, learning rate, batch, length, mask rate, masking,
-    seed, keep a stopped run's model, probes."""
-    return [FT_TEXT, steps, "steps", 1e-3, 4, 16, 0.15, "dynamic", 0, False, ""]
+    seed, keep a stopped run's model, probes, keep the best evaluation's weights."""
+    return [FT_TEXT, steps, "steps", 1e-3, 4, 16, 0.15, "dynamic", 0, False, "", True]
 
 
 def app_env(tmp: os.PathLike) -> dict:
