@@ -67,6 +67,8 @@ ENDPOINTS = {
                   ("number", 2), ("number", 0)],
     "/embedding_map": [("text", "I sat on the river bank.\nThe bank lent me money."), ("number", 1),
                        ("text", "bank")],
+    "/search_corpus": [("text", "I sat on the river bank."), ("text", "bank"), ("number", 1), ("number", 5),
+                       ("text", "The bank of the river was muddy.\nThe bank lent me money.")],
     "/probe_layers": [CLASSIFY_FORM[0], CLASSIFY_FORM[5]],
     "/classify_example": [("choice", "Reviews: positive, negative (24 lines)")],
     "/train_classifier": CLASSIFY_FORM,  # before /classify and /download_classifier: they need its classifier

@@ -258,7 +258,8 @@ class Links:
         """The tab's "Copy link to this view" button and the box that shows the link."""
         with gr.Row():
             copy = gr.Button("Copy link to this view", size="sm", scale=1, elem_id=f"copy-link-{tab}")
-            shown = gr.Textbox(show_label=False, placeholder="The link appears here (and in your clipboard)",
+            shown = gr.Textbox(label="Link to this view", show_label=False,
+                               placeholder="The link appears here (and in your clipboard)",
                                interactive=False, scale=4, container=False, elem_id=f"link-{tab}")
         self.buttons[tab] = (copy, shown)
 
