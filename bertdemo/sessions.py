@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .models import LoadedModel
-from .runs import RunSlots
+from .model.loading import LoadedModel
+from .runs.slots import RunSlots
 
 DEFAULT_MAX_TUNED = 8
 DEFAULT_MAX_DOWNLOAD_BYTES = 2048 * 2**20

@@ -13,7 +13,7 @@ import torch
 
 import bertdemo
 import tiny_models
-from bertdemo import explain
+from bertdemo.views import explain
 from bertdemo.validate import InputError
 
 TEXT = "Paris is the [MASK] of France."
@@ -301,7 +301,7 @@ def test_layers_handler_plots_the_chosen_mask(visitor):
 
 
 def test_saliency_handler_shows_attribution_beside_attention(visitor):
-    from bertdemo.attention_views import attention, mask_rows
+    from bertdemo.views.attention_views import attention, mask_rows
     from bertdemo.ui.explain_tab import on_saliency
 
     note, coloured, result = on_saliency(visitor, TWO, "", 1, "integrated_gradients", 16, 0)

@@ -12,12 +12,14 @@ from pathlib import Path
 import gradio as gr
 import pandas as pd
 
-from .. import embeddings, plots, runs, validate
-from ..classification import (ADAPT_MLM_STEPS, DEFAULT_SWEEP_LRS, MAX_TOKENS, Classifier, ClassifierForm,
+from ..views import embeddings
+from .. import plots, validate
+from ..runs import life
+from ..training.classification import (ADAPT_MLM_STEPS, DEFAULT_SWEEP_LRS, MAX_TOKENS, Classifier, ClassifierForm,
                               ClassifierHistory, SweepForm, check_examples, classify, forgetting,
                               parse_examples, table_examples)
 from ..config import Limits
-from ..training import EventLog
+from ..training.loop import EventLog
 from . import live_run
 from .context import AppContext, Visitor, handler
 
@@ -391,7 +393,7 @@ def _live_status(run) -> str:
 
 def _final_status(history: ClassifierHistory, model: str, kept: str, limits: Limits) -> str:
     chance = 1 / len(history.labels)
-    why = runs.ENDED_BECAUSE.get(history.stopped, "").format(seconds=int(limits.max_seconds))
+    why = life.ENDED_BECAUSE.get(history.stopped, "").format(seconds=int(limits.max_seconds))
     head = (f"**Done**: {len(history.steps)} steps in {history.seconds:.1f} s" if history.completed
             else f"**Ended early** because {why}, after {len(history.steps)} of {history.planned_steps} "
                  f"steps ({history.seconds:.1f} s)")
@@ -433,7 +435,7 @@ def _adapt_status(histories: dict[str, ClassifierHistory], adapted_by: str) -> s
 
 # ---------------------------------------------------------------- what a session keeps
 
-KIND = "classifier"  # the session's model of this kind is its trained classifier (runs.keep_classifier)
+KIND = "classifier"  # the session's model of this kind is its trained classifier (kinds.keep_classifier)
 
 
 def _kept(visitor: Visitor) -> Classifier | None:
@@ -441,4 +443,4 @@ def _kept(visitor: Visitor) -> Classifier | None:
 
 
 def _zip(visitor: Visitor) -> Path:
-    return runs.model_zip(visitor.store, visitor.session, kind=KIND)
+    return life.model_zip(visitor.store, visitor.session, kind=KIND)

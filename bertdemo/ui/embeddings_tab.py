@@ -5,7 +5,8 @@ from __future__ import annotations
 import gradio as gr
 import pandas as pd
 
-from .. import embeddings, plots
+from ..views import embeddings
+from .. import plots
 from ..config import Settings
 from .context import AppContext, Visitor, handler, standalone_demo
 

@@ -6,8 +6,9 @@ import html
 
 import gradio as gr
 
-from .. import explain, plots, validate
-from ..attention_views import attention, mask_rows
+from ..views import explain
+from .. import plots, validate
+from ..views.attention_views import attention, mask_rows
 from ..config import Settings
 from .context import AppContext, Visitor, handler, standalone_demo
 

@@ -6,9 +6,10 @@ import gradio as gr
 import pandas as pd
 from gradio.context import get_render_context
 
-from .. import explain, fillmask, plots, reading, validate
+from ..views import explain, fillmask, reading
+from .. import plots, validate
 from ..config import Settings
-from ..models import USER_MASK_RE, LoadedModel, allowed_choices, display_name
+from ..model.loading import USER_MASK_RE, LoadedModel, allowed_choices, display_name
 from .cached_examples import ModelExamples
 from .common import plotly_chart
 from .context import AppContext, Visitor, handler, standalone_demo

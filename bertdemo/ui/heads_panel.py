@@ -16,11 +16,12 @@ from dataclasses import dataclass
 import gradio as gr
 import pandas as pd
 
-from .. import plots, validate, view_files
-from ..attention_views import first_query
-from ..explain import compare_predictions
-from ..fillmask import encode, fill_mask
-from ..heads import (
+from .. import plots, validate
+from ..views import view_files
+from ..views.attention_views import first_query
+from ..views.explain import compare_predictions
+from ..views.fillmask import encode, fill_mask
+from ..views.heads import (
     check_heads,
     format_heads,
     head_importance,
@@ -29,7 +30,7 @@ from ..heads import (
     parse_heads,
     shape,
 )
-from ..models import LoadedModel
+from ..model.loading import LoadedModel
 from . import view_downloads
 from .context import AppContext, Visitor, handler
 

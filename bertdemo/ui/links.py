@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import gradio as gr
 
-from ..models import allowed_choices
+from ..model.loading import allowed_choices
 from .common import friendly_errors
 from .context import AppContext, Visitor
 from .model_picker import pick

@@ -8,7 +8,7 @@ import html
 
 import gradio as gr
 
-from .. import bundled
+from ..model import bundled
 from ..config import Settings
 from .context import AppContext, Visitor, handler
 from .model_line import details, model_line

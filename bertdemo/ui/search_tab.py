@@ -12,7 +12,8 @@ from pathlib import Path
 
 import gradio as gr
 
-from .. import corpus_search, embeddings, plots
+from ..views import corpus_search, embeddings
+from .. import plots
 from ..config import Settings
 from .cached_examples import ModelExamples
 from .context import AppContext, Visitor, handler, standalone_demo

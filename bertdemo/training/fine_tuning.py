@@ -24,11 +24,12 @@ import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 from transformers import DataCollatorForLanguageModeling
 
-from . import anatomy, validate
-from .config import Limits
-from .fillmask import fill_mask, mask_word, split_words
-from .models import LoadedModel, mlm_logits
-from .training import Evaluation, RunHistory, autocast, seeded, stream_seed, to_device, train
+from ..forward import anatomy
+from .. import validate
+from ..config import Limits
+from ..views.fillmask import fill_mask, mask_word, split_words
+from ..model.loading import LoadedModel, mlm_logits
+from .loop import Evaluation, RunHistory, autocast, seeded, stream_seed, to_device, train
 
 MASKINGS = ("static", "dynamic")
 LENGTH_UNITS = ("steps", "epochs")

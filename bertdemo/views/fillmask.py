@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from . import anatomy, hooks, validate
-from .models import USER_MASK, USER_MASK_RE, LoadedModel, mlm_logits
+from ..forward import anatomy, hooks
+from .. import validate
+from ..model.loading import USER_MASK, USER_MASK_RE, LoadedModel, mlm_logits
 
 DEFAULT_MAX_MASKS = 10
 _WORD_RE = re.compile(r"\[mask\]|\w+(?:['’]\w+)*|[^\w\s]", re.IGNORECASE)

@@ -12,12 +12,12 @@ from typing import Callable
 import torch
 from transformers.data.data_collator import pad_without_fast_tokenizer_warning
 
-from . import validate
-from .config import Limits
+from .. import validate
+from ..config import Limits
 from .fine_tuning import (FinetunePlan, MLMHistory, eval_copies, evaluate, fixed_rows, mlm_collator,
                           plan_finetune, run_finetune)
-from .masking import LossFn, Rates, article_mask_tokens, check_seed
-from .training import Evaluation, stream_seed
+from ..views.masking import LossFn, Rates, article_mask_tokens, check_seed
+from .loop import Evaluation, stream_seed
 
 MAX_CONSEQUENCE_STEPS = 60  # steps per run of `labelling_consequence` (it runs two)
 

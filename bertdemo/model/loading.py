@@ -24,7 +24,8 @@ import torch
 from transformers import AutoConfig, AutoModelForMaskedLM, AutoTokenizer, PreTrainedModel
 from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING
 
-from . import anatomy, lean_forward, validate
+from ..forward import anatomy, lean_forward
+from .. import validate
 
 log = logging.getLogger("bertdemo")
 

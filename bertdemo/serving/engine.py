@@ -11,7 +11,7 @@ a test builds its own, so nothing one test loads or caches reaches another. No o
 What it holds:
 - the loaded models: one `LoadedModel` per (name, device, pickle, precision), and one per name
   the page shows for it (so the micro-batcher groups every visitor's requests to it);
-- `caches` (`models.ModelCaches`), shared by every model it loads and by the models tuned from
+- `caches` (`loading.ModelCaches`), shared by every model it loads and by the models tuned from
   them: weights packed for oneDNN, eager-attention twins, the joint fill's first steps;
 - `search` (`corpus_search.IndexCache`): the corpus search's indexes, on disk, and the stop
   requests of the builds under way (`search_stops`);
@@ -33,9 +33,12 @@ import time
 
 import torch
 
-from . import anatomy, bundled, corpus_search, models, onnx_engine, validate
+from ..forward import anatomy, onnx_engine
+from ..model import bundled, loading
+from ..views import corpus_search
+from .. import validate
 from .batching import MicroBatcher
-from .models import (MINILM_NAME, LoadedModel, ModelCaches, allowed_choices, allowed_entry, minilm_path,
+from ..model.loading import (MINILM_NAME, LoadedModel, ModelCaches, allowed_choices, allowed_entry, minilm_path,
                      pick_device, pick_dtype, warm_up)
 
 log = logging.getLogger(__name__)
@@ -60,20 +63,20 @@ class Engine:
 
     def load(self, name_or_path: str | os.PathLike, device: str | None = None,
              allow_pickle: bool = False, dtype: str | torch.dtype | None = None) -> LoadedModel:
-        """`models.load` (or, for "bundled", `bundled.load_bundled`), once per name, device, pickle
+        """`loading.load` (or, for "bundled", `bundled.load_bundled`), once per name, device, pickle
         permission and precision: the same object on every later call."""
         name = validate.model_name(name_or_path)
         key = (name, str(pick_device(device)), allow_pickle, str(pick_dtype(dtype)))
         with self._lock:  # one load per key even when several visitors ask at once
             if key not in self._loaded:
                 self._loaded[key] = (bundled.load_bundled(device, self.caches, dtype) if name == bundled.BUNDLED
-                                     else models.load(name, device, allow_pickle, dtype, caches=self.caches))
+                                     else loading.load(name, device, allow_pickle, dtype, caches=self.caches))
             return self._loaded[key]
 
     def load_allowed(self, choice, allowlist: list[str], device: str | None = None,
                      allow_pickle: bool = False, dtype: str | torch.dtype | None = None) -> LoadedModel:
         """`load` for visitors of the page: only models the operator listed, checked before
-        anything is downloaded or read, named by `models.display_name`, and warmed up (weights
+        anything is downloaded or read, named by `loading.display_name`, and warmed up (weights
         packed) before its first visitor. Never runs remote code; pickle-only checkpoints are
         refused unless `allow_pickle`."""
         entry = allowed_entry(choice, allowlist)
@@ -86,7 +89,7 @@ class Engine:
         return self._served_as(self.load(bundled.BUNDLED, device), bundled.BUNDLED)
 
     def load_minilm(self, device: str | None = None) -> LoadedModel:
-        """The packaged MiniLM (`models.load_minilm`), once, named so every model line says what
+        """The packaged MiniLM (`loading.load_minilm`), once, named so every model line says what
         it is. ValueError if the package is not installed."""
         path = minilm_path()
         if path is None:
@@ -131,10 +134,10 @@ class Engine:
 
     def torch_forward(self, model):
         """`forward(inputs, rows, cols) -> logits` of a served `model` without ONNX Runtime: the
-        lean torch forward on its packed weights, as `models.mlm_logits` serves it."""
+        lean torch forward on its packed weights, as `loading.mlm_logits` serves it."""
         def forward(inputs, rows, cols):
             with torch.inference_mode():
-                return models.mlm_logits(model, inputs, rows, cols, packed=self.caches.packed)[0]
+                return loading.mlm_logits(model, inputs, rows, cols, packed=self.caches.packed)[0]
         return forward
 
     def onnx_ready(self, lm: LoadedModel, timeout: float | None = None) -> bool:

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import anatomy, hooks, validate
-from .classification import check_examples, stratified_split
-from .config import Limits
-from .models import LoadedModel
+from ..forward import anatomy, hooks
+from .. import validate
+from ..training.classification import check_examples, stratified_split
+from ..config import Limits
+from ..model.loading import LoadedModel
 
 MAX_LINES = 50  # sentences per map (Settings.embedding_max_lines)
 MAX_TOKENS = 2_000  # tokens of all sentences together (Settings.embedding_max_tokens)

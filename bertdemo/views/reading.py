@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from .models import USER_MASK_RE, LoadedModel
+from ..model.loading import USER_MASK_RE, LoadedModel
 
 RARE_SCRIPT = 0.02  # a script under 2% of the vocabulary's tokens is one the model barely reads
 MOSTLY_UNKNOWN = 0.5  # more than half the words with an unknown piece: the model cannot read them

@@ -9,10 +9,11 @@ from __future__ import annotations
 import torch
 from captum.attr import InputXGradient, IntegratedGradients
 
-from . import anatomy, hooks, validate
+from ..forward import anatomy, hooks
+from .. import validate
 from .fillmask import (DEFAULT_MAX_MASKS, Encoded, check_top_k, encode, fill_jointly, logits_at,
                        prediction, sentence_score)
-from .models import USER_MASK, USER_MASK_RE, LoadedModel, mlm_head
+from ..model.loading import USER_MASK, USER_MASK_RE, LoadedModel, mlm_head
 
 METHODS = {"integrated_gradients": "Integrated gradients", "gradient_x_input": "Gradient × input"}
 MAX_STEPS = 256

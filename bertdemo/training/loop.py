@@ -25,7 +25,7 @@ from typing import Callable, Iterator, Union
 
 import torch
 
-from . import memory
+from .. import memory
 
 STOP_REASONS = ("stopped", "time limit", "diverged", "shutdown", "closed")  # RunHistory.stopped, when not None
 _STREAM_OFFSETS = {  # seed + offset: random streams apart from the training one, the same every run

@@ -29,19 +29,15 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from .classification import ClassifierForm, SweepForm, run_adaptation, run_classifier, run_sweep
-from . import memory
-from .experiments import LabellingForm, run_labelling
-from .fine_tuning import (FinetuneForm, TuningPlan, TuningRequest, run_masking_comparison, run_tuning,
-                          save_zip)
-from .training import EventLog
+from .. import memory
+from .slots import StopCheck, Ticket
+from ..training.fine_tuning import save_zip
+from ..training.loop import EventLog
 
-GRACE_S = 5.0  # a reservation younger than this is never taken over (its request may not be queued yet)
 ENDED_BECAUSE = {  # Run.ended / RunHistory.stopped -> why, for a sentence "the run ended early because ..."
     "stopped": "you pressed Stop",
     "time limit": "it reached the time limit of {seconds} s per run",
@@ -49,156 +45,7 @@ ENDED_BECAUSE = {  # Run.ended / RunHistory.stopped -> why, for a sentence "the 
     "shutdown": "the server is shutting down (its operator stopped it)",
     "closed": "the server lost this page's connection and took the page as closed",
 }
-SHUTTING_DOWN = "The server is shutting down: no new runs start now. Try again in a minute (reload the page)."
 Job = Callable[..., Any]  # job(plan, *, on_event=emit, should_stop=stop_check) -> result
-
-
-# ---------------------------------------------------------------- one slot per session
-
-class Ticket(threading.Event):
-    """A session's run slot: set means "stop". Reserved when the request is queued (with the plan
-    its check made), claimed when its handler starts, released when the run ends."""
-
-    def __init__(self, kind: str | None = None, plan=None, waiting: Callable[[], bool] | None = None):
-        super().__init__()
-        self.kind, self.plan, self.waiting = kind, plan, waiting
-        self.claimed = False
-        self.reserved_at = time.monotonic()
-        self.why = "stopped"  # what the run's history says when this flag stops it
-
-    def stop(self, why: str = "stopped") -> None:
-        """Set the flag, saying why ("stopped": the visitor's Stop; "shutdown": the server's)."""
-        self.why = why
-        self.set()
-
-    def abandoned(self) -> bool:
-        """True if the request holding this ticket left the queue without its handler starting."""
-        if self.claimed or self.waiting is None or time.monotonic() - self.reserved_at < GRACE_S:
-            return False
-        try:
-            return not self.waiting()
-        except Exception:  # noqa: BLE001 - a probe that fails cannot prove the request is gone
-            return False
-
-
-class RunSlots:
-    """Every session's one run slot (a `Ticket`)."""
-
-    def __init__(self):
-        self._tickets: dict[str, Ticket] = {}
-        self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)  # notified when a slot is freed
-        self.closing = False  # the server is shutting down: no run starts any more
-
-    def reserve(self, session: str | None, kind: str | None = None, plan=None,
-                waiting: Callable[[], bool] | None = None) -> Ticket:
-        """Claim the session's slot for a request entering the queue; ValueError if a run of the
-        session is queued or running, unless that one's request left the queue (`Ticket.abandoned`:
-        `waiting()` says whether this one's request is still queued; the web layer alone can tell)."""
-        session = _needs_session(session)
-        with self._lock:
-            self._refuse_if_closing()
-            held = self._tickets.get(session)
-            if held is not None and not held.abandoned():
-                raise ValueError("A run of yours (fine-tune, comparison or classifier) is already running "
-                                 "or waiting in the queue: wait for it to finish, or press Stop.")
-            self._tickets[session] = Ticket(kind, plan, waiting)
-            return self._tickets[session]
-
-    def claim(self, session: str | None, kind: str | None = None) -> Ticket:
-        """The ticket of the run starting now: the one reserved for it, else a new one. ValueError
-        if another run of this session already started."""
-        session = _needs_session(session)
-        with self._lock:
-            self._refuse_if_closing()
-            held = self._tickets.get(session)
-            if held is None or held.abandoned():
-                held = self._tickets[session] = Ticket(kind)
-            elif held.claimed:
-                raise ValueError("A run of yours is already running: wait for it to finish, or press Stop.")
-            held.claimed = True
-            return held
-
-    def finish(self, session: str | None, ticket: Ticket) -> None:
-        """Free the slot held by `ticket` (no-op if it was dropped or replaced since)."""
-        with self._lock:
-            if session in self._tickets and self._tickets[session] is ticket:
-                del self._tickets[session]
-            self._changed.notify_all()
-        ticket.plan = None  # its prepared data goes now, not with the last reference to the ticket
-
-    def status(self, session: str | None) -> str | None:
-        """"running" (its handler started), "waiting" (reserved, still in the queue) or None."""
-        with self._lock:
-            held = self._tickets.get(session)
-            if held is None or held.abandoned():
-                return None
-            return "running" if held.claimed else "waiting"
-
-    def stop(self, session: str | None) -> bool:
-        """Ask the session's run to stop after its current step. False if nothing runs."""
-        with self._lock:
-            held = self._tickets.get(session)
-        if held is None:
-            return False
-        held.set()
-        return True
-
-    def drop(self, session: str | None) -> None:
-        """The session ended: its run stops within a step and its slot is freed."""
-        with self._lock:
-            held = self._tickets.pop(session, None)
-            self._changed.notify_all()
-        if held is not None:
-            held.stop("closed")
-
-    def busy(self, session: str | None) -> bool:
-        with self._lock:
-            return session in self._tickets
-
-    def stop_all(self, why: str = "shutdown") -> int:
-        """The server is stopping: refuse new runs from now on and ask every run, running or
-        queued, to stop after its current step. Returns how many were running."""
-        with self._lock:
-            self.closing = True
-            held = list(self._tickets.values())
-        for ticket in held:
-            ticket.stop(why)
-        return sum(ticket.claimed for ticket in held)
-
-    def wait_idle(self, timeout: float) -> bool:
-        """Wait up to `timeout` s until no run is running (their handlers freed their slots);
-        False if some still are. Reserved slots whose handler never started do not count."""
-        with self._changed:
-            return self._changed.wait_for(lambda: not any(t.claimed for t in self._tickets.values()),
-                                          timeout)
-
-    def _refuse_if_closing(self) -> None:
-        if self.closing:
-            raise ValueError(SHUTTING_DOWN)
-
-
-def _needs_session(session: str | None) -> str:
-    if not session:
-        raise ValueError("This needs a browser session: open the demo in a browser or use gradio_client.")
-    return session
-
-
-class StopCheck:
-    """The job's `should_stop()`: True once the ticket is set or the time is up; `.reason` says which."""
-
-    def __init__(self, ticket: threading.Event, max_seconds: float | None):
-        self.ticket, self.max_seconds = ticket, max_seconds
-        self.started = time.perf_counter()
-        self.reason: str | None = None
-
-    def __call__(self) -> bool:
-        if self.reason is None and self.ticket.is_set():
-            self.reason = getattr(self.ticket, "why", "stopped")
-        elif self.reason is None and self.max_seconds is not None and \
-                time.perf_counter() - self.started > self.max_seconds:
-            self.reason = "time limit"
-        return self.reason is not None
 
 
 # ---------------------------------------------------------------- a kind of run, declared once
@@ -254,7 +101,10 @@ def start(caller, kind: str | RunSpec, request=None) -> "Run":
 
 
 def _spec(kind: str | RunSpec) -> RunSpec:
-    return kind if isinstance(kind, RunSpec) else RUNS[kind]
+    if isinstance(kind, RunSpec):
+        return kind
+    from .kinds import RUNS  # here, not at the top: the kinds declare themselves with this module's RunSpec
+    return RUNS[kind]
 
 
 def stop(caller) -> bool:
@@ -363,48 +213,3 @@ def model_zip(store, session: str | None, kind: str = "tuned") -> Path:
         raise ValueError(f"The {kind} model's zip is {size / 1e6:.0f} MB; this server serves at "
                          f"most {store.max_download_bytes / 1e6:.0f} MB.")
     return archive
-
-
-# ---------------------------------------------------------------- the kinds of run
-
-def keep_tuned(caller, plan: TuningPlan, result) -> str:
-    tuned, history = result
-    return keep_or_discard(caller, tuned, history, plan.keep_partial)
-
-
-def keep_classifier(caller, plan, result) -> str:
-    """A classifier is kept even when stopped (its scores are shown where it stopped), never when
-    its loss diverged; it replaces the session's earlier one."""
-    classifier, history = result
-    return keep_or_discard(caller, classifier, history, keep_partial=True, kind="classifier")
-
-
-def base_model(caller):
-    """The caller's base model (the one it picked, else the app's): what fine-tunes start from, so
-    that a tuned model is never tuned further."""
-    return caller.store.base_for(caller.session)
-
-
-def session_model(caller):
-    """The model the caller's tabs use now (its tuned model when switched on)."""
-    return caller.store.for_session(caller.session)
-
-
-def planned_on(model_of: Callable) -> Callable:
-    """A `check` that plans the request on `model_of(caller)`, within the caller's limits."""
-    return lambda caller, request: request.plan(model_of(caller), caller.limits)
-
-
-def check_adaptation(caller, form: ClassifierForm):
-    """From the base body and from the session's tuned one (or one tuned on the examples first)."""
-    return form.adaptation(base_model(caller), caller.store.tuned(caller.session), caller.limits)
-
-
-RUNS: dict[str, RunSpec] = {spec.api_name: spec for spec in (
-    RunSpec("finetune", TuningRequest, planned_on(base_model), run_tuning, keep_tuned),
-    RunSpec("compare_masking", FinetuneForm, planned_on(base_model), run_masking_comparison, trainings=2),
-    RunSpec("article_finetune", LabellingForm, planned_on(session_model), run_labelling, trainings=2),
-    RunSpec("train_classifier", ClassifierForm, planned_on(session_model), run_classifier, keep_classifier),
-    RunSpec("forgetting_sweep", SweepForm, planned_on(session_model), run_sweep, trainings=3),
-    RunSpec("adapt_then_classify", ClassifierForm, check_adaptation, run_adaptation, trainings=3),
-)}

@@ -20,12 +20,13 @@ import numpy as np
 import torch
 from bertviz import head_view, model_view
 
-from . import anatomy, hooks, validate
+from ..forward import anatomy, hooks
+from .. import validate
 from .fillmask import check_text, prediction
-from .plots import shown_token
-from .models import LoadedModel, mlm_logits
+from ..plots import shown_token
+from ..model.loading import LoadedModel, mlm_logits
 
-VENDOR_DIR = Path(__file__).resolve().parent.parent / "assets" / "vendor"
+VENDOR_DIR = Path(__file__).resolve().parents[2] / "assets" / "vendor"
 VENDORED = {  # what bertviz 1.4.1 loads from a CDN -> our copy (jQuery 2.0.0 is not on npm: 3.7.1)
     "require": VENDOR_DIR / "requirejs-2.3.6" / "require.js",
     "d3": VENDOR_DIR / "d3-5.7.0" / "d3.min.js",

@@ -32,12 +32,12 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 from transformers import AutoModelForSequenceClassification, DataCollatorWithPadding, PreTrainedModel
 
-from . import validate
-from .config import Limits
+from .. import validate
+from ..config import Limits
 from .fine_tuning import FinetunePlan, eval_copies, evaluate, fixed_rows, mlm_collator, pack, plan_finetune, \
     run_finetune, save_zip
-from .models import LoadedModel
-from .training import Evaluation, RunHistory, autocast, seeded, stream_seed, train
+from ..model.loading import LoadedModel
+from .loop import Evaluation, RunHistory, autocast, seeded, stream_seed, train
 
 LABEL_MAX_CHARS = 64
 HELD_OUT_SHARE = 0.2

@@ -42,12 +42,14 @@ from typing import Callable
 import numpy as np
 import torch
 
-from . import embeddings, hooks, validate
-from .models import LoadedModel
+from . import embeddings
+from ..forward import hooks
+from .. import validate
+from ..model.loading import LoadedModel
 
 log = logging.getLogger(__name__)
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets" / "corpus"
+ASSETS = Path(__file__).resolve().parents[2] / "assets" / "corpus"
 DEFAULT_CORPUS = ASSETS / "everyday.txt"
 MAX_LINES = 2_000  # a visitor's own corpus (Settings.search_max_lines)
 MAX_CHARS = 100_000  # characters of a visitor's corpus (Settings.search_max_chars)
@@ -276,7 +278,7 @@ class ModelDigests:
         self._lock = threading.Lock()
 
     def of(self, lm: LoadedModel) -> str:
-        from .onnx_engine import weights_key  # the same digest the ONNX exports are kept under
+        from ..forward.onnx_engine import weights_key  # the same digest the ONNX exports are kept under
 
         stamp = tuple((p._version, p.data_ptr()) for p in lm.model.parameters())
         with self._lock:
@@ -387,7 +389,7 @@ def write_default_corpus(chatterbot_wheel: Path | str, out: Path | str = DEFAULT
     1.3.3 from PyPI, BSD-3-Clause; `pip download --no-deps chatterbot-corpus==1.3.3`), read from
     its wheel as the bundled model's corpus reads it, then assets/corpus/senses.txt (lines written
     for bertdemo, one word in two senses). Deduplicated, any case; returns the number of lines."""
-    from . import bundled_corpus
+    from ..build import bundled_corpus
 
     wheel = Path(chatterbot_wheel)
     with tempfile.TemporaryDirectory() as cache:

@@ -12,8 +12,8 @@ import time
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 
-from . import fillmask
-from .models import LoadedModel
+from ..views import fillmask
+from ..model.loading import LoadedModel
 
 
 class MicroBatcher:

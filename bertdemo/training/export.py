@@ -1,7 +1,7 @@
 """Take a fine-tune further: the same run as a `train_mlm.py` on transformers' Trainer.
 
 `training_files(history, model, texts)` gives the files, `export_run(...)` a zip of them:
-  train_mlm.py  a fixed script (bertdemo/templates/train_mlm.py): the demo's data steps, then
+  train_mlm.py  a fixed script (bertdemo/training/templates/train_mlm.py): the demo's data steps, then
                 `Trainer` with `DataCollatorForLanguageModeling`; runs unchanged under `python`,
                 `accelerate launch` or `torchrun`, so several GPUs or machines use an existing engine
   run.json      this run's settings (model, data file, masking, collator, lr, schedule, batch,

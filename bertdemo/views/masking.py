@@ -20,8 +20,8 @@ from typing import Callable
 import torch
 from transformers import DataCollatorForLanguageModeling
 
-from . import validate
-from .models import USER_MASK_RE
+from .. import validate
+from ..model.loading import USER_MASK_RE
 
 MAX_TEXT_TOKENS = 256  # longest text (special tokens included) the tab shows token by token
 MAX_EPOCHS = 50  # most epochs in the static-vs-dynamic grid
@@ -142,7 +142,7 @@ def corrupt(tokenizer, encoded: dict, seed: int, rates: Rates, copies: int = 1) 
                      tokenizer.mask_token_id)
     if not (torch.equal(result.seen, seen) and torch.equal(result.labels, labels)):
         raise RuntimeError("transformers' DataCollatorForLanguageModeling changed how it draws; "
-                           "update bertdemo.masking._replay to match it.")
+                           "update bertdemo.views.masking._replay to match it.")
     return result
 
 

