@@ -312,7 +312,7 @@ def finetune_curves(steps: list, evals: list, planned_steps: int | None = None,
                     best: tuple[int, str] | None = None) -> go.Figure:
     """Training loss per step and eval loss (same axis), eval accuracy on a second axis.
 
-    `steps`/`evals` are a `training.RunHistory`'s `Step`s and `Evaluation`s (or the events so
+    `steps`/`evals` are a `training.loop.RunHistory`'s `Step`s and `Evaluation`s (or the events so
     far, for a live plot). `best`: (step, label), a dashed line at the best evaluation (e.g.
     "kept: step 24").
     Rebuilt on every live update, so it is built from dicts (`fast_figure`).
@@ -357,7 +357,7 @@ def _secondary_y_layout_cached() -> dict:
 def masking_comparison(runs: dict) -> go.Figure:
     """Static vs dynamic (or any runs) overlaid: eval loss and eval accuracy against step.
 
-    `runs` maps a label to a `training.RunHistory` (or the events so far: `EventLog.runs`).
+    `runs` maps a label to a `training.loop.RunHistory` (or the events so far: `EventLog.runs`).
     """
     fig = make_subplots(rows=1, cols=2, subplot_titles=["eval loss (fixed masks)", "eval accuracy"])
     colors = ["#636efa", "#ef553b", "#00cc96", "#ab63fa"]
@@ -380,7 +380,7 @@ def labelling_curves(runs: dict) -> go.Figure:
     """Each run's training loss per step (solid) and its eval loss on fixed, properly masked
     tokens (dashed, same colour), overlaid.
 
-    `runs` maps a label to a `training.RunHistory`. Each training loss is its own labelling's, so
+    `runs` maps a label to a `training.loop.RunHistory`. Each training loss is its own labelling's, so
     only the eval losses compare like with like.
     """
     fig = go.Figure()
@@ -469,7 +469,7 @@ def classifier_curves(runs: dict, planned_steps: int | None = None) -> go.Figure
     """Training loss per step (left) and held-out accuracy (right) of one or more classifier runs,
     overlaid (e.g. from the base body and from an MLM-adapted one).
 
-    `runs` maps a name to a `training.RunHistory` (or the events so far, for a live plot).
+    `runs` maps a name to a `training.loop.RunHistory` (or the events so far, for a live plot).
     """
     fig = make_subplots(rows=1, cols=2, subplot_titles=["training loss", "held-out accuracy"])
     for i, (name, run) in enumerate(runs.items()):

@@ -1,6 +1,6 @@
 """How the bundled model was made: `python -m bertdemo train-bundled` builds the corpus from
 packages (`bundled_corpus`), trains the MiniLM-L6 body's layers and a new MLM head on it with the
-project's training loop (`training.train`), measures it (`measure`) and writes `assets/bundled/`.
+project's training loop (`loop.train`), measures it (`measure`) and writes `assets/bundled/`.
 
     python -m bertdemo train-bundled                      # the shipped recipe: ~60 minutes on 2 CPU cores
     python -m bertdemo train-bundled --steps 20000 --device cuda --out /tmp/bundled   # a bigger budget

@@ -77,7 +77,7 @@ def describe(report: dict) -> str:
             "for a real one.")
 
 
-HUB_SILENT = "the hub did not answer"  # how `models.load`'s error says it read the local cache only
+HUB_SILENT = "the hub did not answer"  # how `loading.load`'s error says it read the local cache only
 
 
 def fallback_reason(wanted: str, error: Exception | str, cause: bool = False) -> str:

@@ -3,7 +3,7 @@ queued -> started -> events -> Stop / time limit -> kept or discarded -> slot re
 
 A *run* is any long job a visitor starts and may stop: the MLM fine-tune, the static-vs-dynamic
 comparison, the article-labelling experiment, a classifier's training, its learning-rate sweep,
-"adapt, then classify". Each kind is one `RunSpec` in `RUNS`:
+"adapt, then classify". Each kind is one `RunSpec` in `kinds.RUNS` (runs/kinds.py):
 
     RunSpec("finetune", TuningRequest, planned_on(base_model), run_tuning, keep_tuned)
 
@@ -11,13 +11,13 @@ its endpoint, the request it takes (a dataclass whose fields are the endpoint's 
 request is checked into a plan (`check(caller, request)`: the input checked and prepared once,
 InputError naming the field at fault), the job that runs the plan (`job(plan, on_event=...,
 should_stop=...)`) and what the session keeps of its result (`keep(caller, plan, result) -> note`). Adding a run kind
-is a declaration here plus its job; the UI wires any of them the same way (`ui/live_run.py`).
+is a declaration in kinds.py plus its job; the UI wires any of them the same way (`ui/live_run.py`).
 
-Each session has one run slot (`RunSlots`, held by the session store):
+Each session has one run slot (`slots.RunSlots`, held by the session store):
 
-    plan = runs.reserve(caller, "finetune", request)       # the validator, when the request is queued
-    with runs.start(caller, "finetune", request) as run:   # the handler: takes the reserved plan
-        for log in run.updates():       # the events so far (training.EventLog), at most every 0.5 s
+    plan = life.reserve(caller, "finetune", request)       # the validator, when the request is queued
+    with life.start(caller, "finetune", request) as run:   # the handler: takes the reserved plan
+        for log in run.updates():       # the events so far (loop.EventLog), at most every 0.5 s
             draw(log)
         outcome = run.finish()          # the result and what was kept; the job's error re-raised here
     # leaving the block, however (error, tab closed, generator closed): stop flag set, slot released

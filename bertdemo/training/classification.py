@@ -9,7 +9,7 @@ The article's four differences from pre-training, in code:
    `lr_sweep` as the body's masked-LM loss on fixed masks of the person's text, read through the
    original MLM head, before and after.
 
-The loop is `training.train`, as for the fine-tune; this module supplies the classifier's batches,
+The loop is `loop.train`, as for the fine-tune; this module supplies the classifier's batches,
 loss and evaluation (`ClassifierTask`). A request is checked once into a `ClassifierPlan` (examples,
 split, tokens, settings), which `run_classifier` runs; `train_classifier(lm, examples, ...)` does both.
 Story: labelled lines -> checks -> stratified held-out split (seeded) -> tokens ->
@@ -408,7 +408,7 @@ def run_classifier(plan: ClassifierPlan, *, on_event: Callable | None = None,
                    run: str | None = None) -> tuple[Classifier, ClassifierHistory]:
     """Train a sequence classifier on a copy of `plan.lm`'s body; returns (classifier, history).
 
-    The loop is `training.train`: its events (`Step`, `Evaluation` with macro-F1, tagged with `run`)
+    The loop is `loop.train`: its events (`Step`, `Evaluation` with macro-F1, tagged with `run`)
     go to `on_event`; `should_stop()`, the plan's time limit and a non-finite loss end it early.
     The same plan gives the same split, head, batches, dropout and history (dropout and the head's
     initial weights use torch's global generator, seeded here and restored afterwards).

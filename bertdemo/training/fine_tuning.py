@@ -6,7 +6,7 @@ which `run_finetune` runs; `finetune(lm, text, ...)` does both.
 
 Story: text -> lines/sentences -> held-out part -> tokens packed into blocks ->
 `DataCollatorForLanguageModeling` masks (static: drawn once; dynamic: fresh per batch) ->
-`training.train` (AdamW, warmup/decay, Stop, time limit) -> eval with fixed masks.
+`loop.train` (AdamW, warmup/decay, Stop, time limit) -> eval with fixed masks.
 """
 from __future__ import annotations
 
@@ -441,7 +441,7 @@ def run_finetune(plan: FinetunePlan, *, on_event: Callable | None = None,
                  eval_every: int | None = None, weight_decay: float = 0.01, warmup_ratio: float = 0.1,
                  run: str | None = None) -> tuple[LoadedModel, MLMHistory]:
     """Fine-tune a copy of `plan.lm` with masked-LM loss on the plan's text; returns (tuned
-    model, history). The loop is `training.train`: its events (`Step`, `Evaluation`, tagged with
+    model, history). The loop is `loop.train`: its events (`Step`, `Evaluation`, tagged with
     `run`) go to `on_event`; `should_stop()`, the plan's time limit and a non-finite loss end it
     early (`history.stopped`). With the plan's `keep_best` the model returned has the weights of
     the best evaluation (`history.kept`, None when that was the last).

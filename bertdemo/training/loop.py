@@ -194,7 +194,7 @@ def train(model: torch.nn.Module, batches: Iterator[dict], loss: Callable[[dict]
     a run; 0: only before and after) and after the last step. Each `Step` and `Evaluation`
     (tagged with `run`) is appended to `history` and sent to `on_event`. Before each step the run
     ends if `should_stop()` (`history.stopped` is "stopped", or the callable's `.reason` when it
-    has one: `runs.StopCheck` says "time limit"), or after `max_seconds` ("time limit"); a
+    has one: `runs.slots.StopCheck` says "time limit"), or after `max_seconds` ("time limit"); a
     non-finite loss ends it too ("diverged"). Batches are dicts of (B, ...) tensors;
     `batch["attention_mask"]`, when present, counts the step's tokens. `rate_scale`: see
     `make_optimizer` (the steps report the base rate). `keep_best`: at the end the model gets
@@ -306,7 +306,7 @@ def _optimizer_step(loss: torch.Tensor, params: list, optimizer, scheduler) -> t
 
 def _why_stop(should_stop: Callable | None, elapsed: float, max_seconds: float) -> str | None:
     if should_stop is not None and should_stop():
-        return getattr(should_stop, "reason", None) or "stopped"  # runs.StopCheck says why
+        return getattr(should_stop, "reason", None) or "stopped"  # runs.slots.StopCheck says why
     if elapsed > max_seconds:
         return "time limit"
     return None

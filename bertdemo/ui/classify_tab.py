@@ -384,7 +384,7 @@ def adapt_frame(histories: dict[str, ClassifierHistory]) -> pd.DataFrame:
 
 
 def _live_status(run) -> str:
-    """A line on the training run the last events came from (a `training.RunHistory`)."""
+    """A line on the training run the last events came from (a `loop.RunHistory`)."""
     if not run.steps:
         return "Scoring the untrained head on the held-out examples…"
     last = run.steps[-1]

@@ -59,7 +59,7 @@ def validator(kind: str):
 def stream(visitor: Visitor, kind: str, request, progress, draw, desc: str = "training", cleared=None):
     """Run `request` as the visitor's run of `kind`: yields `cleared` (when given: the outputs with
     the last run's results taken away) as soon as the run has started, then `draw(log)` (the
-    `training.EventLog` so far) after each batch of events, shows the current training run's
+    `loop.EventLog` so far) after each batch of events, shows the current training run's
     steps in `progress`, and returns the run's `life.Outcome` (use with `yield from`). Leaving
     early (the page closed) stops the run and frees the slot."""
     with life.start(visitor, kind, request) as run:

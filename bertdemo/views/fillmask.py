@@ -65,7 +65,7 @@ def encode(lm: LoadedModel, text: str, *, min_masks: int = 1,
 @torch.inference_mode()
 def logits_at(lm: LoadedModel, inputs: dict, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
     """Float32 logits (N, V) at the N positions (rows[i], cols[i]) of a (B, T) batch, with the
-    view's heads switched off (`lm.heads_off`) if any: `models.mlm_logits`, offered the model's
+    view's heads switched off (`lm.heads_off`) if any: `loading.mlm_logits`, offered the model's
     ONNX Runtime forward when it has one (`onnx_engine`: the app's served models)."""
     with hooks.switched_off(lm):
         return mlm_logits(lm.model, inputs, rows, cols, packed=lm.caches.packed,
