@@ -6,7 +6,7 @@ from transformers import BertConfig, BertModel
 
 import bertdemo
 import tiny_models
-from bertdemo.model.loading import UNTRAINED_HEAD, ModelCard
+from bertdemo.model.card import UNTRAINED_HEAD, ModelCard
 
 
 @pytest.fixture(scope="module")

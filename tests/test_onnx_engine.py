@@ -117,7 +117,7 @@ def test_heads_switched_off_take_the_models_own_modules(served):
 def dataclass_without_onnx(lm):
     import dataclasses
 
-    from bertdemo.model.loading import ModelCaches
+    from bertdemo.model.caches import ModelCaches
 
     return dataclasses.replace(lm, caches=ModelCaches())
 

@@ -10,7 +10,7 @@ import bertdemo
 import tiny_models
 from bertdemo.views import fillmask
 from bertdemo.forward import lean_forward
-from bertdemo.model.loading import mlm_head, mlm_logits
+from bertdemo.model.logits import mlm_head, mlm_logits
 
 
 def test_requests_never_load_models_or_tokenizers(client, monkeypatch):

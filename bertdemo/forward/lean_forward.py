@@ -261,7 +261,7 @@ _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_l
 class PackedWeights:
     """Linear weights packed for oneDNN, one copy per weight tensor: modules that share a weight
     (the attention tab's eager twin, a decoder tied to the word embeddings) share its packed copy,
-    and an entry goes with its weight. `loading.ModelCaches` holds one (an engine's, shared by the
+    and an entry goes with its weight. `caches.ModelCaches` holds one (an engine's, shared by the
     models it serves)."""
 
     def __init__(self):

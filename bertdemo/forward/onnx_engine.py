@@ -10,7 +10,7 @@ fused, and one change: a gather of the N asked positions (rows[i], cols[i]) befo
 the head's (H x V) product runs on N rows, not on B x T.
 
     encoder = OnnxMaskedLM.build(model)          # seconds to a minute: export, fuse, load
-    logits = encoder.logits(inputs, rows, cols)  # (N, V) float32, as loading.mlm_logits
+    logits = encoder.logits(inputs, rows, cols)  # (N, V) float32, as logits.mlm_logits
 
 It serves what people type one at a time, sentences of a few dozen tokens at most (`suits`):
 there a product is bound by reading the weights. Longer sentences and crowds go to the lean torch
@@ -306,7 +306,7 @@ class OnnxMaskedLM:
 
     def measure(self, torch_forward: Callable, budget_s: float | None = None) -> Crossover:
         """Time this session and `torch_forward(inputs, rows, cols)` (the lean torch forward, as
-        `loading.mlm_logits` runs it without ONNX Runtime) on the shapes that matter
+        `logits.mlm_logits` runs it without ONNX Runtime) on the shapes that matter
         (`shapes_to_time`), keep the `Crossover` they give and log its table."""
         config = self.model.config
         batches = {shape: example_batch(*shape, config.vocab_size)

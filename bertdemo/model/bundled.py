@@ -16,7 +16,8 @@ import json
 import logging
 from pathlib import Path
 
-from .loading import LoadedModel, ModelCaches, load
+from .loading import LoadedModel, load
+from .caches import ModelCaches
 
 log = logging.getLogger("bertdemo")
 

@@ -1,7 +1,7 @@
-"""Load masked-LM models and share them read-only; the MLM head at a few positions.
+"""Load masked-LM models and share them read-only: the device, the allowlist, the hub, the MiniLM.
 
 A `LoadedModel` bundles what every feature needs: tokenizer, model, device, the model's own
-mask token, and the caches requests reuse (`ModelCaches`). Users always type `[MASK]`;
+mask token, what was loaded (`card.ModelCard`) and the caches requests reuse (`caches.ModelCaches`). Users always type `[MASK]`;
 `to_model_text` maps it. `load` reads a model afresh on every call; `engine.Engine` loads each
 model once for everyone and gives the models it serves one set of caches.
 """
@@ -12,149 +12,25 @@ import json
 import logging
 import os
 import re
-import threading
-import weakref
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Hashable
 
 import httpx
 import torch
 from transformers import AutoConfig, AutoModelForMaskedLM, AutoTokenizer, PreTrainedModel
 from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING
 
-from ..forward import anatomy, lean_forward
 from .. import validate
+from ..forward import anatomy
+from .caches import ModelCaches
+from .card import ModelCard
+from .logits import mlm_logits
 
 log = logging.getLogger("bertdemo")
 
 USER_MASK = "[MASK]"
 UNKNOWN_MAX_LENGTH = 512  # for a model whose config and tokenizer name no length (Funnel): BERT's
 USER_MASK_RE = re.compile(r"\[mask\]", re.IGNORECASE)
-UNTRAINED_HEAD = ("MLM head not in the checkpoint: randomly initialised, predictions are noise "
-                  "until you fine-tune")
-
-
-@dataclass(frozen=True)
-class ModelCard:
-    """What was loaded, as a person choosing a model wants to know it: size, precision, device,
-    and what the checkpoint lacked (transformers' loading info), so a model whose MLM head was
-    newly initialised is never shown as if it were trained."""
-
-    architecture: str  # e.g. "BertForMaskedLM"
-    parameters: int  # distinct parameters (tied embeddings counted once)
-    dtype: str  # e.g. "float32"
-    device: str  # e.g. "cpu", "cuda:0"
-    weights: str = "in memory"  # "safetensors", "pickle" or "in memory" (built or tuned in this process)
-    head_missing: tuple[str, ...] = ()  # MLM-head weights the checkpoint lacked: randomly initialised
-    body_missing: tuple[str, ...] = ()  # other weights it lacked (also randomly initialised)
-    unused: tuple[str, ...] = ()  # checkpoint weights this architecture has no place for (e.g. pooler)
-    family: str = ""  # the encoder family as the model anatomy names it, e.g. "ModernBERT"
-    views: str = ""  # which views it supports, in words (`anatomy.views_line`)
-    provenance: str | None = None  # where the weights come from, when known (the bundled model's training)
-
-    @property
-    def head_trained(self) -> bool:
-        return not self.head_missing
-
-    @property
-    def size_mb(self) -> float:
-        """Parameter memory in MB (1e6 bytes) at this precision."""
-        return self.parameters * torch.finfo(getattr(torch, self.dtype)).bits / 8 / 1e6
-
-    @property
-    def warning(self) -> str | None:
-        """One plain sentence when predictions cannot be trusted, else None."""
-        if self.head_missing:
-            return UNTRAINED_HEAD
-        if self.body_missing:
-            return (f"{len(self.body_missing)} weights were not in the checkpoint and were randomly "
-                    "initialised: predictions may be degraded")
-        return None
-
-    def summary(self) -> str:
-        """e.g. 'BertForMaskedLM, 109.5M parameters (438 MB float32) on cpu, safetensors weights'."""
-        size = f"{self.size_mb:,.0f}" if self.size_mb >= 10 else f"{self.size_mb:.2g}"
-        return (f"{self.architecture}, {_count(self.parameters)} parameters ({size} MB "
-                f"{self.dtype}) on {self.device}, {self.weights} weights")
-
-    def as_dict(self) -> dict:
-        return {**dataclasses.asdict(self), "head_trained": self.head_trained,
-                "size_mb": round(self.size_mb, 1), "warning": self.warning}
-
-    @classmethod
-    def of(cls, model: PreTrainedModel, loading_info: dict | None = None,
-           weights: str = "in memory") -> "ModelCard":
-        """The card of `model`; `loading_info` is from `from_pretrained(output_loading_info=True)`."""
-        info = loading_info or {}
-        prefix = f"{getattr(model, 'base_model_prefix', '')}."  # a stand-in module has none
-        missing = sorted(info.get("missing_keys") or ())
-        first = next(model.parameters(), torch.empty(0))  # any torch module will do, even a stand-in
-        known = getattr(model, "config", None) is not None
-        return cls(type(model).__name__, sum(p.numel() for p in model.parameters()),
-                   str(first.dtype).removeprefix("torch."), str(first.device), weights,
-                   family=anatomy.of(model).name if known else "",
-                   views=anatomy.views_line(model) if known else "",
-                   head_missing=tuple(k for k in missing if not k.startswith(prefix)),
-                   body_missing=tuple(k for k in missing if k.startswith(prefix)),
-                   unused=tuple(sorted(info.get("unexpected_keys") or ())))
-
-
-def _count(n: int) -> str:
-    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e5 else f"{n:,}"
-
-
-class ModelCaches:
-    """What requests reuse between them, whoever sends them, kept per model and freed with it:
-
-    - `packed`: linear weights packed for oneDNN (`lean_forward.PackedWeights`), per weight tensor;
-    - `twin(model, make)`: a companion of the model made once, e.g. its eager-attention twin;
-    - `remember(model, key, value)` / `recall(model, key)`: the last `recent` results per model,
-      e.g. the first step of a joint fill, as the fill-mask forward saw it;
-    - `set_onnx(model, encoder)` / `onnx_for(model)`: its ONNX Runtime forward
-      (`onnx_engine.OnnxMaskedLM`), only while it computes the model as it is now.
-
-    An `engine.Engine` holds one for every model it serves; a model made in code gets its own.
-    """
-
-    def __init__(self, recent: int = 256):
-        self.packed = lean_forward.PackedWeights()
-        self.recent = recent
-        self._twins: "weakref.WeakKeyDictionary[torch.nn.Module, torch.nn.Module]" = weakref.WeakKeyDictionary()
-        self._results: "weakref.WeakKeyDictionary[torch.nn.Module, OrderedDict]" = weakref.WeakKeyDictionary()
-        self._onnx: "weakref.WeakKeyDictionary[torch.nn.Module, object]" = weakref.WeakKeyDictionary()
-        self._lock = threading.Lock()
-
-    def set_onnx(self, model: torch.nn.Module, encoder) -> None:
-        with self._lock:
-            self._onnx[model] = encoder
-
-    def onnx_for(self, model: torch.nn.Module):
-        """`model`'s ONNX Runtime forward if it has one that matches its weights now, else None."""
-        with self._lock:
-            encoder = self._onnx.get(model)
-        return encoder if encoder is not None and encoder.matches(model) else None
-
-    def twin(self, model: torch.nn.Module, make: Callable[[torch.nn.Module], torch.nn.Module]):
-        """`make(model)`, made once per model (under a lock: concurrent first callers share one)."""
-        with self._lock:
-            if model not in self._twins:
-                self._twins[model] = make(model)
-            return self._twins[model]
-
-    def remember(self, model: torch.nn.Module, key: Hashable, value) -> None:
-        with self._lock:
-            kept = self._results.setdefault(model, OrderedDict())
-            kept[key] = value
-            kept.move_to_end(key)
-            while len(kept) > self.recent:
-                kept.popitem(last=False)
-
-    def recall(self, model: torch.nn.Module, key: Hashable):
-        """What `remember` kept for `model` under `key`, or None."""
-        with self._lock:
-            return self._results.get(model, {}).get(key)
 
 
 @dataclass(frozen=True, eq=False)
@@ -391,49 +267,6 @@ def _load_error_message(name_or_path: str, err: Exception, allow_pickle: bool, c
     return (f"Could not load a masked-LM model from {name_or_path!r}, tried as a {where}: "
             f"{first_line}.{hint} Without internet access, pass --model /path/to/folder holding "
             "config.json, model.safetensors and the tokenizer files (save_pretrained output).")
-
-
-def mlm_head(model, packed: lean_forward.PackedWeights | None = None):
-    """The MLM head as a function of hidden states (N, H) -> logits (N, V), or None if unknown
-    (`anatomy.mlm_head`: each family's own transform and decoder).
-
-    Written by hand because transformers has no `logits_to_keep` for masked LMs: running the
-    head only where it is needed skips most of a (T, H) x (H, V) matmul. A decoder that is one
-    Linear runs as `lean_forward.rows_linear` (same weights, same results, fast at a few rows;
-    packed for oneDNN in `packed` when the model is served). The model itself is left as it is.
-    """
-    return anatomy.mlm_head(model, lambda decoder, x: lean_forward.rows_linear(decoder, x, packed))
-
-
-def mlm_logits(model, inputs: dict, rows: torch.Tensor, cols: torch.Tensor,
-               packed: lean_forward.PackedWeights | None = None, onnx=None, **forward_kwargs):
-    """Logits (N, V) at the N positions (rows[i], cols[i]) of a (B, T) batch, and the forward's
-    output (for `output_attentions=True` or `output_hidden_states=True` in `forward_kwargs`;
-    None when a lean forward ran).
-
-    The one door through which every prediction goes, choosing its forward from what the model
-    anatomy says the model supports:
-    - `onnx` (the model's `onnx_engine.OnnxMaskedLM`, for a served BERT-layout model) when the batch
-      suits it (`suits`), nothing needs the modules' own calls and no extra output is asked;
-    - else the lean forward (`lean_forward.hidden_at`: no padding rows, last layer at the asked
-      positions; BERT-layout families without grad, or trained on a CPU) with the head at the
-      positions only (`mlm_head`);
-    - else the model's own base forward with the head at the positions, or, for a model whose head
-      the anatomy does not know, its whole forward (still correct).
-    `packed`: where a served model's weights packed for oneDNN are kept (its `caches.packed`). No
-    grad mode is set here: training calls it too.
-    """
-    if onnx is not None and not forward_kwargs and onnx.suits(inputs) and lean_forward.supports(model):
-        return onnx.logits(inputs, rows, cols), None
-    head = mlm_head(model, packed)
-    if head is None:
-        out = model(**inputs, **forward_kwargs)
-        return out.logits[rows, cols], out
-    hidden = None if forward_kwargs else lean_forward.hidden_at(model, inputs, rows, cols, packed)
-    if hidden is not None:
-        return head(hidden), None
-    out = model.base_model(**inputs, **forward_kwargs)
-    return head(out.last_hidden_state[rows, cols]), out
 
 
 # ---------------------------------------------------------------- the bundled fallback model

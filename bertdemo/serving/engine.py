@@ -11,7 +11,7 @@ a test builds its own, so nothing one test loads or caches reaches another. No o
 What it holds:
 - the loaded models: one `LoadedModel` per (name, device, pickle, precision), and one per name
   the page shows for it (so the micro-batcher groups every visitor's requests to it);
-- `caches` (`loading.ModelCaches`), shared by every model it loads and by the models tuned from
+- `caches` (`caches.ModelCaches`), shared by every model it loads and by the models tuned from
   them: weights packed for oneDNN, eager-attention twins, the joint fill's first steps;
 - `search` (`corpus_search.IndexCache`): the corpus search's indexes, on disk, and the stop
   requests of the builds under way (`search_stops`);
@@ -34,12 +34,13 @@ import time
 import torch
 
 from ..forward import anatomy, onnx_engine
-from ..model import bundled, loading
+from ..model import bundled, loading, logits
 from ..views import corpus_search
 from .. import validate
 from .batching import MicroBatcher
-from ..model.loading import (MINILM_NAME, LoadedModel, ModelCaches, allowed_choices, allowed_entry, minilm_path,
-                     pick_device, pick_dtype, warm_up)
+from ..model.loading import (MINILM_NAME, LoadedModel, allowed_choices, allowed_entry, minilm_path,
+                             pick_device, pick_dtype, warm_up)
+from ..model.caches import ModelCaches
 
 log = logging.getLogger(__name__)
 
@@ -134,10 +135,10 @@ class Engine:
 
     def torch_forward(self, model):
         """`forward(inputs, rows, cols) -> logits` of a served `model` without ONNX Runtime: the
-        lean torch forward on its packed weights, as `loading.mlm_logits` serves it."""
+        lean torch forward on its packed weights, as `logits.mlm_logits` serves it."""
         def forward(inputs, rows, cols):
             with torch.inference_mode():
-                return loading.mlm_logits(model, inputs, rows, cols, packed=self.caches.packed)[0]
+                return logits.mlm_logits(model, inputs, rows, cols, packed=self.caches.packed)[0]
         return forward
 
     def onnx_ready(self, lm: LoadedModel, timeout: float | None = None) -> bool:

@@ -28,7 +28,8 @@ from ..forward import anatomy
 from .. import validate
 from ..config import Limits
 from ..views.fillmask import fill_mask, mask_word, split_words
-from ..model.loading import LoadedModel, mlm_logits
+from ..model.loading import LoadedModel
+from ..model.logits import mlm_logits
 from .loop import Evaluation, RunHistory, autocast, seeded, stream_seed, to_device, train
 
 MASKINGS = ("static", "dynamic")

@@ -24,7 +24,8 @@ from ..forward import anatomy, hooks
 from .. import validate
 from .fillmask import check_text, prediction
 from ..plots import shown_token
-from ..model.loading import LoadedModel, mlm_logits
+from ..model.loading import LoadedModel
+from ..model.logits import mlm_logits
 
 VENDOR_DIR = Path(__file__).resolve().parents[2] / "assets" / "vendor"
 VENDORED = {  # what bertviz 1.4.1 loads from a CDN -> our copy (jQuery 2.0.0 is not on npm: 3.7.1)

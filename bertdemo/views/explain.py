@@ -13,7 +13,8 @@ from ..forward import anatomy, hooks
 from .. import validate
 from .fillmask import (DEFAULT_MAX_MASKS, Encoded, check_top_k, encode, fill_jointly, logits_at,
                        prediction, sentence_score)
-from ..model.loading import USER_MASK, USER_MASK_RE, LoadedModel, mlm_head
+from ..model.loading import USER_MASK, USER_MASK_RE, LoadedModel
+from ..model.logits import mlm_head
 
 METHODS = {"integrated_gradients": "Integrated gradients", "gradient_x_input": "Gradient × input"}
 MAX_STEPS = 256

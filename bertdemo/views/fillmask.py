@@ -15,7 +15,8 @@ import torch
 
 from ..forward import anatomy, hooks
 from .. import validate
-from ..model.loading import USER_MASK, USER_MASK_RE, LoadedModel, mlm_logits
+from ..model.loading import USER_MASK, USER_MASK_RE, LoadedModel
+from ..model.logits import mlm_logits
 
 DEFAULT_MAX_MASKS = 10
 _WORD_RE = re.compile(r"\[mask\]|\w+(?:['’]\w+)*|[^\w\s]", re.IGNORECASE)
@@ -65,7 +66,7 @@ def encode(lm: LoadedModel, text: str, *, min_masks: int = 1,
 @torch.inference_mode()
 def logits_at(lm: LoadedModel, inputs: dict, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
     """Float32 logits (N, V) at the N positions (rows[i], cols[i]) of a (B, T) batch, with the
-    view's heads switched off (`lm.heads_off`) if any: `loading.mlm_logits`, offered the model's
+    view's heads switched off (`lm.heads_off`) if any: `logits.mlm_logits`, offered the model's
     ONNX Runtime forward when it has one (`onnx_engine`: the app's served models)."""
     with hooks.switched_off(lm):
         return mlm_logits(lm.model, inputs, rows, cols, packed=lm.caches.packed,

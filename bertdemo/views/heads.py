@@ -17,7 +17,8 @@ from .. import validate
 from .attention_views import eager_twin, encode_input
 from .explain import target_token
 from .fillmask import DEFAULT_MAX_MASKS, encode
-from ..model.loading import USER_MASK, LoadedModel, mlm_head
+from ..model.loading import USER_MASK, LoadedModel
+from ..model.logits import mlm_head
 
 TOKENS_PER_BATCH = 4096  # rows x tokens per batched forward of head_importance's copies: bounds memory
 _PAIR = re.compile(r"^(\d{1,6}|\*)\s*:\s*(\d{1,6}|\*)$")
