@@ -1,8 +1,9 @@
 """bertdemo: the model service behind the demo. Plain Python; the Gradio UI lives in `bertdemo.ui`.
 
 The layers, each a folder that imports only those below it: `forward` < `model` < `views` <
-`serving` < `training` < `runs` < `sessions` < `ui`; `config`, `validate`, `memory` and `plots` are
-the ground floor, and `build` (the bundled model's offline build) is outside the app's path.
+`serving` < `training` < `runs` < `sessions` < `ui`. The ground floor under all of them: `config`,
+`validate`, `labelled`, `memory`, `plots`. `build` (the bundled model's offline build) is outside
+the app's path.
 
 The public API below loads its module on first use (PEP 562), so importing the package (or
 `bertdemo.memory`, before torch) loads nothing else.
@@ -20,8 +21,9 @@ _HOMES = {  # public name -> the module that defines it
                      "article_mask_tokens", "article_comparison"], "views.masking"),
     "labelling_consequence": "training.experiments",
     "finetune": "training.fine_tuning", "compare_masking": "training.fine_tuning",
-    **dict.fromkeys(["train_classifier", "classify", "forgetting", "lr_sweep", "adapt_then_classify",
-                     "parse_examples"], "training.classification"),
+    **dict.fromkeys(["train_classifier", "classify", "forgetting", "lr_sweep", "adapt_then_classify"],
+                    "training.classification"),
+    "parse_examples": "labelled",
     **dict.fromkeys(["layer_predictions", "saliency", "compare_predictions", "compare_scores"], "views.explain"),
     **dict.fromkeys(["neuron_view", "heads_off", "head_importance"], "views.heads"),
     "embedding_map": "views.embeddings", "probe_layers": "views.embeddings",

@@ -12,10 +12,10 @@ import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 import bertdemo
-from bertdemo.training.classification import (ClassifierForm, build_classifier, check_examples, confusion_matrix,
-                                     forgetting_rows, lr_sweep, macro_f1, mlm_loss, parse_examples,
-                                     save_classifier_zip, stratified_split, table_examples)
 from bertdemo.config import Limits
+from bertdemo.labelled import check_examples, parse_examples, stratified_split, table_examples
+from bertdemo.training.classification import (ClassifierForm, build_classifier, confusion_matrix, forgetting_rows,
+                                              lr_sweep, macro_f1, mlm_loss, save_classifier_zip)
 from bertdemo.training.loop import Evaluation, Step
 
 FILLER = "the a is was of in and on at for with big small new old red blue green very".split()

@@ -8,7 +8,7 @@ from sklearn.decomposition import PCA
 
 import bertdemo
 from bertdemo.views import embeddings
-from bertdemo.training.classification import parse_examples, stratified_split
+from bertdemo.labelled import parse_examples, stratified_split
 from bertdemo.config import Settings
 from bertdemo.sessions import SessionStore
 from bertdemo.ui import classify_tab, embeddings_tab

@@ -12,14 +12,14 @@ from pathlib import Path
 import gradio as gr
 import pandas as pd
 
-from ..views import embeddings
 from .. import plots, validate
+from ..config import Limits
+from ..labelled import check_examples, parse_examples, table_examples
 from ..runs import life
 from ..training.classification import (ADAPT_MLM_STEPS, DEFAULT_SWEEP_LRS, MAX_TOKENS, Classifier, ClassifierForm,
-                              ClassifierHistory, SweepForm, check_examples, classify, forgetting,
-                              parse_examples, table_examples)
-from ..config import Limits
+                                       ClassifierHistory, SweepForm, classify, forgetting)
 from ..training.loop import EventLog
+from ..views import embeddings
 from . import live_run
 from .context import AppContext, Visitor, handler
 

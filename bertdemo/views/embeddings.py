@@ -18,10 +18,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..forward import anatomy, hooks
 from .. import validate
-from ..training.classification import check_examples, stratified_split
 from ..config import Limits
+from ..forward import anatomy, hooks
+from ..labelled import check_examples, stratified_split
 from ..model.loading import LoadedModel
 
 MAX_LINES = 50  # sentences per map (Settings.embedding_max_lines)
