@@ -1,1 +1,1 @@
-"""The offline build of the bundled model (its corpus, its training script): never imported by the app; imports training/ and below."""
+"""The offline builds (the bundled model's corpus and training, the search's corpus): never imported by the app."""
