@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from dataclasses import dataclass
 
 import torch
 
@@ -46,8 +47,44 @@ def heads_off(lm: LoadedModel, heads) -> LoadedModel:
     then adds only its output bias). ValueError for an empty list or a pair out of range.
     """
     n_layers, n_heads = shape(lm)
-    pairs = check_heads(heads, n_layers, n_heads)
-    return dataclasses.replace(lm, heads_off=lm.heads_off | pairs)
+    return without(lm, HeadsOff(check_heads(heads, n_layers, n_heads), n_layers, n_heads))
+
+
+@dataclass(frozen=True)
+class HeadsOff:
+    """Heads to switch off, read and checked once against the model's shape (`read_heads`,
+    `check_heads`): the (layer, head) pairs, and the layers and heads per layer they were checked
+    against. What the views take; none of them reads or checks the heads again."""
+
+    pairs: frozenset[tuple[int, int]]
+    layers: int
+    heads: int
+
+    @property
+    def total(self) -> int:
+        """Every head of the model: layers x heads per layer."""
+        return self.layers * self.heads
+
+
+def read_heads(lm: LoadedModel, text, required: bool) -> HeadsOff:
+    """The heads a visitor wrote ("0:1, 3:*", `parse_heads`; None is empty), read and checked once
+    against `lm`'s shape. `required`: an empty text is refused, saying which heads there are."""
+    n_layers, n_heads = shape(lm)
+    pairs = parse_heads(text if text is not None else "", n_layers, n_heads)
+    if required and not pairs:
+        raise validate.InputError("heads", _none_to_switch_off(n_layers, n_heads))
+    return HeadsOff(pairs, n_layers, n_heads)
+
+
+def without(lm: LoadedModel, off: HeadsOff) -> LoadedModel:
+    """The view of `lm` with `off`'s heads switched off too (see `heads_off`; `off` is already
+    checked); `lm` itself when `off` names none."""
+    return dataclasses.replace(lm, heads_off=lm.heads_off | off.pairs) if off.pairs else lm
+
+
+def _none_to_switch_off(n_layers: int, n_heads: int) -> str:
+    return (f"No heads to switch off: list (layer, head) pairs, layers 0 to {n_layers - 1} and heads 0 "
+            f"to {n_heads - 1}.")
 
 
 def check_heads(heads, n_layers: int, n_heads: int) -> frozenset[tuple[int, int]]:
@@ -63,7 +100,7 @@ def check_heads(heads, n_layers: int, n_heads: int) -> frozenset[tuple[int, int]
         pairs.append((validate.whole_number(pair[0], "layer", 0, n_layers - 1, field="heads"),
                       validate.whole_number(pair[1], "head", 0, n_heads - 1, field="heads")))
     if not pairs:
-        raise validate.InputError("heads", f"No heads to switch off: list (layer, head) pairs, {ranges}.")
+        raise validate.InputError("heads", _none_to_switch_off(n_layers, n_heads))
     return frozenset(pairs)
 
 
