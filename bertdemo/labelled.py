@@ -14,6 +14,7 @@ from . import validate
 from .config import Limits
 
 LABEL_MAX_CHARS = 64
+MAX_TOKENS = 128  # of each text, as the classifier and the forgetting measure read it; longer ones are cut
 HELD_OUT_SHARE = 0.2
 HEADER_TEXT = {"text", "sentence", "example"}  # a first row naming its columns so is a header
 HEADER_LABEL = {"label", "class", "category"}

@@ -1,4 +1,6 @@
-"""Plotly figure builders. Pure functions: data in, `go.Figure` out, no model calls.
+"""One concept, one module (over 500 lines): plotly figure builders. Data in, `go.Figure` out.
+
+Pure functions, no model calls.
 
 The builders on a request's path (predictions, PLL, attention, live fine-tune curves) write the
 figure as plain dicts and skip plotly's per-property validation (`fast_figure`), which cost

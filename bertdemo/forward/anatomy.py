@@ -1,4 +1,6 @@
-"""The model anatomy: where each encoder family keeps its layers, attention and MLM head.
+"""One concept, one module (over 500 lines): the model anatomy, where each encoder family keeps its parts.
+
+Each family's layers, attention and MLM head, declared once.
 
 Every view reads a model through `of(model)`; this is the one module that names a family's
 internals (`encoder.layer`, `attention.self`, `cls.predictions`, `lm_head` ...). A family is one

@@ -5,7 +5,7 @@ The article's four differences from pre-training, in code:
    (the shared model stays bit-identical);
 2. a task-specific output layer: `AutoModelForSequenceClassification`'s new head, one output per label;
 3. the supervised loss: cross-entropy on the labels;
-4. a small learning rate (2e-5) "to avoid catastrophic forgetting": measured by `forgetting` and
+4. a small learning rate (2e-5) "to avoid catastrophic forgetting": measured by `forgetting.forgetting` and
    `lr_sweep` as the body's masked-LM loss on fixed masks of the person's text, read through the
    original MLM head, before and after.
 
@@ -32,17 +32,15 @@ from transformers import AutoModelForSequenceClassification, DataCollatorWithPad
 
 from .. import validate
 from ..config import Limits
-from ..labelled import Split, check_examples, label_counts, stratified_split, table_examples
-from .fine_tuning import FinetunePlan, eval_copies, evaluate, fixed_rows, mlm_collator, pack, plan_finetune, \
-    run_finetune, save_zip
+from ..labelled import MAX_TOKENS, Split, check_examples, label_counts, stratified_split, table_examples
 from ..model.loading import LoadedModel
-from .loop import Evaluation, RunHistory, autocast, seeded, stream_seed, train
+from .fine_tuning import FinetunePlan, plan_finetune, run_finetune, save_zip
+from .forgetting import forgetting_rows, mlm_loss
+from .loop import Evaluation, RunHistory, autocast, seeded, train
 
-MAX_TOKENS = 128  # per text; longer texts are cut there (counted in `history.truncated`)
 MAX_TEXTS_TO_CLASSIFY = 100
 DEFAULT_SWEEP_LRS = (2e-5, 5e-5, 2e-4)
 ADAPT_MLM_STEPS = 60  # MLM steps that adapt a copy of the base on the examples' texts, when there is no tuned model
-_FORGETTING_MAX_BLOCKS = 16  # ~2,000 tokens scored at most: a second on bert-base, whatever the data
 
 
 @dataclass(frozen=True, eq=False)
@@ -380,49 +378,6 @@ def save_classifier_zip(classifier: Classifier, folder: str | Path) -> Path:
     `folder/classifier/bertdemo-classifier.zip` (loadable with AutoModelForSequenceClassification)."""
     archive = save_zip(classifier, Path(folder) / "classifier")  # its own folder: save_zip keeps one zip
     return archive.rename(archive.with_name("bertdemo-classifier.zip"))
-
-
-# ---------------------------------------------------------------- forgetting (the article's point 4)
-
-def forgetting_rows(lm: LoadedModel, texts: list[str], seed: int = 0,
-                    mlm_probability: float = 0.15) -> list[dict]:
-    """Fixed masks over the texts (as the fine-tune's evaluation draws them, at most
-    _FORGETTING_MAX_BLOCKS blocks): the same tokens are hidden before and after, so losses compare."""
-    block = min(MAX_TOKENS, lm.max_length) - lm.tokenizer.num_special_tokens_to_add(pair=False)
-    blocks = pack(lm, [t for t in texts if t.strip()], block)[:_FORGETTING_MAX_BLOCKS]
-    if not blocks:
-        raise validate.InputError("examples", "The texts have no tokens the model knows.")
-    collate = mlm_collator(lm, mlm_probability, stream_seed(seed, "forgetting"))
-    return fixed_rows(collate, eval_copies(blocks, mlm_probability))
-
-
-def mlm_model_on_body(lm: LoadedModel, classifier: Classifier) -> torch.nn.Module:
-    """`lm`'s masked-LM model with the classifier's (tuned) body in place of its own: the original
-    MLM head reading the tuned body. Shares every tensor (no copy of the weights): a deepcopy whose
-    memo maps each body tensor to the classifier's and every other tensor to itself; the output
-    embedding stays tied to the (tuned) input embedding, as in the model itself."""
-    tuned = {**dict(classifier.model.base_model.named_parameters()),
-             **dict(classifier.model.base_model.named_buffers())}
-    body = lm.model.base_model
-    memo = {id(t): tuned.get(name, t) for name, t in [*body.named_parameters(), *body.named_buffers()]}
-    for t in (*lm.model.parameters(), *lm.model.buffers()):
-        memo.setdefault(id(t), t)
-    return copy.deepcopy(lm.model, memo=memo).eval()
-
-
-def mlm_loss(lm: LoadedModel, rows: list[dict], classifier: Classifier | None = None) -> Evaluation:
-    """Masked-token loss, accuracy, perplexity on fixed-mask `rows` of `lm`'s MLM head, on `lm`'s
-    own body or (given a classifier) on the classifier's body."""
-    model = lm.model if classifier is None else mlm_model_on_body(lm, classifier)
-    return evaluate(model, rows, lm.tokenizer.pad_token_id or 0, lm.device)
-
-
-def forgetting(lm: LoadedModel, classifier: Classifier, texts: list[str], seed: int = 0) -> dict:
-    """{"before": mlm_loss of lm, "after": mlm_loss with the classifier's body}, same masks.
-    Meaningful only for a model whose MLM head was trained (bert-base; not a bare body such as
-    the bundled MiniLM, whose head is random: its loss is high before and after)."""
-    rows = forgetting_rows(lm, texts, seed)
-    return {"before": mlm_loss(lm, rows), "after": mlm_loss(lm, rows, classifier)}
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ from ..config import Limits
 from ..labelled import check_examples, parse_examples, table_examples
 from ..runs import life
 from ..training.classification import (ADAPT_MLM_STEPS, DEFAULT_SWEEP_LRS, MAX_TOKENS, Classifier, ClassifierForm,
-                                       ClassifierHistory, SweepForm, classify, forgetting)
+                                       ClassifierHistory, SweepForm, classify)
+from ..training.forgetting import forgetting
 from ..training.loop import EventLog
 from ..views import embeddings
 from . import live_run
