@@ -32,7 +32,7 @@ import torch  # noqa: E402
 import bertdemo  # noqa: E402
 from bertdemo import memory  # noqa: E402
 from bertdemo.config import Limits  # noqa: E402
-from bertdemo.training.fine_tuning import mlm_collator, prepare_text  # noqa: E402
+from bertdemo.training.mlm_data import mlm_collator, prepare_text  # noqa: E402
 from bertdemo.training.loop import Step  # noqa: E402
 from common import bert_base_folder, machine  # noqa: E402
 

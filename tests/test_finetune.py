@@ -10,8 +10,8 @@ import bertdemo
 import tiny_models
 from bertdemo.config import Limits
 from bertdemo.training.fine_tuning import (MASKINGS, FinetuneForm, TuningRequest, compare_masking, compare_probes,
-                                  default_probes, evaluate, finetune, fixed_rows, masked_logits, mlm_collator,
-                                  pack, prepare_text, save_zip, split_units)
+                                           default_probes, evaluate, finetune, masked_logits, save_zip)
+from bertdemo.training.mlm_data import fixed_rows, mlm_collator, pack, prepare_text, split_units
 from bertdemo.training.loop import Evaluation, RunHistory, Step, overfitting, train
 
 REPEATED = "\n".join(tiny_models.SENTENCES * 5)  # 20 lines: 2 held out, both also seen in training
@@ -154,7 +154,7 @@ def test_no_mask_and_a_mask_of_ones_give_the_same_loss(tiny_bert):
 @pytest.mark.parametrize("model", ["tiny_bert", "tiny_roberta"])
 def test_blocks_padded_by_torch_collate_as_the_collator_does(model, request):
     """Same tensors and random draws as DataCollatorForLanguageModeling's own call, batch after batch."""
-    from bertdemo.training.fine_tuning import padded_by_torch
+    from bertdemo.training.mlm_data import padded_by_torch
 
     lm = request.getfixturevalue(model)
     blocks = prepare_text(lm, REPEATED, max_length=12).train

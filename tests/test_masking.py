@@ -305,7 +305,7 @@ REPEATED = "\n".join(["Paris is the capital of France.", "The Eiffel tower is a 
 
 
 def test_article_collator_scores_exactly_the_visible_tokens(tiny_bert):
-    from bertdemo.training.fine_tuning import prepare_text
+    from bertdemo.training.mlm_data import prepare_text
 
     tok = tiny_bert.tokenizer
     blocks = prepare_text(tiny_bert, REPEATED, max_length=12).train  # short blocks: ragged, padded
@@ -344,7 +344,7 @@ def test_collator_labelling_learns_to_fill_masks_the_article_labelling_does_not(
 
 
 def test_hidden_eval_hides_every_chosen_token(tiny_bert):
-    from bertdemo.training.fine_tuning import prepare_text
+    from bertdemo.training.mlm_data import prepare_text
 
     rows = experiments.hidden_eval_rows(tiny_bert, prepare_text(tiny_bert, REPEATED).eval, seed=0)
     labels, ids = torch.cat([r["labels"] for r in rows]), torch.cat([r["input_ids"] for r in rows])

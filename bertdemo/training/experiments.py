@@ -14,8 +14,8 @@ from transformers.data.data_collator import pad_without_fast_tokenizer_warning
 
 from .. import validate
 from ..config import Limits
-from .fine_tuning import (FinetunePlan, MLMHistory, eval_copies, evaluate, fixed_rows, mlm_collator,
-                          plan_finetune, run_finetune)
+from .fine_tuning import FinetunePlan, MLMHistory, evaluate, plan_finetune, run_finetune
+from .mlm_data import eval_copies, fixed_rows, mlm_collator
 from ..views.masking import LossFn, Rates, article_mask_tokens, check_seed
 from .loop import Evaluation, stream_seed
 

@@ -53,7 +53,7 @@ def pack(tokenizer, units: list[str], block: int) -> list[dict]:
     """Whole sentences packed greedily into blocks of at most `block` tokens (longer ones cut),
     each wrapped in the model's special tokens ([CLS] ... [SEP]).
 
-    A copy of `bertdemo.training.fine_tuning.pack`, on purpose: this script runs where bertdemo is not
+    A copy of `bertdemo.training.mlm_data.pack`, on purpose: this script runs where bertdemo is not
     installed. tests/test_export.py checks that both give the demo's first batch the same loss."""
     blocks, current = [], []
     for ids in tokenizer(units, add_special_tokens=False)["input_ids"]:
