@@ -20,6 +20,17 @@ def mlm_head(model, packed: lean_forward.PackedWeights | None = None):
     return anatomy.mlm_head(model, lambda decoder, x: lean_forward.rows_linear(decoder, x, packed))
 
 
+def required_head(lm, view: str):
+    """`mlm_head` of a loaded model and its packed weights, for a view that cannot run without it;
+    ValueError naming the view: what the family lacks when the anatomy knows, else that the model
+    does not expose its head."""
+    head = mlm_head(lm.model, lm.caches.packed)
+    if head is None:
+        anatomy.of(lm.model).require("head", view)
+        raise ValueError(f"{view} needs the MLM head, which {lm.name} does not expose.")
+    return head
+
+
 def mlm_logits(model, inputs: dict, rows: torch.Tensor, cols: torch.Tensor,
                packed: lean_forward.PackedWeights | None = None, onnx=None, **forward_kwargs):
     """Logits (N, V) at the N positions (rows[i], cols[i]) of a (B, T) batch, and the forward's

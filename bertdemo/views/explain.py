@@ -14,7 +14,7 @@ from .. import validate
 from .fillmask import (DEFAULT_MAX_MASKS, Encoded, check_top_k, encode, fill_jointly, logits_at,
                        prediction, sentence_score)
 from ..model.loading import USER_MASK, USER_MASK_RE, LoadedModel
-from ..model.logits import mlm_head
+from ..model.logits import mlm_head, required_head
 
 METHODS = {"integrated_gradients": "Integrated gradients", "gradient_x_input": "Gradient × input"}
 MAX_STEPS = 256
@@ -60,7 +60,7 @@ def layer_predictions(lm: LoadedModel, text: str, top_k: int = 5,
 @torch.inference_mode()
 def _layer_probs(lm: LoadedModel, enc: Encoded) -> torch.Tensor:
     """Probabilities (L+1, M, V) of the head on each hidden state at the M mask positions."""
-    head = _require_head(lm)
+    head = required_head(lm, "The logit lens")
     with hooks.switched_off(lm):
         out = lm.model.base_model(**enc.inputs, output_hidden_states=True)
     # a pre-LayerNorm model's final norm belongs before the head at every depth; the last state
@@ -74,14 +74,6 @@ def _layer_probs(lm: LoadedModel, enc: Encoded) -> torch.Tensor:
 
 def _top_k(lm: LoadedModel, ids: torch.Tensor, scores: torch.Tensor) -> list[dict]:
     return [prediction(lm, i, s) for i, s in zip(ids.tolist(), scores.tolist())]
-
-
-def _require_head(lm: LoadedModel):
-    head = mlm_head(lm.model, lm.caches.packed)
-    if head is None:
-        anatomy.of(lm.model).require("head", "The logit lens")
-        raise ValueError(f"{lm.name} does not expose its MLM head, so it cannot be applied to each layer.")
-    return head
 
 
 # ---------------------------------------------------------------- which tokens caused it

@@ -19,7 +19,7 @@ from .attention_views import eager_twin, encode_input
 from .explain import target_token
 from .fillmask import DEFAULT_MAX_MASKS, encode
 from ..model.loading import USER_MASK, LoadedModel
-from ..model.logits import mlm_head
+from ..model.logits import required_head
 
 TOKENS_PER_BATCH = 4096  # rows x tokens per batched forward of head_importance's copies: bounds memory
 _PAIR = re.compile(r"^(\d{1,6}|\*)\s*:\s*(\d{1,6}|\*)$")
@@ -154,7 +154,7 @@ def head_importance(lm: LoadedModel, text: str, *, mask: int = 0, target: str | 
     mask = validate.whole_number(mask, "mask", 0, len(enc.mask_positions) - 1,
                                  f" (0 = the first {USER_MASK})", field="mask")
     n_layers, n_heads = shape(lm, "Head importance")
-    head = _require_head(lm)
+    head = required_head(lm, "Head importance")
     position = enc.mask_positions[mask]
     with torch.inference_mode():
         with hooks.switched_off(lm):
@@ -178,7 +178,7 @@ def _ablated_by_forwards(lm: LoadedModel, enc, position: int, token_id: int) -> 
     included), each row with its head off (`hooks` scales per row) and the view's heads off."""
     n_layers, n_heads = shape(lm)
     pairs = [(layer, h) for layer in range(n_layers) for h in range(n_heads)]
-    head = _require_head(lm)
+    head = required_head(lm, "Head importance")
     results: list[float] = []
     step = max(1, TOKENS_PER_BATCH // enc.input_ids.shape[1])
     for start in range(0, len(pairs), step):
@@ -202,7 +202,7 @@ def _ablated(lm: LoadedModel, states: tuple, position: int, token_id: int) -> li
     head's factor 0 there, every row has the view's heads off. Each layer runs through the lean
     forward (packed weights, the last layer at `position` only)."""
     n_layers, n_heads = shape(lm)
-    head, last = _require_head(lm), n_layers - 1
+    head, last = required_head(lm, "Head importance"), n_layers - 1
     length = states[0].shape[1]
     pairs = [(layer, h) for layer in range(n_layers) for h in range(n_heads)]
     view = hooks.factors(lm.heads_off, lm.model, lm.device)
@@ -222,14 +222,6 @@ def _ablated(lm: LoadedModel, states: tuple, position: int, token_id: int) -> li
                                              at=position if layer == last else None)
         results += head(hidden).float().log_softmax(-1)[:, token_id].tolist()  # hidden: (rows, H)
     return results
-
-
-def _require_head(lm: LoadedModel):
-    head = mlm_head(lm.model, lm.caches.packed)
-    if head is None:
-        anatomy.of(lm.model).require("head", "Head importance")
-        raise ValueError(f"{lm.name} does not expose its MLM head: head importance needs it.")
-    return head
 
 
 # ---------------------------------------------------------------- the neuron view
