@@ -285,6 +285,3 @@ def _compare_status(histories: dict, limits: Limits) -> str:
     if len(histories) < 2:
         lines.append("\nOnly one run finished: the comparison is incomplete.")
     return "\n".join(lines)
-
-
-# ---------------------------------------------------------------- errors
