@@ -442,7 +442,7 @@ def final_rank_lines(entries: list[dict]) -> go.Figure:
 
 def comparison_bars(result: dict) -> go.Figure:
     """Both models' probabilities of each token of either top-k, side by side, one row of bars
-    per mask (`explain.compare_predictions`' result); hover gives the change."""
+    per mask (`compare.compare_predictions`' result); hover gives the change."""
     masks, names = result["masks"], [_plotly_text(n) for n in result["models"]]
     fig = make_subplots(rows=max(len(masks), 1), cols=1, vertical_spacing=0.3 / max(len(masks), 1),
                         subplot_titles=[f"[MASK] {m['mask']}" for m in masks])

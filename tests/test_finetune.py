@@ -9,8 +9,9 @@ import torch
 import bertdemo
 import tiny_models
 from bertdemo.config import Limits
-from bertdemo.training.fine_tuning import (MASKINGS, FinetuneForm, TuningRequest, compare_masking, compare_probes,
-                                           default_probes, evaluate, finetune, masked_logits, save_zip)
+from bertdemo.training.fine_tuning import (MASKINGS, FinetuneForm, TuningRequest, compare_masking, default_probes,
+                                           evaluate, finetune, masked_logits, save_zip)
+from bertdemo.views.compare import compare_probes
 from bertdemo.training.mlm_data import fixed_rows, mlm_collator, pack, prepare_text, split_units
 from bertdemo.training.loop import Evaluation, RunHistory, Step, overfitting, train
 

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from ..forward import anatomy
 from .. import validate
 from ..config import Limits
-from ..views.fillmask import fill_mask, mask_word, split_words
+from ..views.fillmask import mask_word, split_words
 from ..model.loading import LoadedModel
 from ..model.logits import mlm_logits
 from .mlm_data import (TextData, collate_with_labels, eval_copies, fixed_rows, mlm_collator, padded_by_torch,
@@ -376,19 +376,6 @@ def default_probes(texts: str | list[str], n: int = 3) -> list[str]:
         if len(probes) == n:
             break
     return probes
-
-
-def compare_probes(before: LoadedModel, after: LoadedModel, probes: list[str], top_k: int = 3,
-                   max_masks: int = 10) -> list[dict]:
-    """Fill-mask top-k of each probe with both models: [{"probe", "before", "after"}], where
-    before/after are `fill_mask` outputs (a list per mask)."""
-    probes = [p.strip() for p in probes if p and p.strip()]
-    if not probes:
-        raise ValueError("No probe sentences: write one or more sentences with [MASK], one per line.")
-    if len(probes) > 10:
-        raise ValueError(f"{len(probes)} probe sentences given; at most 10 at a time.")
-    return [{"probe": p, "before": fill_mask(before, p, top_k, max_masks=max_masks),
-             "after": fill_mask(after, p, top_k, max_masks=max_masks)} for p in probes]
 
 
 def save_zip(lm: LoadedModel, folder: str | Path, name: str = "bertdemo-tuned-model") -> Path:

@@ -13,7 +13,8 @@ import pandas as pd
 from .. import plots
 from ..runs import life
 from ..config import Limits, Settings
-from ..training.fine_tuning import FinetuneForm, MLMHistory, TuningRequest, compare_probes, default_probes
+from ..training.fine_tuning import FinetuneForm, MLMHistory, TuningRequest, default_probes
+from ..views.compare import compare_probes
 from ..training.loop import EventLog, overfitting
 from . import export_button, live_run
 from .context import AppContext, Visitor, handler, standalone_demo

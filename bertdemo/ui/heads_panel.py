@@ -19,7 +19,7 @@ import pandas as pd
 from .. import plots, validate
 from ..views import view_files
 from ..views.attention_views import first_query
-from ..views.explain import compare_predictions
+from ..views.compare import compare_predictions
 from ..views.fillmask import encode, fill_mask
 from ..views.heads import HeadsOff, format_heads, head_importance, neuron_view, parse_heads, read_heads, without
 from ..model.loading import LoadedModel

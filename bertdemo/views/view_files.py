@@ -127,7 +127,7 @@ def importance(result: dict, folder: Path) -> list[Path]:
 
 
 def comparison(result: dict, folder: Path) -> list[Path]:
-    """Predictions of two models (`explain.compare_predictions`), e.g. every head on and a view
+    """Predictions of two models (`compare.compare_predictions`), e.g. every head on and a view
     with heads off: per mask, each token's probability under both and the change."""
     names = result["models"]
     header = ["mask", "token", names[0], names[1], "change"]
