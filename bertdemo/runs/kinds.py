@@ -9,6 +9,7 @@ from ..training.experiments import LabellingForm, run_labelling
 from ..training.fine_tuning import FinetuneForm, TuningPlan, TuningRequest, run_masking_comparison, run_tuning
 from .life import RunSpec, keep_or_discard
 
+
 def keep_tuned(caller, plan: TuningPlan, result) -> str:
     tuned, history = result
     return keep_or_discard(caller, tuned, history, plan.keep_partial)

@@ -10,6 +10,7 @@ from typing import Callable
 GRACE_S = 5.0  # a reservation younger than this is never taken over (its request may not be queued yet)
 SHUTTING_DOWN = "The server is shutting down: no new runs start now. Try again in a minute (reload the page)."
 
+
 # ---------------------------------------------------------------- one slot per session
 
 class Ticket(threading.Event):
