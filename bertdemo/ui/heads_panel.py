@@ -336,7 +336,6 @@ def _parsed(text, n_layers: int, n_heads: int) -> frozenset:
     return parse_heads(text if text is not None else "", n_layers, n_heads)
 
 
-
 def _kept_importance(visitor: Visitor) -> Importance:
     kept = visitor.store.result(visitor.session, "importance")
     if kept is None:
