@@ -31,12 +31,12 @@ import torch
 import torch.nn.functional as F
 from transformers import BertForMaskedLM, BertTokenizerFast, DataCollatorForLanguageModeling
 
-from ..model import bundled
-from . import bundled_corpus
 from ..config import cpu_model
-from ..training.fine_tuning import masked_logits
+from ..model import bundled
 from ..model.loading import minilm_path, pick_device
+from ..training.fine_tuning import masked_logits
 from ..training.loop import Evaluation, RunHistory, Step, seeded, stream_seed, train
+from . import bundled_corpus
 
 EVAL_DIR = Path(__file__).resolve().parents[2] / "assets" / "bundled"  # everyday.tsv, probes.tsv
 

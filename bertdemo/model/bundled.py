@@ -16,8 +16,8 @@ import json
 import logging
 from pathlib import Path
 
-from .loading import LoadedModel, load
 from .caches import ModelCaches
+from .loading import LoadedModel, load
 
 log = logging.getLogger("bertdemo")
 

@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .. import memory
-from .slots import StopCheck, Ticket
 from ..training.fine_tuning import save_zip
 from ..training.loop import EventLog
+from .slots import StopCheck, Ticket
 
 ENDED_BECAUSE = {  # Run.ended / RunHistory.stopped -> why, for a sentence "the run ended early because ..."
     "stopped": "you pressed Stop",

@@ -12,8 +12,8 @@ import time
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 
-from ..views import fillmask
 from ..model.loading import LoadedModel
+from ..views import fillmask
 
 
 class MicroBatcher:

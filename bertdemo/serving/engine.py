@@ -33,14 +33,14 @@ import time
 
 import torch
 
+from .. import validate
 from ..forward import anatomy, onnx_engine
 from ..model import bundled, loading, logits
-from ..views import corpus_search
-from .. import validate
-from .batching import MicroBatcher
+from ..model.caches import ModelCaches
 from ..model.loading import (MINILM_NAME, LoadedModel, allowed_choices, allowed_entry, minilm_path,
                              pick_device, pick_dtype, warm_up)
-from ..model.caches import ModelCaches
+from ..views import corpus_search
+from .batching import MicroBatcher
 
 log = logging.getLogger(__name__)
 

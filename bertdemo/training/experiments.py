@@ -14,10 +14,10 @@ from transformers.data.data_collator import pad_without_fast_tokenizer_warning
 
 from .. import validate
 from ..config import Limits
-from .fine_tuning import FinetunePlan, MLMHistory, evaluate, plan_finetune, run_finetune
-from .mlm_data import eval_copies, fixed_rows, mlm_collator
 from ..views.masking import LossFn, Rates, article_mask_tokens, check_seed
+from .fine_tuning import FinetunePlan, MLMHistory, evaluate, plan_finetune, run_finetune
 from .loop import Evaluation, stream_seed
+from .mlm_data import eval_copies, fixed_rows, mlm_collator
 
 MAX_CONSEQUENCE_STEPS = 60  # steps per run of `labelling_consequence` (it runs two)
 

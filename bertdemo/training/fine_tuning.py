@@ -21,15 +21,15 @@ from typing import Callable, ClassVar, Iterator
 import torch
 import torch.nn.functional as F
 
-from ..forward import anatomy
 from .. import validate
 from ..config import Limits
-from ..views.fillmask import mask_word, split_words
+from ..forward import anatomy
 from ..model.loading import LoadedModel
 from ..model.logits import mlm_logits
+from ..views.fillmask import mask_word, split_words
+from .loop import Evaluation, RunHistory, autocast, seeded, stream_seed, to_device, train
 from .mlm_data import (TextData, collate_with_labels, eval_copies, fixed_rows, mlm_collator, padded_by_torch,
                        padded_to, prepare_text, split_units, stack_rows)
-from .loop import Evaluation, RunHistory, autocast, seeded, stream_seed, to_device, train
 
 MASKINGS = ("static", "dynamic")
 LENGTH_UNITS = ("steps", "epochs")

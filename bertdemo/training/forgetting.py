@@ -10,9 +10,9 @@ import torch
 from .. import validate
 from ..labelled import MAX_TOKENS
 from ..model.loading import LoadedModel
-from .mlm_data import eval_copies, fixed_rows, mlm_collator, pack
 from .fine_tuning import evaluate
 from .loop import Evaluation, stream_seed
+from .mlm_data import eval_copies, fixed_rows, mlm_collator, pack
 
 if TYPE_CHECKING:  # a classifier is only read here (its body); classification.py imports this module
     from .classification import Classifier

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 import gradio as gr
 
 from .. import plots, validate
-from ..views import view_files
-from ..views.attention_views import (VENDOR_DIR, VIEWS, Attention, attention, bertviz_html, default_selection,
-                               mask_rows, script_urls, srcdoc_iframe, standalone, view, view_height)
 from ..config import Settings
 from ..model.loading import LoadedModel
 from ..sessions import SessionStore
+from ..views import view_files
+from ..views.attention_views import (VENDOR_DIR, VIEWS, Attention, attention, bertviz_html, default_selection,
+                               mask_rows, script_urls, srcdoc_iframe, standalone, view, view_height)
 from . import heads_panel, view_downloads
 from .context import AppContext, Visitor, handler, standalone_demo
 

@@ -6,10 +6,10 @@ import html
 
 import gradio as gr
 
-from ..views import explain
 from .. import plots, validate
-from ..views.attention_views import attention, mask_rows
 from ..config import Settings
+from ..views import explain
+from ..views.attention_views import attention, mask_rows
 from .context import AppContext, Visitor, handler, standalone_demo
 
 EXAMPLES = ["Paris is the [MASK] of France.", "The doctor said that [MASK] would be late.",

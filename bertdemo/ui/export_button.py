@@ -8,9 +8,9 @@ from pathlib import Path
 
 import gradio as gr
 
-from ..training import export
 from ..config import Settings
 from ..model.loading import LoadedModel, allowed_choices
+from ..training import export
 from ..training.fine_tuning import MLMHistory
 from .context import AppContext, Visitor, handler
 

@@ -6,10 +6,10 @@ import gradio as gr
 import pandas as pd
 from gradio.context import get_render_context
 
-from ..views import compare, fillmask, reading
 from .. import plots, validate
 from ..config import Settings
 from ..model.loading import USER_MASK_RE, LoadedModel, allowed_choices, display_name
+from ..views import compare, fillmask, reading
 from .cached_examples import ModelExamples
 from .common import plotly_chart
 from .context import AppContext, Visitor, handler, standalone_demo

@@ -11,11 +11,11 @@ import gradio as gr
 import pandas as pd
 
 from .. import plots
-from ..runs import life
 from ..config import Limits, Settings
+from ..runs import life
 from ..training.fine_tuning import FinetuneForm, MLMHistory, TuningRequest, default_probes
-from ..views.compare import compare_probes
 from ..training.loop import EventLog, overfitting
+from ..views.compare import compare_probes
 from . import export_button, live_run
 from .context import AppContext, Visitor, handler, standalone_demo
 from .model_line import model_line

@@ -6,13 +6,13 @@ import math
 import gradio as gr
 import pandas as pd
 
-from ..training import experiments
-from ..views import masking
 from .. import plots
-from ..training.experiments import LabellingForm
 from ..config import Settings
-from .context import AppContext, Visitor, handler, standalone_demo
+from ..training import experiments
+from ..training.experiments import LabellingForm
+from ..views import masking
 from . import live_run
+from .context import AppContext, Visitor, handler, standalone_demo
 
 EXAMPLES = [
     "Paris is the capital of France.",

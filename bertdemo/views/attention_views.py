@@ -20,12 +20,12 @@ import numpy as np
 import torch
 from bertviz import head_view, model_view
 
-from ..forward import anatomy, hooks
 from .. import validate
-from .fillmask import check_text, prediction
-from ..plots import shown_token
+from ..forward import anatomy, hooks
 from ..model.loading import LoadedModel
 from ..model.logits import mlm_logits
+from ..plots import shown_token
+from .fillmask import check_text, prediction
 
 VENDOR_DIR = Path(__file__).resolve().parents[2] / "assets" / "vendor"
 VENDORED = {  # what bertviz 1.4.1 loads from a CDN -> our copy (jQuery 2.0.0 is not on npm: 3.7.1)

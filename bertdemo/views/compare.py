@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import torch
 
-from ..forward import anatomy
 from .. import validate
+from ..forward import anatomy
+from ..model.loading import USER_MASK_RE, LoadedModel
 from .fillmask import (DEFAULT_MAX_MASKS, check_top_k, encode, fill_jointly, fill_mask, logits_at, prediction,
                        sentence_score)
-from ..model.loading import USER_MASK_RE, LoadedModel
 
 
 @anatomy.guarded("Comparing two models")

@@ -42,10 +42,10 @@ from typing import Callable
 import numpy as np
 import torch
 
-from . import embeddings
-from ..forward import hooks
 from .. import validate
+from ..forward import hooks
 from ..model.loading import LoadedModel
+from . import embeddings
 
 log = logging.getLogger(__name__)
 

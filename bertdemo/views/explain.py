@@ -9,11 +9,11 @@ from __future__ import annotations
 import torch
 from captum.attr import InputXGradient, IntegratedGradients
 
-from ..forward import anatomy, hooks
 from .. import validate
-from .fillmask import DEFAULT_MAX_MASKS, Encoded, check_top_k, encode, prediction
+from ..forward import anatomy, hooks
 from ..model.loading import USER_MASK, USER_MASK_RE, LoadedModel
 from ..model.logits import mlm_head, required_head
+from .fillmask import DEFAULT_MAX_MASKS, Encoded, check_top_k, encode, prediction
 
 METHODS = {"integrated_gradients": "Integrated gradients", "gradient_x_input": "Gradient × input"}
 MAX_STEPS = 256

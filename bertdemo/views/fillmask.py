@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..forward import anatomy, hooks
 from .. import validate
+from ..forward import anatomy, hooks
 from ..model.loading import USER_MASK, USER_MASK_RE, LoadedModel
 from ..model.logits import mlm_logits
 

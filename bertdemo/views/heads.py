@@ -13,13 +13,13 @@ from dataclasses import dataclass
 
 import torch
 
-from ..forward import anatomy, hooks, lean_forward
 from .. import validate
+from ..forward import anatomy, hooks, lean_forward
+from ..model.loading import USER_MASK, LoadedModel
+from ..model.logits import required_head
 from .attention_views import eager_twin, encode_input
 from .explain import target_token
 from .fillmask import DEFAULT_MAX_MASKS, encode
-from ..model.loading import USER_MASK, LoadedModel
-from ..model.logits import required_head
 
 TOKENS_PER_BATCH = 4096  # rows x tokens per batched forward of head_importance's copies: bounds memory
 _PAIR = re.compile(r"^(\d{1,6}|\*)\s*:\s*(\d{1,6}|\*)$")
