@@ -2,13 +2,9 @@
 from __future__ import annotations
 
 if __name__ == "__main__":  # first of all, before torch: run under jemalloc (bertdemo/memory.py)
-    import importlib.util as _util
-    import pathlib as _pathlib
     import sys as _sys
 
-    _spec = _util.spec_from_file_location("_memory", _pathlib.Path(__file__).parent / "bertdemo" / "memory.py")
-    _memory = _util.module_from_spec(_spec)
-    _spec.loader.exec_module(_memory)  # loaded alone: importing the bertdemo package loads torch
+    from bertdemo import memory as _memory  # the package loads its modules lazily: this loads no torch
     _memory.exec_with_jemalloc(_sys.argv)
 
 import atexit
@@ -27,9 +23,10 @@ import time
 import gradio as gr
 from starlette.middleware import Middleware
 
-from bertdemo import bundled, memory
+from bertdemo import memory
 from bertdemo.config import DEFAULT_MODEL, Settings, parse_auth
-from bertdemo.engine import Engine
+from bertdemo.model import bundled
+from bertdemo.serving.engine import Engine
 from bertdemo.sessions import SessionStore
 from bertdemo.ui import (about_tab, attention_tab, classify_tab, embeddings_tab, explain_tab, fillmask_tab,
                          finetune_tab, masking_tab, mcp_tools, model_banner, model_picker, queue_watch,

@@ -24,8 +24,8 @@ from bertviz import head_view  # noqa: E402
 import bertdemo  # noqa: E402
 from bertdemo import plots  # noqa: E402
 from bertdemo.config import cpu_model  # noqa: E402
-from bertdemo.fillmask import encode, logits_at  # noqa: E402
-from bertdemo.attention_views import (bertviz_html, default_selection, srcdoc_iframe,  # noqa: E402
+from bertdemo.views.fillmask import encode, logits_at  # noqa: E402
+from bertdemo.views.attention_views import (bertviz_html, default_selection, srcdoc_iframe,  # noqa: E402
                                 view, view_height)
 from bertdemo.ui.attention_tab import served_urls  # noqa: E402
 from common import load_bert_base, sentence_of  # noqa: E402

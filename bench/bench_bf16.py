@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
 import bertdemo  # noqa: E402
-from bertdemo import fillmask  # noqa: E402
+from bertdemo.views import fillmask  # noqa: E402
 from common import bert_base_folder, interleaved_medians, sentence_of  # noqa: E402
 
 SENTENCES = [

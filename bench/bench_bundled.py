@@ -17,10 +17,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 import bertdemo  # noqa: E402
-from bertdemo import bundled, bundled_corpus  # noqa: E402
-from bertdemo.bundled_training import measure  # noqa: E402
+from bertdemo.model import bundled  # noqa: E402
+from bertdemo.build import bundled_corpus  # noqa: E402
+from bertdemo.build.bundled_training import measure  # noqa: E402
 from bertdemo.config import cpu_model  # noqa: E402
-from bertdemo.models import minilm_path  # noqa: E402
+from bertdemo.model.loading import minilm_path  # noqa: E402
 
 DEFAULT_CORPUS = Path.home() / ".cache" / "bertdemo-bundled" / "corpus"
 

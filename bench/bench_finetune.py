@@ -32,8 +32,8 @@ import torch  # noqa: E402
 import bertdemo  # noqa: E402
 from bertdemo import memory  # noqa: E402
 from bertdemo.config import Limits  # noqa: E402
-from bertdemo.fine_tuning import mlm_collator, prepare_text  # noqa: E402
-from bertdemo.training import Step  # noqa: E402
+from bertdemo.training.mlm_data import mlm_collator, prepare_text  # noqa: E402
+from bertdemo.training.loop import Step  # noqa: E402
 from common import bert_base_folder, machine  # noqa: E402
 
 WORDS = ("the river flows past the old city where people walk along the bridge every day and "

@@ -25,7 +25,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import bertdemo  # noqa: E402
-from bertdemo import corpus_search  # noqa: E402
+import bertdemo.views.embeddings  # noqa: E402
+from bertdemo.views import corpus_search  # noqa: E402
 from bertdemo.config import cpu_model  # noqa: E402
 from common import interleaved_medians, load_bert_base  # noqa: E402
 
@@ -60,7 +61,7 @@ def main() -> None:
     lm = tiny_model(work / "model") if args.tiny else load_bert_base()
     corpus = corpus_search.read_corpus(None)
     lines = "\n".join(corpus.lines[:200]) if args.tiny else None
-    layer = bertdemo.embeddings.layer_count(lm)
+    layer = bertdemo.views.embeddings.layer_count(lm)
     cache = corpus_search.IndexCache(work / "index")
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10
     started = time.perf_counter()

@@ -30,10 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import httpx  # noqa: E402
 from gradio_client import Client  # noqa: E402
 
-from bertdemo import onnx_engine  # noqa: E402
+from bertdemo.forward import onnx_engine  # noqa: E402
 from common import bert_base_folder, free_port, machine, serve_app  # noqa: E402
 
-ONNX_READY = "ONNX Runtime forward ready"  # the app's log line (bertdemo/engine.py): short sentences' engine built
+ONNX_READY = "ONNX Runtime forward ready"  # the app's log line (bertdemo/serving/engine.py): short sentences' engine built
 
 CROWD = 16
 ROUNDS = 9

@@ -47,7 +47,7 @@ def ort_session(folder, threads: int, spinning: str = "within runs"):
     the weights. Exported with eager attention: ORT's optimizer fuses that pattern into its
     Attention op (12 of 12 on bert-base), not the SDPA one (0 of 12).
 
-    `spinning`: "within runs" (default), as ours runs (bertdemo/onnx_engine.py): threads busy-wait
+    `spinning`: "within runs" (default), as ours runs (bertdemo/forward/onnx_engine.py): threads busy-wait
     between the operators of a run and stop when it ends (`session.force_spinning_stop`), ORT's
     fastest setting for calls that take turns with other work; "always", ORT's default, its
     threads also busy-wait after each run, which takes the CPU from whichever call comes next

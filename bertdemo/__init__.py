@@ -1,24 +1,45 @@
-"""bertdemo: the model service behind the demo. Plain Python; the Gradio UI lives in `bertdemo.ui`."""
-from .attention_views import attention
-from .bundled import load_bundled
-from .corpus_search import search_corpus
-from .embeddings import embedding_map, probe_layers
-from .engine import Engine
-from .classification import (adapt_then_classify, classify, forgetting, lr_sweep, parse_examples,
-                             train_classifier)
-from .explain import compare_predictions, compare_scores, layer_predictions, saliency
-from .experiments import labelling_consequence
-from .heads import head_importance, heads_off, neuron_view
-from .fillmask import fill_jointly, fill_mask, mask_word, score_candidates, sentence_score, split_words
-from .masking import (article_comparison, article_mask_tokens, mask_sample, masking_law, outcome_counts,
-                      static_vs_dynamic)
-from .models import LoadedModel, load, pick_device
-from .fine_tuning import compare_masking, finetune
+"""bertdemo: the model service behind the demo. Plain Python; the Gradio UI lives in `bertdemo.ui`.
 
-__all__ = ["Engine", "LoadedModel", "load", "load_bundled", "pick_device", "fill_mask", "fill_jointly", "score_candidates",
-           "sentence_score", "split_words", "mask_word", "attention",
-           "mask_sample", "outcome_counts", "static_vs_dynamic", "masking_law", "article_mask_tokens",
-           "article_comparison", "labelling_consequence", "finetune", "compare_masking",
-           "train_classifier", "classify", "forgetting", "lr_sweep", "adapt_then_classify",
-           "parse_examples", "layer_predictions", "saliency", "compare_predictions", "compare_scores",
-           "neuron_view", "heads_off", "head_importance", "embedding_map", "probe_layers", "search_corpus"]
+The layers, each a folder that imports only those below it: `forward` < `model` < `views` <
+`serving` < `training` < `runs` < `sessions` < `ui`. The ground floor under all of them: `config`,
+`validate`, `labelled`, `memory`, `plots`. `build` (the bundled model's offline build) is outside
+the app's path.
+
+The public API below loads its module on first use (PEP 562), so importing the package (or
+`bertdemo.memory`, before torch) loads nothing else.
+"""
+import importlib
+
+_HOMES = {  # public name -> the module that defines it
+    "Engine": "serving.engine",
+    "LoadedModel": "model.loading", "load": "model.loading", "pick_device": "model.loading",
+    "load_bundled": "model.bundled",
+    **dict.fromkeys(["fill_mask", "fill_jointly", "score_candidates", "sentence_score", "split_words",
+                     "mask_word"], "views.fillmask"),
+    "attention": "views.attention_views",
+    **dict.fromkeys(["mask_sample", "outcome_counts", "static_vs_dynamic", "masking_law",
+                     "article_mask_tokens", "article_comparison"], "views.masking"),
+    "labelling_consequence": "training.experiments",
+    "finetune": "training.fine_tuning", "compare_masking": "training.fine_tuning",
+    **dict.fromkeys(["train_classifier", "classify", "lr_sweep", "adapt_then_classify"], "training.classification"),
+    "forgetting": "training.forgetting",
+    "parse_examples": "labelled",
+    "layer_predictions": "views.explain", "saliency": "views.explain",
+    "compare_predictions": "views.compare", "compare_scores": "views.compare",
+    **dict.fromkeys(["neuron_view", "heads_off", "head_importance"], "views.heads"),
+    "embedding_map": "views.embeddings", "probe_layers": "views.embeddings",
+    "search_corpus": "views.corpus_search",
+}
+__all__ = list(_HOMES)
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module 'bertdemo' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_HOMES[name]}", __name__), name)
+    globals()[name] = value  # once: later lookups do not come back here
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

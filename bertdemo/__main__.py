@@ -1,5 +1,5 @@
 """`python -m bertdemo download MODEL [--dir DIR]`: fetch a model once, to run the demo offline;
-`python -m bertdemo train-bundled`: make the bundled model (see `bertdemo/bundled_training.py`);
+`python -m bertdemo train-bundled`: make the bundled model (see `bertdemo/build/bundled_training.py`);
 `python -m bertdemo config-doc`: print docs/configuration.md, every flag and environment variable.
 
 Only what `bertdemo.load` reads is fetched (config, safetensors weights, tokenizer files), and the
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def train_bundled(args) -> int:
-    from .bundled_training import Recipe, train_bundled as train
+    from .build.bundled_training import Recipe, train_bundled as train
 
     recipe = Recipe() if args.steps is None else Recipe(steps=args.steps)
     train(recipe, corpus_dir=args.corpus and Path(args.corpus), out=args.out and Path(args.out),

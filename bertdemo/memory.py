@@ -1,6 +1,6 @@
 """The C allocator's share of the server's memory, kept in check.
 
-A run trains in a worker thread of its own (`runs.Run`). glibc's malloc gives each new thread an
+A run trains in a worker thread of its own (`runs.life.Run`). glibc's malloc gives each new thread an
 arena of its own (up to 8 per core) and keeps what is freed there for that arena's next use: a
 fine-tune's activations and optimizer state, freed when it ends, stay resident. With requests
 served meanwhile by other threads, every run lands in a different arena and the server's memory
@@ -19,7 +19,7 @@ none of this changes what any request computes.
 
 BERTDEMO_MALLOC=glibc keeps glibc's malloc. The glibc calls do nothing where the C library is not
 glibc (musl, macOS, Windows), and are harmless under jemalloc. Only the standard library is
-imported here: app.py loads this file before torch.
+imported here: app.py imports it before torch (the package loads its modules lazily).
 """
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Plotly figure builders. Pure functions: data in, `go.Figure` out, no model calls.
+"""One concept, one module (over 500 lines): plotly figure builders. Data in, `go.Figure` out.
+
+Pure functions, no model calls.
 
 The builders on a request's path (predictions, PLL, attention, live fine-tune curves) write the
 figure as plain dicts and skip plotly's per-property validation (`fast_figure`), which cost
@@ -312,7 +314,7 @@ def finetune_curves(steps: list, evals: list, planned_steps: int | None = None,
                     best: tuple[int, str] | None = None) -> go.Figure:
     """Training loss per step and eval loss (same axis), eval accuracy on a second axis.
 
-    `steps`/`evals` are a `training.RunHistory`'s `Step`s and `Evaluation`s (or the events so
+    `steps`/`evals` are a `training.loop.RunHistory`'s `Step`s and `Evaluation`s (or the events so
     far, for a live plot). `best`: (step, label), a dashed line at the best evaluation (e.g.
     "kept: step 24").
     Rebuilt on every live update, so it is built from dicts (`fast_figure`).
@@ -357,7 +359,7 @@ def _secondary_y_layout_cached() -> dict:
 def masking_comparison(runs: dict) -> go.Figure:
     """Static vs dynamic (or any runs) overlaid: eval loss and eval accuracy against step.
 
-    `runs` maps a label to a `training.RunHistory` (or the events so far: `EventLog.runs`).
+    `runs` maps a label to a `training.loop.RunHistory` (or the events so far: `EventLog.runs`).
     """
     fig = make_subplots(rows=1, cols=2, subplot_titles=["eval loss (fixed masks)", "eval accuracy"])
     colors = ["#636efa", "#ef553b", "#00cc96", "#ab63fa"]
@@ -380,7 +382,7 @@ def labelling_curves(runs: dict) -> go.Figure:
     """Each run's training loss per step (solid) and its eval loss on fixed, properly masked
     tokens (dashed, same colour), overlaid.
 
-    `runs` maps a label to a `training.RunHistory`. Each training loss is its own labelling's, so
+    `runs` maps a label to a `training.loop.RunHistory`. Each training loss is its own labelling's, so
     only the eval losses compare like with like.
     """
     fig = go.Figure()
@@ -440,7 +442,7 @@ def final_rank_lines(entries: list[dict]) -> go.Figure:
 
 def comparison_bars(result: dict) -> go.Figure:
     """Both models' probabilities of each token of either top-k, side by side, one row of bars
-    per mask (`explain.compare_predictions`' result); hover gives the change."""
+    per mask (`compare.compare_predictions`' result); hover gives the change."""
     masks, names = result["masks"], [_plotly_text(n) for n in result["models"]]
     fig = make_subplots(rows=max(len(masks), 1), cols=1, vertical_spacing=0.3 / max(len(masks), 1),
                         subplot_titles=[f"[MASK] {m['mask']}" for m in masks])
@@ -469,7 +471,7 @@ def classifier_curves(runs: dict, planned_steps: int | None = None) -> go.Figure
     """Training loss per step (left) and held-out accuracy (right) of one or more classifier runs,
     overlaid (e.g. from the base body and from an MLM-adapted one).
 
-    `runs` maps a name to a `training.RunHistory` (or the events so far, for a live plot).
+    `runs` maps a name to a `training.loop.RunHistory` (or the events so far, for a live plot).
     """
     fig = make_subplots(rows=1, cols=2, subplot_titles=["training loss", "held-out accuracy"])
     for i, (name, run) in enumerate(runs.items()):

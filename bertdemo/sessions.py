@@ -2,7 +2,7 @@
 
 Per session: the base model it picked, its models by kind ("tuned" from the fine-tune, "classifier"
 from the Classify tab, ...), which of them its tabs use, its run slot (`store.runs`, a
-`runs.RunSlots`), small results kept between events (e.g. the attention tab's last query), and a
+`runs.slots.RunSlots`), small results kept between events (e.g. the attention tab's last query), and a
 temp folder for its downloads and exports. Keyed by Gradio's session hash; a script's `gradio_client` session is one too.
 
 The cleanup policy, in one place:
@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .models import LoadedModel
-from .runs import RunSlots
+from .model.loading import LoadedModel
+from .runs.slots import RunSlots
 
 DEFAULT_MAX_TUNED = 8
 DEFAULT_MAX_DOWNLOAD_BYTES = 2048 * 2**20
@@ -75,7 +75,7 @@ class SessionStore:
         self._root: Path | None = None  # temp area for every session's files
         self._closed: deque[str] = deque(maxlen=_REMEMBERED_CLOSED)  # dropped sessions, newest last
         self._swept = time.monotonic()
-        self.runs = RunSlots()  # each session's one run slot (runs.py)
+        self.runs = RunSlots()  # each session's one run slot (runs/slots.py)
 
     # ------------------------------------------------------------ which model
     def for_session(self, session_id: str | None) -> LoadedModel:

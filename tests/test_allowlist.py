@@ -15,9 +15,9 @@ from transformers import BertForMaskedLM
 import app
 import bertdemo
 import tiny_models
-from bertdemo import models
+from bertdemo.model import loading
 from bertdemo.config import DEFAULT_MODEL, Settings
-from bertdemo.models import LoadedModel
+from bertdemo.model.loading import LoadedModel
 from bertdemo.sessions import SessionStore
 
 SENTENCE = "Paris is the [MASK] of France."
@@ -46,14 +46,14 @@ def test_the_list_is_the_model_then_the_models_flag_or_env(monkeypatch):
 @pytest.mark.parametrize("choice", ["bert-base-uncased", "some-org/any-model", "/etc/passwd", "..",
                                     "../tiny-bert0", "", "   ", None, 7, ["x"]])
 def test_anything_not_listed_is_refused_before_anything_is_read(engine, tiny_bert_dir, choice, monkeypatch):
-    monkeypatch.setattr(models, "load", must_not_load)
+    monkeypatch.setattr(loading, "load", must_not_load)
     with pytest.raises(ValueError, match=f"this server offers: {tiny_bert_dir.name}"):
         engine.load_allowed(choice, [str(tiny_bert_dir)], "cpu")
 
 
 def test_a_model_folder_on_the_server_that_is_not_listed_is_refused(engine, tiny_bert_dir, tiny_distilbert,
                                                                       monkeypatch):
-    monkeypatch.setattr(models, "load", must_not_load)
+    monkeypatch.setattr(loading, "load", must_not_load)
     for other in [tiny_distilbert.name, Path(tiny_distilbert.name).name]:
         with pytest.raises(ValueError, match="not in the list this server offers"):
             engine.load_allowed(other, [str(tiny_bert_dir)], "cpu")
@@ -68,7 +68,7 @@ def test_listed_models_load_by_folder_name_or_entry_as_one_object(engine, tiny_b
 
 
 def test_folders_of_the_same_name_are_told_apart():
-    choices = models.allowed_choices(["/srv/a/bert", "/srv/b/bert", "bert-base-uncased"])
+    choices = loading.allowed_choices(["/srv/a/bert", "/srv/b/bert", "bert-base-uncased"])
     assert choices == {"bert": "/srv/a/bert", "bert (2)": "/srv/b/bert",
                        "bert-base-uncased": "bert-base-uncased"}
 
@@ -163,7 +163,7 @@ def test_each_visitor_picks_a_model_for_their_session_only(picker_app, tiny_bert
 @pytest.mark.slow
 @pytest.mark.parametrize("choice", ["bert-base-uncased", "/etc/passwd", "../broken-model", "  "])
 def test_the_page_refuses_models_it_does_not_offer(picker_app, choice, monkeypatch):
-    monkeypatch.setattr(models, "load", must_not_load)  # the server runs in this process
+    monkeypatch.setattr(loading, "load", must_not_load)  # the server runs in this process
     client = Client(picker_app[0], verbose=False)
     with pytest.raises(AppError, match="not in the list"):
         client.predict(choice, api_name="/choose_model")

@@ -13,8 +13,9 @@ import torch
 from transformers import AutoModelForMaskedLM
 
 import bertdemo
-from bertdemo import anatomy, plots
-from bertdemo.attention_views import (VIEWS, Attention, aggregate, bertviz_html, data_urls, default_selection,
+from bertdemo.forward import anatomy
+from bertdemo import plots
+from bertdemo.views.attention_views import (VIEWS, Attention, aggregate, bertviz_html, data_urls, default_selection,
                                 eager_twin, mask_rows, rollout, srcdoc_iframe, standalone,
                                 view)
 from bertdemo.ui.attention_tab import served_urls
@@ -330,7 +331,7 @@ def test_option_changes_before_any_run_change_nothing(tiny_bert):
 
 
 def test_a_freed_model_asks_to_run_again(tiny_bert):
-    from bertdemo.models import LoadedModel
+    from bertdemo.model.loading import LoadedModel
     from bertdemo.ui import attention_tab
 
     visitor = _visitor(tiny_bert)

@@ -5,8 +5,8 @@ import time
 import pytest
 
 import bertdemo
-from bertdemo import fillmask
-from bertdemo.batching import MicroBatcher
+from bertdemo.views import fillmask
+from bertdemo.serving.batching import MicroBatcher
 
 TEXTS = ["Paris is the [MASK] of France.", "The [MASK] tower is a famous [MASK].",
          "[MASK] is the capital of germany and berlin is a big [MASK] with a river .",

@@ -12,8 +12,8 @@ import torch
 
 import bertdemo
 import tiny_models
-from bertdemo import fillmask
-from bertdemo.models import pick_dtype
+from bertdemo.views import fillmask
+from bertdemo.model.loading import pick_dtype
 
 MAX_PROB_DIFF = 0.02  # 5x the measured 0.004
 
@@ -96,7 +96,7 @@ def test_dtype_flag_reaches_the_model_and_the_page(engine, tiny_bert_dir):
 
 
 def test_fine_tuning_a_bf16_base_trains_in_float32(bf16_bert):
-    from bertdemo.fine_tuning import finetune
+    from bertdemo.training.fine_tuning import finetune
 
     tuned, history = finetune(bf16_bert, "\n".join(tiny_models.SENTENCES * 3), steps=2, batch_size=2,
                               max_length=16)

@@ -5,7 +5,7 @@ import re
 import pytest
 from playwright.sync_api import expect
 
-from bertdemo import bundled
+from bertdemo.model import bundled
 from hub_server import hub_env
 from test_hub import free_port, start_app, stop
 

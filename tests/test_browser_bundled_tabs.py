@@ -7,7 +7,7 @@ import pytest
 from playwright.sync_api import expect
 
 import bertdemo
-from bertdemo import bundled
+from bertdemo.model import bundled
 from bertdemo.config import Settings
 from conftest import launch
 

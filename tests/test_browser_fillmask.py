@@ -38,7 +38,7 @@ def test_predict_draws_one_bar_per_prediction(page, app_url, tiny_bert, screensh
 
 
 def test_a_right_to_left_sentence_is_said_to_be_beyond_what_the_model_reads(page, app_url, tiny_bert, screenshot):
-    from bertdemo.reading import reading_notice
+    from bertdemo.views.reading import reading_notice
     from bertdemo.ui.fillmask_tab import reading_words
 
     hebrew = "פריז היא [MASK] של צרפת."

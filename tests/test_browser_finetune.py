@@ -8,7 +8,8 @@ import pytest
 from playwright.sync_api import expect
 
 from bertdemo.config import Settings
-from bertdemo.fine_tuning import compare_probes, default_probes, finetune
+from bertdemo.views.compare import compare_probes
+from bertdemo.training.fine_tuning import default_probes, finetune
 from bertdemo.ui import finetune_tab
 from conftest import block, set_slider
 

@@ -1,12 +1,13 @@
 """The mask-sampling tab in a real browser (Debian's chromium) that can reach only this machine,
 driven as a person would: type a sentence, sample, resample, show the epochs and the law, and
-read what appears. What the page shows is checked against `bertdemo.masking` itself."""
+read what appears. What the page shows is checked against `bertdemo.views.masking` itself."""
 import re
 
 import pytest
 from playwright.sync_api import expect
 
-from bertdemo import masking, plots
+from bertdemo.views import masking
+from bertdemo import plots
 from conftest import block, expect_toast, set_slider
 
 SENTENCE = "Paris is the capital of France and Berlin is the capital of Germany."

@@ -11,9 +11,10 @@ import torch
 
 import app
 import bertdemo
-from bertdemo import bundled, explain
+from bertdemo.model import bundled
+from bertdemo.views import explain
 from bertdemo.config import DEFAULT_MODEL, Settings
-from bertdemo.engine import Engine
+from bertdemo.serving.engine import Engine
 
 pytestmark = pytest.mark.skipif(not bundled.available(), reason="the bundled model's files are not there")
 
@@ -144,7 +145,7 @@ def test_a_short_fine_tune_lowers_the_held_out_loss_of_its_text(lm):
 @pytest.mark.slow
 def test_the_training_script_writes_a_folder_load_bundled_reads(tmp_path):
     """`python -m bertdemo train-bundled` in miniature: two steps on a corpus written here."""
-    from bertdemo.bundled_training import Recipe, train_bundled
+    from bertdemo.build.bundled_training import Recipe, train_bundled
 
     corpus = tmp_path / "corpus"
     corpus.mkdir()

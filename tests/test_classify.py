@@ -1,4 +1,4 @@
-"""The Classify service (bertdemo/classification.py): the article's downstream recipe, measured.
+"""The Classify service (bertdemo/training/classification.py): the article's downstream recipe, measured.
 
 Tiny random BERTs learn a keyword task (the keyword decides the label); the real MiniLM weights
 learn a topic task written here and are tested on sentences they never saw.
@@ -12,11 +12,12 @@ import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 import bertdemo
-from bertdemo.classification import (ClassifierForm, build_classifier, check_examples, confusion_matrix,
-                                     forgetting_rows, lr_sweep, macro_f1, mlm_loss, parse_examples,
-                                     save_classifier_zip, stratified_split, table_examples)
 from bertdemo.config import Limits
-from bertdemo.training import Evaluation, Step
+from bertdemo.labelled import check_examples, parse_examples, stratified_split, table_examples
+from bertdemo.training.classification import (ClassifierForm, build_classifier, confusion_matrix, lr_sweep,
+                                              macro_f1, save_classifier_zip)
+from bertdemo.training.forgetting import forgetting_rows, mlm_loss
+from bertdemo.training.loop import Evaluation, Step
 
 FILLER = "the a is was of in and on at for with big small new old red blue green very".split()
 FAST = dict(epochs=10, learning_rate=3e-3, batch_size=8)  # what a 2-layer hidden-32 random BERT needs

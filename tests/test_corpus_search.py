@@ -11,8 +11,9 @@ import pytest
 import torch
 
 import bertdemo
-from bertdemo import corpus_search
-from bertdemo.corpus_search import IndexCache, Stopped
+import bertdemo.views.embeddings
+from bertdemo.views import corpus_search
+from bertdemo.views.corpus_search import IndexCache, Stopped
 
 CORPUS = ["the cat sat on the mat", "a dog ran in the park", "paris is the capital of france",
           "the capital of germany is berlin", "the cat is in paris"]
@@ -88,7 +89,7 @@ def test_a_real_model_finds_river_banks_for_a_river_bank(engine, tmp_path):
     money bank the money banks (the lines interleaved, so the order of the corpus says nothing)."""
     minilm = engine.load_minilm("cpu")
     lines = [line for pair in zip(MONEY, RIVER + [""]) for line in pair if line]
-    last = bertdemo.embeddings.layer_count(minilm)
+    last = bertdemo.views.embeddings.layer_count(minilm)
     cache = IndexCache(tmp_path)
 
     def banks(sentence):

@@ -50,12 +50,12 @@ def resolve(name: str):
 
 
 def submodules() -> dict[str, str]:
-    """Short module names (`models`, `live_run`) -> their full names, for `models.x` in code spans."""
+    """Short module names (`loading`, `live_run`) -> their full names, for `loading.x` in code spans."""
     found = {}
-    for folder, package in [(ROOT / "bertdemo", "bertdemo"), (ROOT / "bertdemo" / "ui", "bertdemo.ui")]:
-        for path in folder.glob("*.py"):
-            if not path.stem.startswith("_"):
-                found.setdefault(path.stem, f"{package}.{path.stem}")
+    for path in sorted((ROOT / "bertdemo").rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        if not path.stem.startswith("_") and "templates" not in parts:
+            found.setdefault(path.stem, ".".join(parts))
     return found
 
 

@@ -7,8 +7,8 @@ import torch
 from sklearn.decomposition import PCA
 
 import bertdemo
-from bertdemo import embeddings
-from bertdemo.classification import parse_examples, stratified_split
+from bertdemo.views import embeddings
+from bertdemo.labelled import parse_examples, stratified_split
 from bertdemo.config import Settings
 from bertdemo.sessions import SessionStore
 from bertdemo.ui import classify_tab, embeddings_tab
@@ -197,7 +197,7 @@ def test_a_heads_off_view_maps_without_its_heads_and_the_shared_model_is_untouch
 
 @pytest.fixture(scope="module")
 def bundled_model():
-    from bertdemo import bundled
+    from bertdemo.model import bundled
     if not bundled.available():
         pytest.skip("the bundled model's files are not there")
     return bertdemo.load(str(bundled.FOLDER), device="cpu")

@@ -13,7 +13,7 @@ import torch
 
 import bertdemo
 import tiny_models
-from bertdemo import explain
+from bertdemo.views import compare, explain
 from bertdemo.validate import InputError
 
 TEXT = "Paris is the [MASK] of France."
@@ -221,8 +221,8 @@ def test_compare_across_vocabularies_matches_word_starts(tiny_bert, tiny_roberta
     bert_id = tiny_bert.tokenizer.convert_tokens_to_ids("capital")
     roberta_id = tiny_roberta.tokenizer.convert_tokens_to_ids("Ġcapital")
     assert roberta_id != tiny_roberta.tokenizer.unk_token_id
-    assert explain.same_token(tiny_roberta, roberta_id, tiny_bert) == bert_id
-    assert explain.same_token(tiny_bert, bert_id, tiny_roberta) == roberta_id
+    assert compare.same_token(tiny_roberta, roberta_id, tiny_bert) == bert_id
+    assert compare.same_token(tiny_bert, bert_id, tiny_roberta) == roberta_id
 
 
 def test_compare_scores_matches_two_sentence_scores(tiny_bert, tiny_distilbert):
@@ -301,7 +301,7 @@ def test_layers_handler_plots_the_chosen_mask(visitor):
 
 
 def test_saliency_handler_shows_attribution_beside_attention(visitor):
-    from bertdemo.attention_views import attention, mask_rows
+    from bertdemo.views.attention_views import attention, mask_rows
     from bertdemo.ui.explain_tab import on_saliency
 
     note, coloured, result = on_saliency(visitor, TWO, "", 1, "integrated_gradients", 16, 0)

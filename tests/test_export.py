@@ -9,8 +9,9 @@ import pytest
 import torch
 
 import bertdemo
+import bertdemo.training.fine_tuning
 import tiny_models
-from bertdemo import export
+from bertdemo.training import export
 
 TEXT = "\n".join(tiny_models.SENTENCES * 3)
 SETTINGS = dict(steps=2, batch_size=4, learning_rate=3e-4, seed=3, max_length=32, mlm_probability=0.2)
@@ -53,7 +54,7 @@ def test_export_zip_has_script_settings_and_data(runs, tiny_bert_dir, tmp_path):
 
 def test_a_history_without_settings_is_refused():
     with pytest.raises(ValueError, match="bertdemo.finetune"):
-        export.run_config(bertdemo.fine_tuning.MLMHistory(planned_steps=1), "bert-base-uncased")
+        export.run_config(bertdemo.training.fine_tuning.MLMHistory(planned_steps=1), "bert-base-uncased")
 
 
 def run_script(folder, *args):

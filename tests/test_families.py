@@ -8,8 +8,9 @@ from transformers import AutoModelForMaskedLM, pipeline
 
 import bertdemo
 import tiny_models
-from bertdemo import anatomy, heads
-from bertdemo.fillmask import encode, fill_encoded, logits_at
+from bertdemo.forward import anatomy
+from bertdemo.views import heads
+from bertdemo.views.fillmask import encode, fill_encoded, logits_at
 
 SENTENCE = "The cat sat on the [MASK] in the park."
 LONGER = "We went to the river bank and the [MASK] sat on a very old and very green bench."
@@ -173,7 +174,7 @@ def test_tokens_are_shown_as_words_whatever_the_tokenizer(family):
 
 
 def test_the_card_names_the_family_and_its_views(family):
-    from bertdemo.models import family_hint
+    from bertdemo.model.loading import family_hint
 
     name, folder, lm = family
     assert lm.card.family == anatomy.FAMILIES[name].name == family_hint(str(folder))

@@ -7,7 +7,7 @@ import pytest
 
 import reference_plots
 from bertdemo import plots
-from bertdemo.training import Evaluation, Step
+from bertdemo.training.loop import Evaluation, Step
 
 
 def _json(fig) -> dict:

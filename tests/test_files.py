@@ -13,7 +13,7 @@ import pytest
 from gradio_client import Client
 
 import app
-from bertdemo.attention_views import VENDORED, Attention, bertviz_html
+from bertdemo.views.attention_views import VENDORED, Attention, bertviz_html
 from bertdemo.config import Settings
 from bertdemo.sessions import SessionStore
 

@@ -6,7 +6,7 @@ import torch
 from transformers import pipeline
 
 import bertdemo
-from bertdemo import fillmask
+from bertdemo.views import fillmask
 
 SENTENCES = ["Paris is the [MASK] of France.",
              "The [mask] tower is a famous [MASK].",

@@ -9,10 +9,11 @@ import torch
 import bertdemo
 import tiny_models
 from bertdemo.config import Limits
-from bertdemo.fine_tuning import (MASKINGS, FinetuneForm, TuningRequest, compare_masking, compare_probes,
-                                  default_probes, evaluate, finetune, fixed_rows, masked_logits, mlm_collator,
-                                  pack, prepare_text, save_zip, split_units)
-from bertdemo.training import Evaluation, RunHistory, Step, overfitting, train
+from bertdemo.training.fine_tuning import (MASKINGS, FinetuneForm, TuningRequest, compare_masking, default_probes,
+                                           evaluate, finetune, masked_logits, save_zip)
+from bertdemo.views.compare import compare_probes
+from bertdemo.training.mlm_data import fixed_rows, mlm_collator, pack, prepare_text, split_units
+from bertdemo.training.loop import Evaluation, RunHistory, Step, overfitting, train
 
 REPEATED = "\n".join(tiny_models.SENTENCES * 5)  # 20 lines: 2 held out, both also seen in training
 FAST = dict(learning_rate=1e-2, batch_size=8, max_length=16)  # a random tiny model needs a large rate
@@ -85,7 +86,7 @@ def test_stop_flag_of_the_store_stops_a_running_fine_tune(tiny_bert):
 
 def _counting_loss(monkeypatch, poison_at=None):
     """MaskedLMTask.loss wrapped: counts its calls; the `poison_at`-th returns NaN."""
-    from bertdemo.fine_tuning import MaskedLMTask
+    from bertdemo.training.fine_tuning import MaskedLMTask
 
     calls, original = [0], MaskedLMTask.loss
 
@@ -103,7 +104,7 @@ def test_a_loss_read_a_step_late_changes_only_when_it_is_reported(tiny_bert, mon
     losses and evaluations, each evaluation after every step before it; here forced on a CPU."""
     _, plain = run(tiny_bert, steps=7, eval_every=3, seed=7)
     calls = _counting_loss(monkeypatch)
-    monkeypatch.setattr(bertdemo.training, "reads_late", lambda model: late)
+    monkeypatch.setattr(bertdemo.training.loop, "reads_late", lambda model: late)
     seen = []
     _, history = run(tiny_bert, steps=7, eval_every=3, seed=7,
                      on_event=lambda e: seen.append((e, calls[0])))
@@ -121,7 +122,7 @@ def test_a_loss_read_a_step_late_changes_only_when_it_is_reported(tiny_bert, mon
 @pytest.mark.parametrize("late", [False, True])
 def test_a_non_finite_loss_ends_the_run_as_diverged(tiny_bert, monkeypatch, late):
     _counting_loss(monkeypatch, poison_at=4)
-    monkeypatch.setattr(bertdemo.training, "reads_late", lambda model: late)
+    monkeypatch.setattr(bertdemo.training.loop, "reads_late", lambda model: late)
     _, history = run(tiny_bert, steps=10, eval_every=0)
     assert history.stopped == "diverged"
     assert [s.step for s in history.steps] == [1, 2, 3]  # the step queued after it is not reported
@@ -129,7 +130,7 @@ def test_a_non_finite_loss_ends_the_run_as_diverged(tiny_bert, monkeypatch, late
 
 
 def test_a_batch_bound_for_a_gpu_leaves_out_a_mask_that_masks_nothing():
-    from bertdemo.fine_tuning import model_inputs
+    from bertdemo.training.fine_tuning import model_inputs
 
     full = {"input_ids": torch.ones(2, 4, dtype=torch.long), "attention_mask": torch.ones(2, 4, dtype=torch.long),
             "labels": torch.full((2, 4), -100)}
@@ -154,7 +155,7 @@ def test_no_mask_and_a_mask_of_ones_give_the_same_loss(tiny_bert):
 @pytest.mark.parametrize("model", ["tiny_bert", "tiny_roberta"])
 def test_blocks_padded_by_torch_collate_as_the_collator_does(model, request):
     """Same tensors and random draws as DataCollatorForLanguageModeling's own call, batch after batch."""
-    from bertdemo.fine_tuning import padded_by_torch
+    from bertdemo.training.mlm_data import padded_by_torch
 
     lm = request.getfixturevalue(model)
     blocks = prepare_text(lm, REPEATED, max_length=12).train
@@ -222,7 +223,7 @@ OVERFIT = dict(steps=40, batch_size=2, max_length=16, learning_rate=1e-2)
 
 def held_out_loss(lm, tuned, text=OVERFIT_TEXT, **settings):
     """The tuned model's loss on the run's own fixed eval masks."""
-    from bertdemo.fine_tuning import MaskedLMTask, plan_finetune
+    from bertdemo.training.fine_tuning import MaskedLMTask, plan_finetune
     plan = plan_finetune(lm, text, **settings)
     return MaskedLMTask(lm, tuned.model, plan).evaluate(0).loss
 
@@ -308,7 +309,7 @@ def test_packing_keeps_every_token_within_the_length(tiny_bert):
 def test_batches_padded_to_one_length_give_the_same_loss(tiny_bert, masking):
     """On a GPU every training batch is padded to the longest block (one shape for its attention
     kernels): the same masks and the same loss as batches padded to their own longest row."""
-    from bertdemo.fine_tuning import MaskedLMTask, plan_finetune
+    from bertdemo.training.fine_tuning import MaskedLMTask, plan_finetune
 
     model = tiny_bert.model.eval()  # no dropout: the two losses must match
     plan = plan_finetune(tiny_bert, REPEATED, steps=3, batch_size=2, max_length=16, masking=masking)
@@ -550,7 +551,7 @@ def test_second_run_of_the_same_person_is_refused_and_stop_without_run_is_harmle
 def test_stopped_run_replaces_a_good_model_only_when_asked(tiny_bert):
     from types import SimpleNamespace
 
-    from bertdemo.runs import keep_or_discard
+    from bertdemo.runs.life import keep_or_discard
     from bertdemo.sessions import SessionStore
 
     store = SessionStore(tiny_bert)

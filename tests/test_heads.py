@@ -11,9 +11,11 @@ import torch
 from transformers import AutoModelForMaskedLM
 
 import bertdemo
-from bertdemo import anatomy, heads, hooks
-from bertdemo.fillmask import encode, logits_at
-from bertdemo.models import LoadedModel
+import bertdemo.model.loading
+from bertdemo.forward import anatomy, hooks
+from bertdemo.views import heads
+from bertdemo.views.fillmask import encode, logits_at
+from bertdemo.model.loading import LoadedModel
 
 ARCHS = ["tiny_bert", "tiny_distilbert", "tiny_roberta"]
 SENTENCE = "Paris is the [MASK] of France."
@@ -81,9 +83,9 @@ def test_real_minilm_weights_neuron_view_and_importance(engine, monkeypatch):
     expected = float(off[fast["target"]["token_id"]])
     assert fast["delta"][3][7] == pytest.approx(expected - fast["log_prob"], abs=1e-4)
     with monkeypatch.context() as patched:
-        patched.setattr(bertdemo.lean_forward, "supports", lambda model: False)
+        patched.setattr(bertdemo.forward.lean_forward, "supports", lambda model: False)
         np.testing.assert_allclose(bertdemo.head_importance(lm, SENTENCE)["delta"], fast["delta"], atol=1e-4)
-    path = str(bertdemo.models.minilm_path())
+    path = str(bertdemo.model.loading.minilm_path())
     model = AutoModelForMaskedLM.from_pretrained(path, attn_implementation="eager").eval()
     inputs = lm.tokenizer(SENTENCE.replace("[MASK]", lm.mask_token), return_tensors="pt")
     with torch.no_grad():
@@ -265,7 +267,7 @@ def test_importance_of_a_word_in_small_batches_and_of_a_view(tiny_bert, monkeypa
 def test_importance_through_the_lean_forward_equals_the_layer_modules(tiny_bert, tiny_roberta, monkeypatch):
     """BERT-family models run the copies through the lean forward; the modules with hooks agree."""
     lean = [bertdemo.head_importance(lm, TWO_MASKS, mask=1)["delta"] for lm in (tiny_bert, tiny_roberta)]
-    monkeypatch.setattr(bertdemo.lean_forward, "supports", lambda model: False)
+    monkeypatch.setattr(bertdemo.forward.lean_forward, "supports", lambda model: False)
     for lm, fast in zip((tiny_bert, tiny_roberta), lean):
         np.testing.assert_allclose(fast, bertdemo.head_importance(lm, TWO_MASKS, mask=1)["delta"], atol=1e-5)
 

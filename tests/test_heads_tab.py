@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import bertdemo
-from bertdemo.attention_views import view
+import bertdemo.views.compare
+from bertdemo.views.attention_views import view
 from bertdemo.config import Settings
 from bertdemo.sessions import SessionStore
 from bertdemo.ui import attention_tab, heads_panel
@@ -56,7 +57,7 @@ def test_grid_clicks_switch_heads_off_and_on_and_the_predictions_follow(visitor,
     assert "log p =" in note and list(grid.data.columns) == ["layer", "head 0", "head 1"]
     heads, grid, _, off_note, compared = heads_panel.on_grid_click(visitor, "", click(1, 2))  # layer 1, head 1
     assert heads == "1:1" and grid.data.iloc[1, 2].startswith("✕") and "1 of 4 heads" in off_note
-    expected = bertdemo.explain.compare_predictions(real_vocab_bert, bertdemo.heads_off(real_vocab_bert, [(1, 1)]),
+    expected = bertdemo.views.compare.compare_predictions(real_vocab_bert, bertdemo.heads_off(real_vocab_bert, [(1, 1)]),
                                                     SENTENCE)
     assert [r["b"] for r in compared["masks"][0]["changes"]] == \
         pytest.approx([r["b"] for r in expected["masks"][0]["changes"]], abs=1e-6)

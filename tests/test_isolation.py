@@ -20,10 +20,10 @@ from gradio_client.utils import Status
 import app
 import bertdemo
 import tiny_models
-from bertdemo.attention_views import view
+from bertdemo.views.attention_views import view
 from bertdemo.config import Settings
-from bertdemo.engine import Engine
-from bertdemo.models import LoadedModel
+from bertdemo.serving.engine import Engine
+from bertdemo.model.loading import LoadedModel
 from bertdemo.sessions import SessionStore
 
 SENTENCE = "Paris is the [MASK] of France."
@@ -221,7 +221,7 @@ def test_past_its_size_the_queue_refuses_politely_and_the_server_stays_up(limite
 def test_the_first_viewers_at_once_each_get_the_complete_offline_scripts(monkeypatch):
     """The soak found it: the scripts' data: URLs were cached one by one, so a viewer arriving
     while the first was still filling the cache found it half full and got an error."""
-    attention = sys.modules["bertdemo.attention_views"]  # the package's `attention` is the function
+    attention = sys.modules["bertdemo.views.attention_views"]  # the package's `attention` is the function
     attention.data_urls.cache_clear()  # as when the server starts
     start, got = threading.Barrier(8), []
 

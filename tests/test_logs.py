@@ -10,9 +10,10 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 
 import app
-from bertdemo import bundled, onnx_engine
+from bertdemo.model import bundled
+from bertdemo.forward import onnx_engine
 from bertdemo.config import DEFAULT_MODEL, Settings
-from bertdemo.engine import Engine
+from bertdemo.serving.engine import Engine
 from bertdemo.sessions import SessionStore
 from bertdemo.ui.context import AppContext, handler
 from conftest import launch
@@ -105,7 +106,7 @@ def test_the_onnx_export_prints_no_tracer_or_optimizer_noise(tiny_bert, tmp_path
         onnx_engine.export(tiny_bert.model, tmp_path / "model.onnx")
     assert (tmp_path / "model.onnx").is_file()
     assert [str(w.message)[:80] for w in warned] == []
-    assert [r.name for r in caplog.records] == ["bertdemo.onnx_engine"]  # one line: the export and its fusions
+    assert [r.name for r in caplog.records] == ["bertdemo.forward.onnx_engine"]  # one line: the export and its fusions
     with warnings.catch_warnings(record=True) as after:  # only around the export: others still warn
         warnings.simplefilter("always")
         warnings.warn("still shown", UserWarning)

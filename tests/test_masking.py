@@ -9,7 +9,8 @@ from gradio_client.exceptions import AppError, ValidationError
 from transformers import DataCollatorForLanguageModeling
 
 import bertdemo
-from bertdemo import experiments, masking
+from bertdemo.training import experiments
+from bertdemo.views import masking
 
 TEXT = "Paris is the capital of France, unbelievably sleeping at the famous Eiffel tower."
 SETTINGS = [(0.15, 0.8, 0.1), (0.4, 0.5, 0.3)]
@@ -304,7 +305,7 @@ REPEATED = "\n".join(["Paris is the capital of France.", "The Eiffel tower is a 
 
 
 def test_article_collator_scores_exactly_the_visible_tokens(tiny_bert):
-    from bertdemo.fine_tuning import prepare_text
+    from bertdemo.training.mlm_data import prepare_text
 
     tok = tiny_bert.tokenizer
     blocks = prepare_text(tiny_bert, REPEATED, max_length=12).train  # short blocks: ragged, padded
@@ -343,7 +344,7 @@ def test_collator_labelling_learns_to_fill_masks_the_article_labelling_does_not(
 
 
 def test_hidden_eval_hides_every_chosen_token(tiny_bert):
-    from bertdemo.fine_tuning import prepare_text
+    from bertdemo.training.mlm_data import prepare_text
 
     rows = experiments.hidden_eval_rows(tiny_bert, prepare_text(tiny_bert, REPEATED).eval, seed=0)
     labels, ids = torch.cat([r["labels"] for r in rows]), torch.cat([r["input_ids"] for r in rows])
@@ -401,9 +402,9 @@ def test_article_labelling_run_can_be_stopped_and_holds_one_slot(tiny_bert, monk
 
     import dataclasses
 
-    from bertdemo import runs
-    from bertdemo.experiments import LabellingForm
-    from bertdemo.training import Step
+    from bertdemo.runs import kinds
+    from bertdemo.training.experiments import LabellingForm
+    from bertdemo.training.loop import Step
     from bertdemo.ui import live_run
 
     visitor, form = _visitor(tiny_bert), LabellingForm(REPEATED, 0, 60, 1e-2)
@@ -414,7 +415,7 @@ def test_article_labelling_run_can_be_stopped_and_holds_one_slot(tiny_bert, monk
     # Stop as a visitor would during the article's run. Pressed from the handler's progress, it
     # could land in the collator's run: the handler reads events every 0.5 s, and the tiny
     # model's 60 steps may all fit in that first half second.
-    spec, stops = runs.RUNS["article_finetune"], []
+    spec, stops = kinds.RUNS["article_finetune"], []
 
     def stopped_at_first_step(plan, on_event, should_stop):
         def step(event):
@@ -424,7 +425,7 @@ def test_article_labelling_run_can_be_stopped_and_holds_one_slot(tiny_bert, monk
                 masking_tab.on_stop(visitor)
         return spec.job(plan, on_event=step, should_stop=should_stop)
 
-    monkeypatch.setitem(runs.RUNS, "article_finetune", dataclasses.replace(spec, job=stopped_at_first_step))
+    monkeypatch.setitem(kinds.RUNS, "article_finetune", dataclasses.replace(spec, job=stopped_at_first_step))
     _, table, note = list(masking_tab.on_consequence(visitor, form, progress=lambda *a, **k: None))[-1]
     assert stops == ["article"]
     assert "stopped early: article's labelling: stopped" in note or "did not both train" in note

@@ -6,7 +6,7 @@ from transformers import BertConfig, BertModel
 
 import bertdemo
 import tiny_models
-from bertdemo.models import UNTRAINED_HEAD, ModelCard
+from bertdemo.model.card import UNTRAINED_HEAD, ModelCard
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +106,7 @@ def test_a_complete_model_has_no_warning_and_its_card_says_so(tiny_bert):
 
 
 def test_the_no_model_pages_button_serves_the_bundled_model_and_says_what_it_is():
-    from bertdemo import bundled
+    from bertdemo.model import bundled
     from bertdemo.config import Settings
     from bertdemo.sessions import SessionStore
     from bertdemo.ui import model_banner

@@ -1,13 +1,13 @@
 """Which forward serves a fill-mask batch, ONNX Runtime or the lean torch forward, decided from
-timings of both on this machine (bertdemo/onnx_engine.py `Crossover`): fake timings here, so
+timings of both on this machine (bertdemo/forward/onnx_engine.py `Crossover`): fake timings here, so
 what is tested is the decision, never the machine's speed."""
 import threading
 
 import pytest
 import torch
 
-from bertdemo import onnx_engine
-from bertdemo.onnx_engine import Crossover, OnnxMaskedLM
+from bertdemo.forward import onnx_engine
+from bertdemo.forward.onnx_engine import Crossover, OnnxMaskedLM
 
 THREADS = torch.get_num_threads()
 

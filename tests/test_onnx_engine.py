@@ -1,4 +1,4 @@
-"""The fill-mask forward through ONNX Runtime (bertdemo/onnx_engine.py): the same predictions as
+"""The fill-mask forward through ONNX Runtime (bertdemo/forward/onnx_engine.py): the same predictions as
 pipeline("fill-mask"), never served from weights that changed since the export, exported once
 per weights, and out of the way when a view needs the model's own modules (heads switched off)."""
 import copy
@@ -8,7 +8,8 @@ import torch
 from transformers import pipeline
 
 import bertdemo
-from bertdemo import fillmask, onnx_engine
+from bertdemo.views import fillmask
+from bertdemo.forward import onnx_engine
 
 pytestmark = pytest.mark.skipif(not onnx_engine.available(), reason="onnxruntime is not installed")
 
@@ -116,7 +117,7 @@ def test_heads_switched_off_take_the_models_own_modules(served):
 def dataclass_without_onnx(lm):
     import dataclasses
 
-    from bertdemo.models import ModelCaches
+    from bertdemo.model.caches import ModelCaches
 
     return dataclasses.replace(lm, caches=ModelCaches())
 

@@ -8,8 +8,9 @@ import transformers
 
 import bertdemo
 import tiny_models
-from bertdemo import fillmask, lean_forward
-from bertdemo.models import mlm_head, mlm_logits
+from bertdemo.views import fillmask
+from bertdemo.forward import lean_forward
+from bertdemo.model.logits import mlm_head, mlm_logits
 
 
 def test_requests_never_load_models_or_tokenizers(client, monkeypatch):
@@ -25,7 +26,7 @@ def test_requests_never_load_models_or_tokenizers(client, monkeypatch):
 
 
 def test_attention_reuses_one_eager_twin_per_model(tiny_bert):
-    from bertdemo.attention_views import eager_twin
+    from bertdemo.views.attention_views import eager_twin
 
     assert eager_twin(tiny_bert) is eager_twin(tiny_bert)
 
@@ -98,7 +99,7 @@ def test_trained_linear_values_and_gradients_equal_linear(bias, x_grad):
 def test_a_fine_tune_step_runs_every_linear_layer_through_onednn(tiny_bert, monkeypatch):
     """Training on a CPU: each layer's projections, feed-forward and the decoder go through
     `trained_linear`; serving and attributions (weights frozen) never do."""
-    from bertdemo.fine_tuning import masked_logits
+    from bertdemo.training.fine_tuning import masked_logits
 
     calls = []
     real = lean_forward.trained_linear
@@ -202,7 +203,7 @@ def test_lean_forward_steps_aside_where_it_would_be_wrong(tiny_bert, tiny_distil
 def test_training_through_the_lean_forward_gives_the_models_own_loss_and_gradients(arch, request):
     """A fine-tune on a CPU runs the last layer at its masked tokens only: with dropout at 0 the
     loss and every gradient equal those of the model's own forward over every token."""
-    from bertdemo.fine_tuning import masked_logits
+    from bertdemo.training.fine_tuning import masked_logits
 
     lm = request.getfixturevalue(arch)
     model = copy.deepcopy(lm.model).train().requires_grad_(True)
@@ -231,7 +232,7 @@ def test_training_through_the_lean_forward_draws_the_models_own_dropout(arch, re
     """Under one seed, the lean forward's dropout equals the model's own (every draw made as its
     forward makes it, the last layer's taken at the masks): the same loss and gradients, so a run
     repeats whichever forward it takes (the exported training script's first loss equals the demo's)."""
-    from bertdemo.fine_tuning import masked_logits
+    from bertdemo.training.fine_tuning import masked_logits
 
     lm = request.getfixturevalue(arch)
     model = copy.deepcopy(lm.model).train().requires_grad_(True)
@@ -256,7 +257,7 @@ def test_training_through_the_lean_forward_draws_the_models_own_dropout(arch, re
 
 def test_training_through_the_lean_forward_applies_dropout(tiny_bert):
     """In train mode the lean forward drops as the modules do: two draws differ, eval does not."""
-    from bertdemo.fine_tuning import masked_logits
+    from bertdemo.training.fine_tuning import masked_logits
 
     model = copy.deepcopy(tiny_bert.model).train().requires_grad_(True)
     inputs, rows, cols = _padded_batch_with_masks(tiny_bert)
@@ -273,7 +274,7 @@ def test_training_through_the_lean_forward_applies_dropout(tiny_bert):
 def test_a_fine_tunes_evaluation_under_autocast_takes_the_models_own_forward(tiny_bert):
     """On a GPU a fine-tune evaluates under bf16 autocast; the lean forward wrote autocast's bf16
     rows into float32 buffers there and the run failed at its first evaluation."""
-    from bertdemo.fine_tuning import masked_logits
+    from bertdemo.training.fine_tuning import masked_logits
 
     inputs, rows, cols = _padded_batch_with_masks(tiny_bert)
     labels = torch.full_like(inputs["input_ids"], -100)
@@ -341,7 +342,7 @@ def test_a_model_evaluated_while_trained_in_place_is_served_with_its_new_weights
 def test_attention_with_masks_adds_no_second_packed_decoder(tiny_bert):
     """The attention tab's eager twin shares the model's weights, so its LM head reads the same
     packed decoder: a model used in both tabs holds one packed copy (94 MB for bert-base)."""
-    from bertdemo.attention_views import attention
+    from bertdemo.views.attention_views import attention
     lm = dataclasses.replace(tiny_bert, model=copy.deepcopy(tiny_bert.model))  # weights of its own
     fillmask.fill_mask(lm, "Paris is the [MASK] of France.")  # packs them, decoder included
     packed = len(lm.caches.packed)

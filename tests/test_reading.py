@@ -5,7 +5,7 @@ import shutil
 import pytest
 
 import bertdemo
-from bertdemo.reading import reading_notice, vocabulary_scripts
+from bertdemo.views.reading import reading_notice, vocabulary_scripts
 from bertdemo.ui import fillmask_tab
 
 HEBREW = "פריז היא [MASK] של צרפת."

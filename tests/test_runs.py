@@ -11,11 +11,11 @@ import pytest
 
 import bertdemo
 import tiny_models
-from bertdemo import runs
+from bertdemo.runs import kinds, life, slots
 from bertdemo.config import Limits
-from bertdemo.fine_tuning import finetune
+from bertdemo.training.fine_tuning import finetune
 from bertdemo.sessions import SessionStore
-from bertdemo.training import Step
+from bertdemo.training.loop import Step
 
 REPEATED = "\n".join(tiny_models.SENTENCES * 5)
 FAST = dict(learning_rate=1e-2, batch_size=8, max_length=16)
@@ -28,7 +28,7 @@ def caller(store, session="a", limits=None):
 
 def spec_of(job, name="test"):
     """A run kind whose request is its own plan and whose job is `job(plan, on_event, should_stop)`."""
-    return runs.RunSpec(name, dict, check=lambda caller, request: request, job=job)
+    return life.RunSpec(name, dict, check=lambda caller, request: request, job=job)
 
 
 def tune_job(lm, steps=50, also=None):
@@ -47,22 +47,22 @@ def test_stop_ends_the_run_within_one_step_and_frees_the_slot(tiny_bert):
 
     def press_stop_at_step_2(event):
         if isinstance(event, Step) and event.step == 2:
-            assert runs.stop(caller(store))
+            assert life.stop(caller(store))
 
-    with runs.start(caller(store), tune_job(tiny_bert, also=press_stop_at_step_2), {}) as run:
+    with life.start(caller(store), tune_job(tiny_bert, also=press_stop_at_step_2), {}) as run:
         logs = list(run.updates(every=0.01))
         assert store.runs.status("a") == "running"
         outcome = run.finish()
     _, history = outcome.result
     assert history.stopped == "stopped" and len(history.steps) == 2 and outcome.ended == "stopped"
     assert [s.step for s in logs[-1].latest.steps] == [1, 2]
-    assert store.runs.status("a") is None and runs.stop(caller(store)) is False
+    assert store.runs.status("a") is None and life.stop(caller(store)) is False
     store.runs.reserve("a")  # free again
 
 
 def test_time_limit_of_the_run_is_reported_as_such(tiny_bert):
     store = SessionStore(tiny_bert)
-    with runs.start(caller(store, limits=Limits(max_seconds=0)), tune_job(tiny_bert), {}) as run:
+    with life.start(caller(store, limits=Limits(max_seconds=0)), tune_job(tiny_bert), {}) as run:
         outcome = run.finish()
     _, history = outcome.result
     assert history.stopped == "time limit" and outcome.ended == "time limit" and history.steps == []
@@ -77,7 +77,7 @@ def test_a_failing_job_raises_in_the_caller_and_frees_the_slot(tiny_bert):
         raise ValueError("bad input")
 
     with pytest.raises(ValueError, match="bad input"):
-        with runs.start(caller(store), spec_of(job), {}) as run:
+        with life.start(caller(store), spec_of(job), {}) as run:
             assert [log.latest.steps for log in run.updates(every=0.01)] == [[started]]
             run.finish()
     assert store.runs.status("a") is None
@@ -92,7 +92,7 @@ def test_leaving_early_stops_the_worker_as_a_closed_tab_does(tiny_bert):
             gate.wait(0.01)
         return "stopped"
 
-    run = runs.start(caller(store), spec_of(job), {})
+    run = life.start(caller(store), spec_of(job), {})
     with run:
         pass  # the handler's generator closed before the job ended
     assert run.finish().result == "stopped" and store.runs.status("a") is None
@@ -101,15 +101,15 @@ def test_leaving_early_stops_the_worker_as_a_closed_tab_does(tiny_bert):
 def test_second_run_of_a_session_is_refused_others_are_independent(tiny_bert):
     store = SessionStore(tiny_bert)
     one, two = spec_of(lambda plan, on_event, should_stop: plan["n"]), spec_of(lambda *a, **k: 2)
-    plan = runs.reserve(caller(store), one, {"n": 1})  # the validator: the plan goes with the slot
+    plan = life.reserve(caller(store), one, {"n": 1})  # the validator: the plan goes with the slot
     with pytest.raises(ValueError, match="already running or waiting"):
-        runs.reserve(caller(store), one, {"n": 1})
-    runs.reserve(caller(store, "b"), one, {"n": 1})
+        life.reserve(caller(store), one, {"n": 1})
+    life.reserve(caller(store, "b"), one, {"n": 1})
     assert store.runs.status("a") == "waiting"
-    with runs.start(caller(store), one, {"n": 99}) as run:  # claims the reserved ticket and its plan
+    with life.start(caller(store), one, {"n": 99}) as run:  # claims the reserved ticket and its plan
         assert run.plan is plan and run.finish().result == 1
         with pytest.raises(ValueError, match="already running"):
-            runs.start(caller(store), two, {})
+            life.start(caller(store), two, {})
 
 
 def test_a_reservation_whose_request_left_the_queue_is_taken_over(tiny_bert, monkeypatch):
@@ -120,7 +120,7 @@ def test_a_reservation_whose_request_left_the_queue_is_taken_over(tiny_bert, mon
     still_queued.clear()  # its request was cancelled before its handler started
     with pytest.raises(ValueError, match="already running"):
         store.runs.reserve("a")  # within the grace period: the queue may not hold it yet
-    monkeypatch.setattr(runs, "GRACE_S", 0.0)
+    monkeypatch.setattr(slots, "GRACE_S", 0.0)
     assert store.runs.status("a") is None
     store.runs.reserve("a")  # taken over, not refused forever
     still_queued.set()
@@ -131,42 +131,42 @@ def test_a_reservation_whose_request_left_the_queue_is_taken_over(tiny_bert, mon
 
 def test_a_bad_request_is_refused_before_it_takes_the_slot(tiny_bert):
     store = SessionStore(tiny_bert)
-    form = runs.RUNS["compare_masking"].request(REPEATED, 3, "minutes", 5e-5, 8, 16, 0.15, "dynamic", 0)
+    form = kinds.RUNS["compare_masking"].request(REPEATED, 3, "minutes", 5e-5, 8, 16, 0.15, "dynamic", 0)
     with pytest.raises(ValueError, match="'steps' or 'epochs'") as refused:
-        runs.reserve(caller(store), "compare_masking", form)
+        life.reserve(caller(store), "compare_masking", form)
     assert refused.value.field == "length_unit" and store.runs.status("a") is None
 
 
 def test_every_run_kind_is_declared_once_with_its_endpoint():
-    assert set(runs.RUNS) == {"finetune", "compare_masking", "article_finetune", "train_classifier",
+    assert set(kinds.RUNS) == {"finetune", "compare_masking", "article_finetune", "train_classifier",
                               "forgetting_sweep", "adapt_then_classify"}
     assert all(spec.api_name == name and dataclasses.is_dataclass(spec.request)
-               for name, spec in runs.RUNS.items())
+               for name, spec in kinds.RUNS.items())
 
 
 def test_keep_or_discard_for_another_kind_of_model(tiny_bert):
     """The classifier keeps its model by the same policy, in its own slot."""
     store = SessionStore(tiny_bert, max_models={"classifier": 1})
     model, history = finetune(tiny_bert, REPEATED, steps=2, **FAST)
-    note = runs.keep_or_discard(caller(store), model, history, False, kind="classifier")
+    note = life.keep_or_discard(caller(store), model, history, False, kind="classifier")
     assert "classifier" in note and store.model("a", "classifier") is model
     assert store.tuned("a") is None and store.for_session("a") is tiny_bert
-    runs.keep_or_discard(caller(store, "b"), model, history, False, kind="classifier")
+    life.keep_or_discard(caller(store, "b"), model, history, False, kind="classifier")
     assert store.model("a", "classifier") is None and store.was_evicted("a", "classifier")
 
 
 def test_the_zip_is_made_once_per_model(tiny_bert):
     store = SessionStore(tiny_bert)
     with pytest.raises(ValueError, match="no tuned model"):
-        runs.model_zip(store, "a")
+        life.model_zip(store, "a")
     first, _ = finetune(tiny_bert, REPEATED, steps=1, **FAST)
     store.put_tuned("a", first)
-    path = runs.model_zip(store, "a")
+    path = life.model_zip(store, "a")
     made = path.stat().st_mtime_ns
-    assert runs.model_zip(store, "a") == path and path.stat().st_mtime_ns == made
+    assert life.model_zip(store, "a") == path and path.stat().st_mtime_ns == made
     second, _ = finetune(tiny_bert, REPEATED, steps=1, seed=1, **FAST)
     store.put_tuned("a", second)
-    again = runs.model_zip(store, "a")
+    again = life.model_zip(store, "a")
     assert again.exists() and again.stat().st_mtime_ns != made
     store.drop("a")
     assert not again.exists()
@@ -184,14 +184,14 @@ def gated_demo(tiny_bert_dir, monkeypatch):
     from bertdemo.config import Settings
 
     gate = threading.Event()
-    tuning = runs.RUNS["finetune"]
+    tuning = kinds.RUNS["finetune"]
 
     def held_tuning(plan, on_event=None, should_stop=None):
         while not gate.is_set() and not should_stop():
             time.sleep(0.01)
         return tuning.job(plan, on_event=on_event, should_stop=should_stop)
 
-    monkeypatch.setitem(runs.RUNS, "finetune", dataclasses.replace(tuning, job=held_tuning))
+    monkeypatch.setitem(kinds.RUNS, "finetune", dataclasses.replace(tuning, job=held_tuning))
     store = SessionStore(bertdemo.load(str(tiny_bert_dir), device="cpu"))
     demo = app.build_demo(Settings(model=str(tiny_bert_dir), device="cpu"), store)
     url = launch(demo)
@@ -234,7 +234,7 @@ def test_a_queued_request_cancelled_before_it_starts_does_not_keep_the_slot(gate
     assert refused.status_code != 200 and "already running" in refused.text
     httpx.post(f"{url}gradio_api/cancel", json={"session_hash": "visitor", "fn_index": fn_index,
                                                 "event_id": queued.json()["event_id"]}, timeout=30)
-    monkeypatch.setattr(runs, "GRACE_S", 0.0)  # else the slot is taken over 5 s later
+    monkeypatch.setattr(slots, "GRACE_S", 0.0)  # else the slot is taken over 5 s later
     assert store.runs.status("visitor") is None
     assert join(url, "visitor", fn_index).status_code == 200  # the cancelled one kept nothing
     gate.set()
@@ -253,7 +253,7 @@ def test_stop_all_ends_every_run_says_shutdown_and_refuses_new_ones(tiny_bert):
 
     spec = spec_of(job)
     store.runs.reserve("queued")  # its handler never starts: waiting for it must not block
-    with runs.start(caller(store), spec, {}) as run:
+    with life.start(caller(store), spec, {}) as run:
         assert started.wait(10)
         assert store.runs.stop_all() == 1
         assert run.finish().result == "shutdown" and run.ended == "shutdown"
@@ -261,14 +261,14 @@ def test_stop_all_ends_every_run_says_shutdown_and_refuses_new_ones(tiny_bert):
     with pytest.raises(ValueError, match="shutting down"):
         store.runs.reserve("b")
     with pytest.raises(ValueError, match="shutting down"):
-        runs.start(caller(store, "b"), spec, {})
+        life.start(caller(store, "b"), spec, {})
 
 
 def test_wait_idle_times_out_while_a_run_goes_on(tiny_bert):
     store = SessionStore(tiny_bert)
     release = threading.Event()
     spec = spec_of(lambda plan, on_event, should_stop: release.wait(10))
-    with runs.start(caller(store), spec, {}):
+    with life.start(caller(store), spec, {}):
         assert store.runs.wait_idle(timeout=0.2) is False
         release.set()
     assert store.runs.wait_idle(timeout=5)
@@ -281,11 +281,11 @@ def test_a_run_whose_page_closed_says_so_not_stop(tiny_bert):
         if isinstance(event, Step) and event.step == 2:
             store.drop("a")  # what the page's unload does when the server loses its heartbeat
 
-    with runs.start(caller(store), tune_job(tiny_bert, also=close_the_page_at_step_2), {}) as run:
+    with life.start(caller(store), tune_job(tiny_bert, also=close_the_page_at_step_2), {}) as run:
         list(run.updates(every=0.01))
         outcome = run.finish()
     assert outcome.ended == "closed" and outcome.result[1].stopped == "closed"
-    assert "lost this page's connection" in runs.keep_or_discard(caller(store), outcome.result[0],
+    assert "lost this page's connection" in life.keep_or_discard(caller(store), outcome.result[0],
                                                                  outcome.result[1], keep_partial=False)
 
 

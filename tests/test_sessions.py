@@ -6,7 +6,7 @@ import weakref
 import pytest
 import torch
 
-from bertdemo.models import LoadedModel
+from bertdemo.model.loading import LoadedModel
 from bertdemo.sessions import SessionStore
 
 

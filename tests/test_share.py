@@ -22,9 +22,9 @@ import bertdemo
 from bertdemo.__main__ import download
 from bertdemo.__main__ import main as bertdemo_cli
 from bertdemo.config import DEFAULT_MODEL, Settings
-from bertdemo.engine import Engine
-from bertdemo import bundled
-from bertdemo.models import MINILM_NAME, minilm_path
+from bertdemo.serving.engine import Engine
+from bertdemo.model import bundled
+from bertdemo.model.loading import MINILM_NAME, minilm_path
 from bertdemo.ui.model_banner import BUNDLED_BUTTON
 
 ROOT = Path(__file__).parent.parent

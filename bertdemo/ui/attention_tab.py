@@ -12,12 +12,13 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from .. import plots, validate, view_files
-from ..attention_views import (VENDOR_DIR, VIEWS, Attention, attention, bertviz_html, default_selection,
-                               mask_rows, script_urls, srcdoc_iframe, standalone, view, view_height)
+from .. import plots, validate
 from ..config import Settings
-from ..models import LoadedModel
+from ..model.loading import LoadedModel
 from ..sessions import SessionStore
+from ..views import view_files
+from ..views.attention_views import (VENDOR_DIR, VIEWS, Attention, attention, bertviz_html, default_selection,
+                               mask_rows, script_urls, srcdoc_iframe, standalone, view, view_height)
 from . import heads_panel, view_downloads
 from .context import AppContext, Visitor, handler, standalone_demo
 

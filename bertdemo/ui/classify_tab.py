@@ -12,12 +12,15 @@ from pathlib import Path
 import gradio as gr
 import pandas as pd
 
-from .. import embeddings, plots, runs, validate
-from ..classification import (ADAPT_MLM_STEPS, DEFAULT_SWEEP_LRS, MAX_TOKENS, Classifier, ClassifierForm,
-                              ClassifierHistory, SweepForm, check_examples, classify, forgetting,
-                              parse_examples, table_examples)
+from .. import plots, validate
 from ..config import Limits
-from ..training import EventLog
+from ..labelled import check_examples, parse_examples, table_examples
+from ..runs import life
+from ..training.classification import (ADAPT_MLM_STEPS, DEFAULT_SWEEP_LRS, MAX_TOKENS, Classifier, ClassifierForm,
+                                       ClassifierHistory, SweepForm, classify)
+from ..training.forgetting import forgetting
+from ..training.loop import EventLog
+from ..views import embeddings
 from . import live_run
 from .context import AppContext, Visitor, handler
 
@@ -382,7 +385,7 @@ def adapt_frame(histories: dict[str, ClassifierHistory]) -> pd.DataFrame:
 
 
 def _live_status(run) -> str:
-    """A line on the training run the last events came from (a `training.RunHistory`)."""
+    """A line on the training run the last events came from (a `loop.RunHistory`)."""
     if not run.steps:
         return "Scoring the untrained head on the held-out examples…"
     last = run.steps[-1]
@@ -391,7 +394,7 @@ def _live_status(run) -> str:
 
 def _final_status(history: ClassifierHistory, model: str, kept: str, limits: Limits) -> str:
     chance = 1 / len(history.labels)
-    why = runs.ENDED_BECAUSE.get(history.stopped, "").format(seconds=int(limits.max_seconds))
+    why = life.ENDED_BECAUSE.get(history.stopped, "").format(seconds=int(limits.max_seconds))
     head = (f"**Done**: {len(history.steps)} steps in {history.seconds:.1f} s" if history.completed
             else f"**Ended early** because {why}, after {len(history.steps)} of {history.planned_steps} "
                  f"steps ({history.seconds:.1f} s)")
@@ -433,7 +436,7 @@ def _adapt_status(histories: dict[str, ClassifierHistory], adapted_by: str) -> s
 
 # ---------------------------------------------------------------- what a session keeps
 
-KIND = "classifier"  # the session's model of this kind is its trained classifier (runs.keep_classifier)
+KIND = "classifier"  # the session's model of this kind is its trained classifier (kinds.keep_classifier)
 
 
 def _kept(visitor: Visitor) -> Classifier | None:
@@ -441,4 +444,4 @@ def _kept(visitor: Visitor) -> Classifier | None:
 
 
 def _zip(visitor: Visitor) -> Path:
-    return runs.model_zip(visitor.store, visitor.session, kind=KIND)
+    return life.model_zip(visitor.store, visitor.session, kind=KIND)

@@ -20,8 +20,8 @@ from typing import Callable
 import gradio as gr
 
 from ..config import Limits, Settings
-from ..engine import Engine
-from ..models import LoadedModel
+from ..model.loading import LoadedModel
+from ..serving.engine import Engine
 from ..sessions import SessionStore
 from .common import friendly_errors, session_id
 from .queue_watch import QueueWatch, keep_live_sessions

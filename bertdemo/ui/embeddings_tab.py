@@ -5,8 +5,9 @@ from __future__ import annotations
 import gradio as gr
 import pandas as pd
 
-from .. import embeddings, plots
+from .. import plots
 from ..config import Settings
+from ..views import embeddings
 from .context import AppContext, Visitor, handler, standalone_demo
 
 EXAMPLES = {

@@ -6,9 +6,10 @@ import html
 
 import gradio as gr
 
-from .. import explain, plots, validate
-from ..attention_views import attention, mask_rows
+from .. import plots, validate
 from ..config import Settings
+from ..views import explain
+from ..views.attention_views import attention, mask_rows
 from .context import AppContext, Visitor, handler, standalone_demo
 
 EXAMPLES = ["Paris is the [MASK] of France.", "The doctor said that [MASK] would be late.",

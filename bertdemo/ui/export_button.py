@@ -1,5 +1,5 @@
 """The Fine-tune tab's "Export as a training script": the session's last finished run as a zip of
-train_mlm.py, run.json and train.txt (bertdemo/export.py), for transformers' Trainer on any number
+train_mlm.py, run.json and train.txt (bertdemo/training/export.py), for transformers' Trainer on any number
 of GPUs or machines. Kept apart from the tab so the tab gains two lines: `render(ctx)` in its
 layout and `remember_run(...)` when a run ends."""
 from __future__ import annotations
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import gradio as gr
 
-from .. import export
 from ..config import Settings
-from ..models import LoadedModel, allowed_choices
-from ..fine_tuning import MLMHistory
+from ..model.loading import LoadedModel, allowed_choices
+from ..training import export
+from ..training.fine_tuning import MLMHistory
 from .context import AppContext, Visitor, handler
 
 FOLDER_NOTE = ("The demo loaded this model from a folder on its server, shown here by its name: put "

@@ -6,9 +6,10 @@ import gradio as gr
 import pandas as pd
 from gradio.context import get_render_context
 
-from .. import explain, fillmask, plots, reading, validate
+from .. import plots, validate
 from ..config import Settings
-from ..models import USER_MASK_RE, LoadedModel, allowed_choices, display_name
+from ..model.loading import USER_MASK_RE, LoadedModel, allowed_choices, display_name
+from ..views import compare, fillmask, reading
 from .cached_examples import ModelExamples
 from .common import plotly_chart
 from .context import AppContext, Visitor, handler, standalone_demo
@@ -246,8 +247,8 @@ def on_compare(visitor: Visitor, sentence, other_model, top_k):
     top_k = validate.whole_number(top_k, "top-k", 1, visitor.settings.max_top_k)
     lm, other_lm = _compared_models(visitor, other_model)
     max_masks = visitor.settings.max_masks
-    predictions = explain.compare_predictions(lm, other_lm, sentence, top_k, max_masks=max_masks)
-    scores = explain.compare_scores(lm, other_lm, sentence, max_masks=max_masks)
+    predictions = compare.compare_predictions(lm, other_lm, sentence, top_k, max_masks=max_masks)
+    scores = compare.compare_scores(lm, other_lm, sentence, max_masks=max_masks)
     for result in (predictions, scores):  # a folder by its name only: no server path in the page
         result["models"] = [display_name(name) for name in result["models"]]
     rows = [[m["mask"], c["token"], *(_rounded(c[key]) for key in ("a", "b", "change"))]

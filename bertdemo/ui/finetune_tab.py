@@ -10,10 +10,12 @@ once, not queued behind.
 import gradio as gr
 import pandas as pd
 
-from .. import plots, runs
+from .. import plots
 from ..config import Limits, Settings
-from ..fine_tuning import FinetuneForm, MLMHistory, TuningRequest, compare_probes, default_probes
-from ..training import EventLog, overfitting
+from ..runs import life
+from ..training.fine_tuning import FinetuneForm, MLMHistory, TuningRequest, default_probes
+from ..training.loop import EventLog, overfitting
+from ..views.compare import compare_probes
 from . import export_button, live_run
 from .context import AppContext, Visitor, handler, standalone_demo
 from .model_line import model_line
@@ -178,7 +180,7 @@ def on_use_base(visitor: Visitor) -> str:
 
 
 def on_download(visitor: Visitor) -> str:
-    return str(runs.model_zip(visitor.store, visitor.session))
+    return str(life.model_zip(visitor.store, visitor.session))
 
 
 def on_suggest(visitor: Visitor, text) -> str:
@@ -277,13 +279,10 @@ def _compare_status(histories: dict, limits: Limits) -> str:
     for name, h in histories.items():
         lines.append(f"| {name} | {len(h.steps)} | {h.before.loss:.3f} → {h.after.loss:.3f} "
                      f"| {h.before.accuracy:.1%} → {h.after.accuracy:.1%} |")
-    ended = [f"{name}: {runs.ENDED_BECAUSE[h.stopped].format(seconds=int(limits.max_seconds))}"
+    ended = [f"{name}: {life.ENDED_BECAUSE[h.stopped].format(seconds=int(limits.max_seconds))}"
              for name, h in histories.items() if h.stopped]
     if ended:
         lines.append("\nEnded early — " + "; ".join(ended) + ".")
     if len(histories) < 2:
         lines.append("\nOnly one run finished: the comparison is incomplete.")
     return "\n".join(lines)
-
-
-# ---------------------------------------------------------------- errors

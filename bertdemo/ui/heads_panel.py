@@ -16,20 +16,13 @@ from dataclasses import dataclass
 import gradio as gr
 import pandas as pd
 
-from .. import plots, validate, view_files
-from ..attention_views import first_query
-from ..explain import compare_predictions
-from ..fillmask import encode, fill_mask
-from ..heads import (
-    check_heads,
-    format_heads,
-    head_importance,
-    heads_off,
-    neuron_view,
-    parse_heads,
-    shape,
-)
-from ..models import LoadedModel
+from .. import plots, validate
+from ..model.loading import LoadedModel
+from ..views import view_files
+from ..views.attention_views import first_query
+from ..views.compare import compare_predictions
+from ..views.fillmask import encode, fill_mask
+from ..views.heads import HeadsOff, format_heads, head_importance, neuron_view, parse_heads, read_heads, without
 from . import view_downloads
 from .context import AppContext, Visitor, handler
 
@@ -234,7 +227,7 @@ def on_importance(visitor: Visitor, sentence, mask_number, target, heads):
         a summary line, the layers x heads grid of changes (a table; rows are layers, columns heads), and the numbers {"target", "log_prob", "delta" (layers x heads), "tokens", "mask", "position", "heads_off"}.
     """
     lm = visitor.lm
-    view = _view(lm, heads)
+    view = without(lm, read_heads(lm, heads, required=False))
     masks = len(encode(lm, sentence, max_masks=visitor.settings.max_masks).mask_positions)
     mask = validate.whole_number(mask_number, "mask number", 1, masks, " (1 = the first [MASK])",
                                  field="mask") - 1
@@ -255,8 +248,8 @@ def on_grid_click(visitor: Visitor, heads, evt: gr.SelectData):
         return (gr.skip(),) * 5
     clicked = {(row, h) for h in range(n_heads)} if col == 0 else {(row, col - 1)}
     now = now - clicked if clicked <= now else now | clicked
-    lm = _alive(kept.model)
-    bars, note, raw = _predictions(lm, kept.text, now, visitor.settings.max_masks)
+    lm = _alive(kept.model)  # the model the grid was computed on: `now` is within its shape
+    bars, note, raw = _predictions(lm, kept.text, HeadsOff(now, n_layers, n_heads), visitor.settings.max_masks)
     return format_heads(now), importance_table(kept.result, now), bars, note, raw
 
 
@@ -271,7 +264,7 @@ def on_heads_off(visitor: Visitor, sentence, heads):
         grouped bars of each token's probability with every head on and with these heads off, a summary line, and the numbers {"models", "masks": [{"mask", "a", "b", "changes": [{"token", "a", "b", "change"}]}]}.
     """
     lm = visitor.lm
-    return _predictions(lm, sentence, _at_least_one(lm, heads), visitor.settings.max_masks)
+    return _predictions(lm, sentence, read_heads(lm, heads, required=True), visitor.settings.max_masks)
 
 
 def on_marks(visitor: Visitor, heads):
@@ -289,7 +282,7 @@ def on_export_importance(visitor: Visitor) -> dict:
 
 def on_export_heads_off(visitor: Visitor, sentence, heads) -> dict:
     lm = visitor.lm
-    result = _compared(lm, sentence, _at_least_one(lm, heads), visitor.settings.max_masks)
+    result = _compared(lm, sentence, read_heads(lm, heads, required=True), visitor.settings.max_masks)
     return view_downloads.listed(view_files.comparison(result, view_downloads.folder(visitor)))
 
 
@@ -313,21 +306,21 @@ def importance_table(result: dict, off) -> pd.io.formats.style.Styler:
     return frame.style.apply(lambda _: styles, axis=None)
 
 
-def _predictions(lm: LoadedModel, sentence: str, off, max_masks: int):
+def _predictions(lm: LoadedModel, sentence: str, off: HeadsOff, max_masks: int):
     """Bars, a note and the numbers: every head on vs `off` switched off (just the predictions
     when none is)."""
-    if not off:
+    if not off.pairs:
         predictions = fill_mask(lm, sentence, TOP_K, max_masks)
         return plots.prediction_bars(predictions), "Every head is on: the model's own predictions.", predictions
     result = _compared(lm, sentence, off, max_masks)
-    note = (f"{len(off)} of {_total(lm)} heads switched off ({format_heads(off)}): bars show each token's "
-            "probability with every head on and with these off.")
+    note = (f"{len(off.pairs)} of {off.total} heads switched off ({format_heads(off.pairs)}): bars show each "
+            "token's probability with every head on and with these off.")
     return plots.comparison_bars(result), note, result
 
 
-def _compared(lm: LoadedModel, sentence: str, off, max_masks: int) -> dict:
-    result = compare_predictions(lm, heads_off(lm, off), sentence, TOP_K, max_masks)
-    return {**result, "models": ["every head on", f"{len(off)} heads off"]}
+def _compared(lm: LoadedModel, sentence: str, off: HeadsOff, max_masks: int) -> dict:
+    result = compare_predictions(lm, without(lm, off), sentence, TOP_K, max_masks)
+    return {**result, "models": ["every head on", f"{len(off.pairs)} heads off"]}
 
 
 def _summary(model: str, result: dict) -> str:
@@ -339,23 +332,8 @@ def _summary(model: str, result: dict) -> str:
             f"The heads it most needs (switching them off lowers log p most): {most}.")
 
 
-def _view(lm: LoadedModel, text) -> LoadedModel:
-    pairs = _parsed(text, *shape(lm))
-    return heads_off(lm, pairs) if pairs else lm
-
-
-def _at_least_one(lm: LoadedModel, text) -> frozenset:
-    """The heads the text names; ValueError naming the ranges when it names none."""
-    return check_heads(_parsed(text, *shape(lm)), *shape(lm))
-
-
 def _parsed(text, n_layers: int, n_heads: int) -> frozenset:
     return parse_heads(text if text is not None else "", n_layers, n_heads)
-
-
-def _total(lm: LoadedModel) -> int:
-    n_layers, n_heads = shape(lm)
-    return n_layers * n_heads
 
 
 def _kept_importance(visitor: Visitor) -> Importance:

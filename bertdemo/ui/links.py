@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 
 import gradio as gr
 
-from ..models import allowed_choices
+from ..model.loading import allowed_choices
 from .common import friendly_errors
 from .context import AppContext, Visitor
-from .model_picker import pick
 from .model_line import model_line
+from .model_picker import pick
 
 # tab -> (api_name of its main endpoint or None, whether opening a link runs it)
 TABS = {

@@ -16,18 +16,18 @@ from __future__ import annotations
 
 import gradio as gr
 
-from .. import runs
-from ..training import EventLog
+from ..runs import kinds, life
+from ..training.loop import EventLog
 from .context import AppContext, Visitor, form_fields, handler
 
 FINETUNE_GROUP = "finetune"  # every run shares one concurrency group: the server never trains more at once
 
 
 def wire(ctx: AppContext, kind: str, button: gr.Button, form: dict, outputs: list, fn) -> None:
-    """Start runs of `kind` (`runs.RUNS`) from `button` with `fn`, a handler whose input is the
+    """Start runs of `kind` (`kinds.RUNS`) from `button` with `fn`, a handler whose input is the
     kind's request. `form` maps the request's field names to their components (more may be there:
     each run takes the fields of its own request)."""
-    names = form_fields(runs.RUNS[kind].request)
+    names = form_fields(kinds.RUNS[kind].request)
     missing = [name for name in names if name not in form]
     if missing:
         raise ValueError(f"{kind} needs a component for {', '.join(missing)}")
@@ -39,14 +39,14 @@ def wire(ctx: AppContext, kind: str, button: gr.Button, form: dict, outputs: lis
 
 def validator(kind: str):
     """The validator of `kind`'s endpoint: one `gr.validate` per input, the first problem beside
-    its field; on success the session's slot is reserved with the plan (`runs.reserve`)."""
-    request = runs.RUNS[kind].request
+    its field; on success the session's slot is reserved with the plan (`life.reserve`)."""
+    request = kinds.RUNS[kind].request
     names = form_fields(request)
 
     def check(visitor: Visitor, form) -> list:
         verdicts = [gr.validate(True, "")] * len(names)
         try:
-            runs.reserve(visitor, kind, form, waiting=visitor.still_queued)
+            life.reserve(visitor, kind, form, waiting=visitor.still_queued)
         except ValueError as err:
             field = getattr(err, "field", None)
             verdicts[names.index(field) if field in names else 0] = gr.validate(False, str(err))
@@ -59,10 +59,10 @@ def validator(kind: str):
 def stream(visitor: Visitor, kind: str, request, progress, draw, desc: str = "training", cleared=None):
     """Run `request` as the visitor's run of `kind`: yields `cleared` (when given: the outputs with
     the last run's results taken away) as soon as the run has started, then `draw(log)` (the
-    `training.EventLog` so far) after each batch of events, shows the current training run's
-    steps in `progress`, and returns the run's `runs.Outcome` (use with `yield from`). Leaving
+    `loop.EventLog` so far) after each batch of events, shows the current training run's
+    steps in `progress`, and returns the run's `life.Outcome` (use with `yield from`). Leaving
     early (the page closed) stops the run and frees the slot."""
-    with runs.start(visitor, kind, request) as run:
+    with life.start(visitor, kind, request) as run:
         if cleared is not None:
             yield cleared
         for log in run.updates():
@@ -81,4 +81,4 @@ def show_steps(progress, log: EventLog, desc: str = "training") -> None:
 
 def stop(visitor: Visitor) -> bool:
     """Ask the visitor's run to stop after its current step; False if nothing runs."""
-    return runs.stop(visitor)
+    return life.stop(visitor)

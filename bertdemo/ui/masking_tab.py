@@ -6,11 +6,13 @@ import math
 import gradio as gr
 import pandas as pd
 
-from .. import experiments, masking, plots
-from ..experiments import LabellingForm
+from .. import plots
 from ..config import Settings
-from .context import AppContext, Visitor, handler, standalone_demo
+from ..training import experiments
+from ..training.experiments import LabellingForm
+from ..views import masking
 from . import live_run
+from .context import AppContext, Visitor, handler, standalone_demo
 
 EXAMPLES = [
     "Paris is the capital of France.",
@@ -32,7 +34,7 @@ sentence had 10 masks over 40 epochs: set *masks drawn in advance* to 10). **Dyn
 of copies of the text, the share of tokens chosen at least once after *n* epochs: static stays at
 1 − (1 − p)^min(n, copies), which is *p* with one mask; dynamic follows 1 − (1 − p)^n."""
 ARTICLE_HELP = """The `mask_tokens` of the article *Fine-Tuning BERT with Masked Language Modeling: A
-Comprehensive Guide* (kept verbatim in `bertdemo.masking.article_mask_tokens`) on the same text,
+Comprehensive Guide* (kept verbatim in `bertdemo.views.masking.article_mask_tokens`) on the same text,
 tokenized its way (`padding="max_length", max_length=20, truncation=True`), next to the collator.
 What it gets wrong: it sets the labels of the **masked** tokens to `-100`, so the loss is
 computed on the tokens the model can see (copying them is enough); it can mask `[CLS]`, `[SEP]` and

@@ -4,7 +4,7 @@ from __future__ import annotations
 import html
 from typing import Literal
 
-from ..models import LoadedModel
+from ..model.loading import LoadedModel
 
 Place = Literal["tab", "picker", "finetune", "banner"]
 

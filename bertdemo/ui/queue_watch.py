@@ -2,7 +2,7 @@
 
 - Whether a session's request to a run endpoint is still in the queue: what lets a run slot
   reserved by a request that was then cancelled (`/cancel`, the page's connection lost) before its
-  handler started be taken over by the next click, instead of refusing it forever (`runs.Ticket`).
+  handler started be taken over by the next click, instead of refusing it forever (`runs.slots.Ticket`).
 - Every session with a request queued or running keeps its message queue (`keep_live_sessions`).
   Gradio holds each session's undelivered messages in a map of 2,000 sessions that forgets the
   oldest *created*, whether or not it is waiting for an answer. Every request sent by a script
@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict
 
-from .. import runs
+from ..runs import kinds
 
 
 class QueueWatch:
@@ -32,7 +32,7 @@ class QueueWatch:
 
     def holds(self, session: str) -> bool:
         """Whether the queue holds (or is running) a live request of `session` to a run endpoint
-        (`runs.RUNS`). Gradio has no public hook for "a queued job was cancelled", so this reads its
+        (`kinds.RUNS`). Gradio has no public hook for "a queued job was cancelled", so this reads its
         queue; where that is not there (not watching yet, no queue yet, another Gradio) it answers
         True: the reservation then holds until its handler ends or the session is dropped."""
         queue = getattr(self.blocks, "_queue", None)
@@ -40,7 +40,7 @@ class QueueWatch:
             return True
         queued = [e for q in list(queue.event_queue_per_concurrency_id.values()) for e in list(q.queue)]
         running = [e for job in list(queue.active_jobs) if job for e in job]
-        return any(e.session_hash == session and e.alive and getattr(e.fn, "api_name", None) in runs.RUNS
+        return any(e.session_hash == session and e.alive and getattr(e.fn, "api_name", None) in kinds.RUNS
                    for e in queued + running)
 
 

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import gradio as gr
 
-from .. import corpus_search, embeddings, plots
+from .. import plots
 from ..config import Settings
+from ..views import corpus_search, embeddings
 from .cached_examples import ModelExamples
 from .context import AppContext, Visitor, handler, standalone_demo
 

@@ -1,5 +1,5 @@
 """Beside each attention view: a button that writes its numbers (CSV, JSON with the tokens) and its
-image (PNG, SVG) with `bertdemo.view_files`, and the files it lists for download. The files go into
+image (PNG, SVG) with `bertdemo.views.view_files`, and the files it lists for download. The files go into
 the session's own folder, which the session store deletes with the session."""
 from __future__ import annotations
 

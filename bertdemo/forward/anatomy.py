@@ -1,0 +1,551 @@
+"""One concept, one module (over 500 lines): the model anatomy, where each encoder family keeps its parts.
+
+Each family's layers, attention and MLM head, declared once.
+
+Every view reads a model through `of(model)`; this is the one module that names a family's
+internals (`encoder.layer`, `attention.self`, `cls.predictions`, `lm_head` ...). A family is one
+`Family` declaration in `FAMILIES`; a BERT-like model that is not declared is discovered from its
+modules (`discover`); where neither works, a view that needs the missing part is refused with a
+ValueError naming it (`Anatomy.require`).
+
+What an `Anatomy` gives, for a loaded *ForMaskedLM:
+- `layers`: the layer modules in the order the encoder calls them (ALBERT's shared layer unrolled
+  into its calls, so `layers[5]` is its sixth call), and per layer the attention's parts
+  (`AttentionParts`): the output projection (its input is the heads side by side, where a head is
+  switched off), the query and key as the model scores them, the head count and size;
+- `head`: the MLM head as a function of hidden states (N, H) -> logits (N, V);
+- `final_norm`: the norm a pre-LayerNorm model applies after its last layer (identity elsewhere);
+- `lean`: whether the model has BERT's layer layout (`bert_layer_parts`), so the lean forward and
+  the ONNX Runtime export serve it; `padding_sensitive`: whether its output at a token depends on
+  the padding after the sentence (such a model never shares a padded batch).
+
+Attention scores are read on the attention views' twin (`attention_twin`): models that dispatch
+through transformers' attention interface run `bertdemo_attention` there (the eager formula,
+with the queries and keys as the model passes them, after any rotary encoding); the others run
+their own eager attention and declare how their scores are formed (`ScoreCapture`).
+"""
+from __future__ import annotations
+
+import copy
+import functools
+import logging
+import math
+import sys
+import threading
+import weakref
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.activations import gelu
+from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+PROBE_ATTENTION = "bertdemo_attention"  # the attention twin's implementation (registered below)
+
+
+def _get(root, path: str | None):
+    """`root.a.b.c` for "a.b.c", None where any part is missing (or path is None)."""
+    if path is None:
+        return None
+    try:
+        return functools.reduce(getattr, path.split("."), root)
+    except AttributeError:
+        return None
+
+
+# ---------------------------------------------------------------- the MLM heads, one per kind
+
+def bert_head(path: str):
+    """BERT's head (`BertLMPredictionHead`): `transform` (dense, act, LayerNorm), then `decoder`."""
+    def head(model):
+        module = _get(model, path)
+        if module is None or not (hasattr(module, "decoder") and hasattr(module, "transform")):
+            return None
+        return module.transform, module.decoder
+    return head
+
+
+def dense_act_norm_head(path: str, dense: str, act: str | None, norm: str, decoder: str):
+    """A head written out: `norm(act(dense(h)))` then `decoder`; `act` None is exact GELU
+    (RoBERTa's `gelu`), a path names the module's own activation. Paths relative to `path`."""
+    def head(model):
+        root = _get(model, path) if path else model
+        parts = [_get(root, p) for p in (dense, norm, decoder)]
+        if root is None or any(p is None for p in parts):
+            return None
+        activation = gelu if act is None else _get(root, act)
+        d, n, out = parts
+        return (lambda h: n(activation(d(h)))), out
+    return head
+
+
+def mobilebert_head(model):
+    """MobileBERT's head multiplies by [decoder.weight.T; dense.weight] (the decoder covers the
+    embedding width, `dense` the rest of the hidden size): `MobileBertLMPredictionHead.forward`."""
+    predictions = _get(model, "cls.predictions")
+    if predictions is None:
+        return None
+    decoder = _Product(lambda: torch.cat([predictions.decoder.weight.t(), predictions.dense.weight], dim=0),
+                       predictions.decoder.bias)
+    return predictions.transform, decoder
+
+
+def deberta_head(model):
+    """DeBERTa-v2: the legacy BERT-style `cls` head, or `lm_predictions` against the word embeddings."""
+    legacy = bert_head("cls.predictions")(model)
+    if legacy is not None:
+        return legacy
+    head = _get(model, "lm_predictions.lm_head")
+    if head is None:
+        return None
+    embeddings = model.get_input_embeddings()
+    decoder = _Product(lambda: embeddings.weight.t(), head.bias)
+    return (lambda h: head.LayerNorm(head.transform_act_fn(head.dense(h)))), decoder
+
+
+def plain_head(path: str):
+    """A head that is one Linear on the (already normed) hidden states: EuroBERT's `lm_head`."""
+    def head(model):
+        decoder = _get(model, path)
+        return None if decoder is None else ((lambda h: h), decoder)
+    return head
+
+
+class _Product:
+    """A decoder that is not one Linear: x (N, in) @ matrix() (in, V) + bias, in the head's own order."""
+
+    def __init__(self, matrix: Callable[[], torch.Tensor], bias: torch.Tensor | None):
+        self.matrix, self.bias = matrix, bias
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        out = x.matmul(self.matrix())
+        return out if self.bias is None else out + self.bias
+
+
+# ---------------------------------------------------------------- score terms beyond q.k
+
+@dataclass(frozen=True)
+class ScoreCapture:
+    """How a family that runs its own attention forms its scores, for `hooks` to read them.
+
+    `query`/`key`: paths (within a layer) of the projections whose outputs (B, T, heads * d) are
+    the queries and keys; `scale(module, d)`: the factor on q.k; `prepare(attention, kwargs, q, k)`:
+    queries and keys as the model scores them (e.g. after the rotary encoding), from the
+    self-attention module's call; `extra(attention, kwargs, q, k)`: a (B, heads, T, T) term added
+    to the scores (MPNet's relative-position bias, DeBERTa's disentangled terms), or None."""
+
+    query: str
+    key: str
+    scale: Callable[[torch.nn.Module, int], float] = lambda module, d: d ** -0.5
+    prepare: Callable | None = None
+    extra: Callable | None = None
+
+
+def _roformer_rotary(attention, kwargs, q, k):
+    """RoFormer's rotary encoding of (B, heads, T, d) queries and keys, as its self-attention
+    applies it (`apply_rotary_position_embeddings`) with the encoder's sinusoidal positions."""
+    positions = kwargs.get("sinusoidal_pos")
+    if positions is None:
+        return q, k
+    return attention.apply_rotary_position_embeddings(positions, q, k)
+
+
+def _mpnet_bias(attention, kwargs, q, k):
+    return kwargs.get("position_bias")
+
+
+def _deberta_scale(module, d: int) -> float:
+    factor = 1 + len(set(module.pos_att_type) & {"c2p", "p2c"})
+    return 1.0 / math.sqrt(d * factor)
+
+
+def _deberta_terms(attention, kwargs, q, k):
+    """DeBERTa's content-to-position and position-to-content terms (B, heads, T, T), as its
+    `disentangled_attention_bias` computes them for these queries and keys."""
+    if not attention.relative_attention:
+        return None
+    batch, heads, length, d = q.shape
+    flat_q, flat_k = q.reshape(batch * heads, length, d), k.reshape(batch * heads, length, d)
+    factor = 1 + len(set(attention.pos_att_type) & {"c2p", "p2c"})
+    rel = attention.disentangled_attention_bias(flat_q, flat_k, kwargs.get("relative_pos"),
+                                                kwargs.get("rel_embeddings"), factor)
+    return None if rel is None else rel.view(batch, heads, length, length)
+
+
+# ---------------------------------------------------------------- one declaration per family
+
+@dataclass(frozen=True)
+class Family:
+    """Where one architecture keeps its parts. Paths are attribute paths: `layers` and
+    `final_norm` from the base model (`model.base_model`), `attention`, `output` and the
+    scorer from one layer, the head from the *ForMaskedLM."""
+
+    name: str
+    layers: str  # the layer list, e.g. "encoder.layer"
+    attention: str  # the self-attention module that computes the scores, within a layer
+    output: str  # the Linear after the heads (its input: heads side by side), within a layer
+    head: Callable  # model -> (transform, decoder) or None
+    scores: ScoreCapture | None = None  # None: through transformers' attention interface
+    final_norm: str | None = None
+    lean: bool = False  # BERT's own layer layout: the lean forward and ONNX Runtime serve it
+    padding_sensitive: bool = False
+    unroll: Callable | None = None  # model -> the layers in calling order (ALBERT's shared ones)
+    head_views: bool = True  # False: its heads are not what the head views can switch or score
+    attention_weights: bool = True  # False: it has no attention maps to show (see `notes`)
+    notes: str = ""
+
+
+_BERT_SCORES = ScoreCapture("attention.self.query", "attention.self.key")
+_ROBERTA_HEAD = dense_act_norm_head("lm_head", "dense", None, "layer_norm", "decoder")
+
+
+def _albert_calls(model) -> list:
+    """ALBERT's layers as the encoder calls them: layer i runs group i * groups // L, each
+    group's `inner_group_num` layers in turn (AlbertTransformer.forward)."""
+    config, encoder = model.config, model.base_model.encoder
+    per_group = config.num_hidden_layers / config.num_hidden_groups
+    return [layer for i in range(config.num_hidden_layers)
+            for layer in encoder.albert_layer_groups[int(i / per_group)].albert_layers]
+
+
+_BERT = dict(layers="encoder.layer", attention="attention.self", output="attention.output.dense")
+FAMILIES: dict[str, Family] = {
+    "bert": Family("BERT", head=bert_head("cls.predictions"), lean=True, **_BERT),
+    "roberta": Family("RoBERTa", head=_ROBERTA_HEAD, lean=True, **_BERT),
+    "xlm-roberta": Family("XLM-R", head=_ROBERTA_HEAD, lean=True, **_BERT),
+    "camembert": Family("CamemBERT", head=_ROBERTA_HEAD, lean=True, **_BERT),
+    "data2vec-text": Family("Data2Vec-text", head=_ROBERTA_HEAD, **_BERT),
+    "ernie": Family("ERNIE", head=bert_head("cls.predictions"), **_BERT),
+    "electra": Family("ELECTRA", head=dense_act_norm_head("", "generator_predictions.dense",
+                                                          "generator_predictions.activation",
+                                                          "generator_predictions.LayerNorm",
+                                                          "generator_lm_head"), **_BERT),
+    "mobilebert": Family("MobileBERT", head=mobilebert_head, **_BERT),
+    "roberta-prelayernorm": Family("RoBERTa-PreLayerNorm", head=_ROBERTA_HEAD, final_norm="LayerNorm", **_BERT),
+    "xlm-roberta-xl": Family("XLM-R XL", head=_ROBERTA_HEAD, final_norm="encoder.LayerNorm", **_BERT),
+    "megatron-bert": Family("Megatron-BERT", head=bert_head("cls.predictions"), scores=_BERT_SCORES,
+                            final_norm="encoder.ln", **_BERT),
+    "big_bird": Family("BigBird", head=bert_head("cls.predictions"), scores=_BERT_SCORES,
+                       notes="attention weights in its full-attention mode (short inputs)", **_BERT),
+    "roformer": Family("RoFormer", head=bert_head("cls.predictions"),
+                       scores=ScoreCapture("attention.self.query", "attention.self.key",
+                                           prepare=_roformer_rotary), **_BERT),
+    "deberta-v2": Family("DeBERTa-v2/v3", head=deberta_head,
+                         scores=ScoreCapture("attention.self.query_proj", "attention.self.key_proj",
+                                             scale=_deberta_scale, extra=_deberta_terms), **_BERT),
+    "mpnet": Family("MPNet", layers="encoder.layer", attention="attention.attn", output="attention.attn.o",
+                    head=_ROBERTA_HEAD, scores=ScoreCapture("attention.attn.q", "attention.attn.k",
+                                                            extra=_mpnet_bias)),
+    "distilbert": Family("DistilBERT", layers="transformer.layer", attention="attention",
+                         output="attention.out_lin",
+                         head=dense_act_norm_head("", "vocab_transform", "activation", "vocab_layer_norm",
+                                                  "vocab_projector")),
+    "albert": Family("ALBERT", layers="encoder.albert_layer_groups", attention="attention",
+                     output="attention.dense", unroll=_albert_calls,
+                     head=dense_act_norm_head("predictions", "dense", "activation", "LayerNorm", "decoder")),
+    "modernbert": Family("ModernBERT", layers="layers", attention="attn", output="attn.Wo",
+                         final_norm="final_norm",
+                         head=dense_act_norm_head("", "head.dense", "head.act", "head.norm", "decoder")),
+    "eurobert": Family("EuroBERT", layers="layers", attention="self_attn", output="self_attn.o_proj",
+                       final_norm="norm", head=plain_head("lm_head")),
+    "fnet": Family("FNet", layers="encoder.layer", attention="fourier", output="fourier.output.dense",
+                   head=bert_head("cls.predictions"), padding_sensitive=True, head_views=False,
+                   attention_weights=False,
+                   notes="it mixes tokens with a Fourier transform: it has no attention weights or heads"),
+    "funnel": Family("Funnel", layers="encoder.blocks", attention="attention", output="attention.post_proj",
+                     head=plain_head("lm_head"), head_views=False, attention_weights=False,
+                     notes="it pools the sequence between its blocks, so its attention maps shrink layer "
+                           "by layer and its heads are not BERT's"),
+    "convbert": Family("ConvBERT", head=bert_head("cls.predictions"), padding_sensitive=True,
+                       scores=_BERT_SCORES, head_views=False,
+                       notes="half of each layer's heads are convolutions over the sequence, not attention",
+                       **_BERT),
+}
+
+
+# ---------------------------------------------------------------- a loaded model's anatomy
+
+@dataclass(frozen=True)
+class AttentionParts:
+    """One layer's self-attention as the views need it."""
+
+    module: torch.nn.Module  # computes the scores (the attention interface's `module`, or its own)
+    output: torch.nn.Linear  # its input (B, T, heads * head_dim) is the heads side by side
+    heads: int
+    head_dim: int
+
+
+@dataclass(frozen=True, eq=False)
+class Anatomy:
+    """`family`'s parts found in one model (see the module doc)."""
+
+    model_type: str
+    family: Family | None
+    layers: tuple = ()  # layer modules in calling order
+    attention: tuple[AttentionParts, ...] = ()  # per layer, where the layout is known
+    head_parts: tuple | None = None  # (transform, decoder)
+    missing: dict = field(default_factory=dict)  # part -> why it is missing, in words
+
+    @property
+    def name(self) -> str:
+        return self.family.name if self.family else f"{self.model_type} (a family this demo has not declared)"
+
+    @property
+    def lean(self) -> bool:
+        return bool(self.family and self.family.lean)
+
+    @property
+    def padding_sensitive(self) -> bool:
+        return bool(self.family and self.family.padding_sensitive)
+
+    @property
+    def scores(self) -> ScoreCapture | None:
+        return self.family.scores if self.family else None
+
+    @property
+    def through_interface(self) -> bool:
+        """Whether the attention runs through transformers' attention interface (its twin then
+        runs `bertdemo_attention`)."""
+        return self.scores is None
+
+    def require(self, part: str, view: str) -> None:
+        """ValueError saying `view` needs `part`, which this model lacks."""
+        if part in self.missing:
+            raise ValueError(f"{view} is not available for this model ({self.name}): {self.missing[part]}")
+
+
+_FOUND: "weakref.WeakKeyDictionary[torch.nn.Module, Anatomy]" = weakref.WeakKeyDictionary()
+_FOUND_LOCK = threading.Lock()
+
+
+def of(model) -> Anatomy:
+    """`model`'s anatomy, found once per model object. Kept beside the model, not on it: a deep
+    copy (a tuned model, the attention twin) must find its own modules, not the original's."""
+    with _FOUND_LOCK:
+        found = _FOUND.get(model)
+    if found is None:
+        found = _find(model)
+        with _FOUND_LOCK:
+            _FOUND[model] = found
+    return found
+
+
+def _find(model) -> Anatomy:
+    model_type = getattr(model.config, "model_type", type(model).__name__)
+    family = FAMILIES.get(model_type) or discover(model)
+    if family is None:
+        return Anatomy(model_type, None, missing={
+            "layers": f"its layers are not a layout the views know ({type(model).__name__}): only fill "
+                      "mask and the views built on whole forwards work",
+            "head": "its MLM head is not one the views know, so it cannot be applied at each layer"})
+    base = model.base_model
+    missing = {}
+    layers = tuple(family.unroll(model) if family.unroll else (_get(base, family.layers) or ()))
+    attention = tuple(_attention_parts(model, layer, family) for layer in layers)
+    if not layers or any(a is None for a in attention):
+        missing["layers"] = f"its layers do not have the parts declared for {family.name}"
+        attention = ()
+    elif not family.head_views:
+        missing["layers"] = family.notes
+        attention = ()
+    if not family.attention_weights:
+        missing["attention"] = family.notes
+    head = family.head(model)
+    if head is None:
+        missing["head"] = f"its MLM head is not where {family.name} keeps it"
+    return Anatomy(model_type, family, layers, attention, head, missing)
+
+
+def _attention_parts(model, layer, family: Family) -> AttentionParts | None:
+    module, output = _get(layer, family.attention), _get(layer, family.output)
+    if module is None or not isinstance(output, torch.nn.Linear):
+        return None
+    config = model.config
+    heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_heads", None)
+    if not heads or output.in_features % heads:
+        return None
+    return AttentionParts(module, output, heads, output.in_features // heads)
+
+
+def discover(model) -> Family | None:
+    """A Family for an undeclared model whose modules have BERT's layout (BertLayer copies, a
+    BERT- or RoBERTa-style head), else None."""
+    base = getattr(model, "base_model", None)
+    stack = _get(base, "encoder.layer")
+    if not stack or not all(_get(layer, "attention.self.query") is not None and
+                            isinstance(_get(layer, "attention.output.dense"), torch.nn.Linear) for layer in stack):
+        return None
+    if bert_head("cls.predictions")(model) is not None:
+        head = bert_head("cls.predictions")
+    elif _ROBERTA_HEAD(model) is not None:
+        head = _ROBERTA_HEAD
+    else:
+        head = lambda m: None  # noqa: E731 - fill mask takes the model's own forward
+    # the modelling module dispatches through transformers' attention interface, or scores by itself
+    uses_interface = hasattr(sys.modules.get(type(model).__module__), "ALL_ATTENTION_FUNCTIONS")
+    return Family(f"{model.config.model_type} (discovered)", head=head,
+                  scores=None if uses_interface else _BERT_SCORES, **_BERT)
+
+
+# ---------------------------------------------------------------- what the views call
+
+def mlm_head(model, linear: Callable | None = None):
+    """The MLM head as a function of hidden states (N, H) -> logits (N, V), or None where unknown.
+    `linear(decoder, x)` runs the decoder when it is one Linear (the lean forward's fast rows)."""
+    parts = of(model).head_parts
+    if parts is None:
+        return None
+    transform, decoder = parts
+    if linear is not None and isinstance(decoder, torch.nn.Linear):
+        return lambda hidden: linear(decoder, transform(hidden))
+    return lambda hidden: decoder(transform(hidden))
+
+
+def final_norm(model) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The norm a pre-LayerNorm model applies after its last layer, identity elsewhere: what a
+    hidden state between layers needs before the MLM head."""
+    family = of(model).family
+    norm = _get(model.base_model, family.final_norm) if family else None
+    return norm if norm is not None else (lambda hidden: hidden)
+
+
+def shape(model, view: str = "This view") -> tuple[int, int]:
+    """(layers, heads per layer). ValueError naming what the model lacks."""
+    anatomy = of(model)
+    anatomy.require("layers", view)
+    return len(anatomy.attention), anatomy.attention[0].heads
+
+
+def calls(model) -> dict[int, list[int]]:
+    """{id of a module: the layers at which the encoder calls it, in order}: one layer each,
+    except a module shared across layers (ALBERT's), called once per layer that uses it."""
+    found: dict[int, list[int]] = {}
+    for index, parts in enumerate(of(model).attention):
+        for module in {id(parts.module): parts.module, id(parts.output): parts.output}.values():
+            found.setdefault(id(module), []).append(index)
+    return found
+
+
+def score_modules(model, index: int) -> tuple:
+    """For a family with its own attention: layer `index`'s (query, key) projection modules."""
+    capture = of(model).scores
+    layer = of(model).layers[index]
+    return _get(layer, capture.query), _get(layer, capture.key)
+
+
+def bert_layer_parts(layer):
+    """A BERT-layout layer's modules for the lean forward (`lean_forward`): its self-attention
+    (query, key, value, scaling, dropout), the attention output (dense, dropout, LayerNorm), the
+    intermediate dense and activation, and the output (dense, dropout, LayerNorm)."""
+    return _BertParts(layer.attention.self, layer.attention.output, layer.intermediate, layer.output)
+
+
+@dataclass(frozen=True)
+class _BertParts:
+    self_attention: torch.nn.Module  # .query .key .value .num_attention_heads .scaling .dropout
+    attention_output: torch.nn.Module  # .dense .dropout .LayerNorm
+    intermediate: torch.nn.Module  # .dense .intermediate_act_fn
+    output: torch.nn.Module  # .dense .dropout .LayerNorm
+
+
+def bert_layers(model):
+    """The layer list of a `lean` (BERT-layout) model."""
+    return of(model).layers
+
+
+def embeddings(model):
+    """The base model's embedding module."""
+    return model.base_model.embeddings
+
+
+def head_module(model) -> torch.nn.Module:
+    """The MLM head as one module (what the ONNX export traces), for `lean` models."""
+    return model.cls if hasattr(model, "cls") else model.lm_head
+
+
+# ---------------------------------------------------------------- the attention twin
+
+def attention_twin(model) -> torch.nn.Module:
+    """A copy of `model` over the same tensors (no second copy of the weights) whose attention
+    gives its weights: `bertdemo_attention` for models that use transformers' attention interface,
+    eager for the rest. The copy has its own config, so switching its attention never races with
+    the shared model's requests."""
+    shared = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    twin = copy.deepcopy(model, memo=shared)
+    twin.set_attn_implementation(PROBE_ATTENTION if of(model).through_interface else "eager")
+    return twin
+
+
+ATTENTION_WATCHERS: list[Callable] = []  # (module, query, key, mask, scaling, output) -> output
+
+
+def bertdemo_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Eager attention, as every family's own `eager_attention_forward` computes it (grouped keys
+    repeated, softmax in float32): query (B, heads, T, d), key and value (B, kv_heads, T, d),
+    attention_mask additive (B, 1, T, T) or None -> ((B, T, heads, d), weights (B, heads, T, T)).
+    The `hooks` watchers see the queries and keys as the model scored them, after any rotary
+    encoding."""
+    groups = getattr(module, "num_key_value_groups", 1)
+    if groups > 1:
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    scaling = query.size(-1) ** -0.5 if scaling is None else scaling
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        scores = scores + attention_mask[..., :key.shape[-2]]
+    weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    weights = F.dropout(weights, p=dropout, training=module.training)
+    output = torch.matmul(weights, value).transpose(1, 2).contiguous()
+    for watch in ATTENTION_WATCHERS:
+        watch(module, query, key, attention_mask, scaling)
+    return output, weights
+
+
+AttentionInterface.register(PROBE_ATTENTION, bertdemo_attention)
+AttentionMaskInterface.register(PROBE_ATTENTION, eager_mask)  # additive float masks, as eager's
+
+
+def declared(model) -> bool:
+    """Whether `model`'s family is declared in `FAMILIES` (its views are tested against it)."""
+    return getattr(model.config, "model_type", None) in FAMILIES
+
+
+def guarded(view: str):
+    """Decorate a service function `f(lm, ...)`: for a model whose family is not declared, any
+    failure inside becomes a ValueError naming the view, the model's family and the cause (the
+    visitor's to read; the log keeps the traceback). For declared families a failure is a fault
+    and propagates as it is."""
+    def decorate(function):
+        @functools.wraps(function)
+        def run(lm, *args, **kwargs):
+            try:
+                return function(lm, *args, **kwargs)
+            except ValueError:
+                raise
+            except Exception as err:
+                model = getattr(lm, "model", None)
+                if model is None or declared(model):
+                    raise
+                logging.getLogger("bertdemo").warning("%s failed on %s", view, lm.name, exc_info=True)
+                cause = (str(err).strip().splitlines() or [type(err).__name__])[0]
+                raise ValueError(f"{view} does not work on {lm.name} ({of(model).name}; its family is not "
+                                 f"declared in this demo): {type(err).__name__}: {cause}") from err
+        return run
+    return decorate
+
+
+_VIEWS_NEEDING = {"layers": "no neuron view, heads off or head importance",
+                  "attention": "no attention weights",
+                  "head": "no logit lens or head importance"}
+
+
+def views_line(model) -> str:
+    """The views a model supports, in words, for the model card: "ModernBERT: every view", or
+    what it lacks and why."""
+    anatomy = of(model)
+    if not anatomy.missing:
+        return f"{anatomy.name}: every view"
+    lacking = "; ".join(f"{_VIEWS_NEEDING[part]} ({why})" for part, why in anatomy.missing.items())
+    return f"{anatomy.name}: every other view; {lacking}"
+

@@ -1,0 +1,63 @@
+"""What requests reuse between them, kept per model and freed with it (`ModelCaches`)."""
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import OrderedDict
+from typing import Callable, Hashable
+
+import torch
+
+from ..forward import lean_forward
+
+
+class ModelCaches:
+    """What requests reuse between them, whoever sends them, kept per model and freed with it:
+
+    - `packed`: linear weights packed for oneDNN (`lean_forward.PackedWeights`), per weight tensor;
+    - `twin(model, make)`: a companion of the model made once, e.g. its eager-attention twin;
+    - `remember(model, key, value)` / `recall(model, key)`: the last `recent` results per model,
+      e.g. the first step of a joint fill, as the fill-mask forward saw it;
+    - `set_onnx(model, encoder)` / `onnx_for(model)`: its ONNX Runtime forward
+      (`onnx_engine.OnnxMaskedLM`), only while it computes the model as it is now.
+
+    An `engine.Engine` holds one for every model it serves; a model made in code gets its own.
+    """
+
+    def __init__(self, recent: int = 256):
+        self.packed = lean_forward.PackedWeights()
+        self.recent = recent
+        self._twins: "weakref.WeakKeyDictionary[torch.nn.Module, torch.nn.Module]" = weakref.WeakKeyDictionary()
+        self._results: "weakref.WeakKeyDictionary[torch.nn.Module, OrderedDict]" = weakref.WeakKeyDictionary()
+        self._onnx: "weakref.WeakKeyDictionary[torch.nn.Module, object]" = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def set_onnx(self, model: torch.nn.Module, encoder) -> None:
+        with self._lock:
+            self._onnx[model] = encoder
+
+    def onnx_for(self, model: torch.nn.Module):
+        """`model`'s ONNX Runtime forward if it has one that matches its weights now, else None."""
+        with self._lock:
+            encoder = self._onnx.get(model)
+        return encoder if encoder is not None and encoder.matches(model) else None
+
+    def twin(self, model: torch.nn.Module, make: Callable[[torch.nn.Module], torch.nn.Module]):
+        """`make(model)`, made once per model (under a lock: concurrent first callers share one)."""
+        with self._lock:
+            if model not in self._twins:
+                self._twins[model] = make(model)
+            return self._twins[model]
+
+    def remember(self, model: torch.nn.Module, key: Hashable, value) -> None:
+        with self._lock:
+            kept = self._results.setdefault(model, OrderedDict())
+            kept[key] = value
+            kept.move_to_end(key)
+            while len(kept) > self.recent:
+                kept.popitem(last=False)
+
+    def recall(self, model: torch.nn.Module, key: Hashable):
+        """What `remember` kept for `model` under `key`, or None."""
+        with self._lock:
+            return self._results.get(model, {}).get(key)

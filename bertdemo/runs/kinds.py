@@ -1,0 +1,53 @@
+"""The kinds of run, each declared once in `RUNS` (see `runs.life` for a run's whole life): its
+endpoint, its request, how it is checked into a plan, the job, and what the session keeps."""
+from __future__ import annotations
+
+from typing import Callable
+
+from ..training.classification import ClassifierForm, SweepForm, run_adaptation, run_classifier, run_sweep
+from ..training.experiments import LabellingForm, run_labelling
+from ..training.fine_tuning import FinetuneForm, TuningPlan, TuningRequest, run_masking_comparison, run_tuning
+from .life import RunSpec, keep_or_discard
+
+
+def keep_tuned(caller, plan: TuningPlan, result) -> str:
+    tuned, history = result
+    return keep_or_discard(caller, tuned, history, plan.keep_partial)
+
+
+def keep_classifier(caller, plan, result) -> str:
+    """A classifier is kept even when stopped (its scores are shown where it stopped), never when
+    its loss diverged; it replaces the session's earlier one."""
+    classifier, history = result
+    return keep_or_discard(caller, classifier, history, keep_partial=True, kind="classifier")
+
+
+def base_model(caller):
+    """The caller's base model (the one it picked, else the app's): what fine-tunes start from, so
+    that a tuned model is never tuned further."""
+    return caller.store.base_for(caller.session)
+
+
+def session_model(caller):
+    """The model the caller's tabs use now (its tuned model when switched on)."""
+    return caller.store.for_session(caller.session)
+
+
+def planned_on(model_of: Callable) -> Callable:
+    """A `check` that plans the request on `model_of(caller)`, within the caller's limits."""
+    return lambda caller, request: request.plan(model_of(caller), caller.limits)
+
+
+def check_adaptation(caller, form: ClassifierForm):
+    """From the base body and from the session's tuned one (or one tuned on the examples first)."""
+    return form.adaptation(base_model(caller), caller.store.tuned(caller.session), caller.limits)
+
+
+RUNS: dict[str, RunSpec] = {spec.api_name: spec for spec in (
+    RunSpec("finetune", TuningRequest, planned_on(base_model), run_tuning, keep_tuned),
+    RunSpec("compare_masking", FinetuneForm, planned_on(base_model), run_masking_comparison, trainings=2),
+    RunSpec("article_finetune", LabellingForm, planned_on(session_model), run_labelling, trainings=2),
+    RunSpec("train_classifier", ClassifierForm, planned_on(session_model), run_classifier, keep_classifier),
+    RunSpec("forgetting_sweep", SweepForm, planned_on(session_model), run_sweep, trainings=3),
+    RunSpec("adapt_then_classify", ClassifierForm, check_adaptation, run_adaptation, trainings=3),
+)}

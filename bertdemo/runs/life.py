@@ -1,0 +1,215 @@
+"""A run's whole life, in one place: declared once -> checked into a plan when its request is
+queued -> started -> events -> Stop / time limit -> kept or discarded -> slot released.
+
+A *run* is any long job a visitor starts and may stop: the MLM fine-tune, the static-vs-dynamic
+comparison, the article-labelling experiment, a classifier's training, its learning-rate sweep,
+"adapt, then classify". Each kind is one `RunSpec` in `kinds.RUNS` (runs/kinds.py):
+
+    RunSpec("finetune", TuningRequest, planned_on(base_model), run_tuning, keep_tuned)
+
+its endpoint, the request it takes (a dataclass whose fields are the endpoint's parameters), how a
+request is checked into a plan (`check(caller, request)`: the input checked and prepared once,
+InputError naming the field at fault), the job that runs the plan (`job(plan, on_event=...,
+should_stop=...)`) and what the session keeps of its result (`keep(caller, plan, result) -> note`). Adding a run kind
+is a declaration in kinds.py plus its job; the UI wires any of them the same way (`ui/live_run.py`).
+
+Each session has one run slot (`slots.RunSlots`, held by the session store):
+
+    plan = life.reserve(caller, "finetune", request)       # the validator, when the request is queued
+    with life.start(caller, "finetune", request) as run:   # the handler: takes the reserved plan
+        for log in run.updates():       # the events so far (loop.EventLog), at most every 0.5 s
+            draw(log)
+        outcome = run.finish()          # the result and what was kept; the job's error re-raised here
+    # leaving the block, however (error, tab closed, generator closed): stop flag set, slot released
+
+`caller` is whoever asks: anything with `.store` (the session store), `.session` (its id) and
+`.limits` (`config.Limits`); the UI's `Visitor` is one.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from .. import memory
+from ..training.fine_tuning import save_zip
+from ..training.loop import EventLog
+from .slots import StopCheck, Ticket
+
+ENDED_BECAUSE = {  # Run.ended / RunHistory.stopped -> why, for a sentence "the run ended early because ..."
+    "stopped": "you pressed Stop",
+    "time limit": "it reached the time limit of {seconds} s per run",
+    "diverged": "the loss became infinite or NaN (try a smaller learning rate)",
+    "shutdown": "the server is shutting down (its operator stopped it)",
+    "closed": "the server lost this page's connection and took the page as closed",
+}
+Job = Callable[..., Any]  # job(plan, *, on_event=emit, should_stop=stop_check) -> result
+
+
+# ---------------------------------------------------------------- a kind of run, declared once
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One kind of run (see the module doc). `trainings`: the training runs its job holds, so its
+    time limit is that many times the per-run limit."""
+
+    api_name: str
+    request: type  # a dataclass: its fields are the endpoint's parameters, in order
+    check: Callable[[Any, Any], Any]  # (caller, request) -> plan; InputError naming the field
+    job: Job
+    keep: Callable[[Any, Any, Any], str | None] = lambda caller, plan, result: None  # keeps nothing
+    trainings: int = 1
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a run ended: the plan it ran, its job's result, and what the session kept of it."""
+
+    plan: Any
+    result: Any
+    note: str | None  # what the keep policy did, as a sentence for the page (None: keeps nothing)
+    ended: str | None  # None: ran to the end; "stopped", "shutdown" or "time limit" (its stop check)
+
+
+def reserve(caller, kind: str | RunSpec, request, waiting: Callable[[], bool] | None = None):
+    """The validator's half, when the request enters the queue: check `request` into the plan of
+    a run of `kind` (a name in `RUNS`, or a spec), and reserve the caller's slot with it (a second
+    click is refused at once). `waiting()`: whether this request is still in the queue (see
+    `RunSlots.reserve`). Returns the plan; InputError (a ValueError) says what to fix, naming the
+    field."""
+    spec = _spec(kind)
+    plan = spec.check(caller, request)
+    caller.store.runs.reserve(caller.session, spec.api_name, plan, waiting)
+    return plan
+
+
+def start(caller, kind: str | RunSpec, request=None) -> "Run":
+    """The handler's half: claim the caller's slot and run the job of `kind` in a worker thread,
+    on the plan reserved with the slot (or, for a caller that did not reserve, `request`'s)."""
+    spec, slots = _spec(kind), caller.store.runs
+    ticket = slots.claim(caller.session, spec.api_name)
+    caller.store.reopen(caller.session)
+    try:
+        reserved = ticket.kind == spec.api_name and ticket.plan is not None
+        plan = ticket.plan if reserved else spec.check(caller, request)
+        return Run(caller, spec, ticket, plan)
+    except BaseException:
+        slots.finish(caller.session, ticket)
+        raise
+
+
+def _spec(kind: str | RunSpec) -> RunSpec:
+    if isinstance(kind, RunSpec):
+        return kind
+    from .kinds import RUNS  # here, not at the top: the kinds declare themselves with this module's RunSpec
+    return RUNS[kind]
+
+
+def stop(caller) -> bool:
+    """Ask the caller's run to stop after its current step; False if nothing runs."""
+    return caller.store.runs.stop(caller.session)
+
+
+class Run:
+    """One job running in a worker thread, with its stop flag and the session's slot."""
+
+    def __init__(self, caller, spec: RunSpec, ticket: Ticket, plan):
+        self.caller, self.spec, self.ticket, self.plan = caller, spec, ticket, plan
+        self.should_stop = StopCheck(ticket, spec.trainings * caller.limits.max_seconds)
+        self.log = EventLog()
+        self._events: queue.Queue = queue.Queue()
+        self._result = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._work, daemon=True)
+        self._thread.start()
+
+    def _work(self) -> None:
+        try:
+            self._result = self.spec.job(self.plan, on_event=self._events.put, should_stop=self.should_stop)
+        except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread by finish()
+            self._error = err
+        finally:  # the job's activations and optimizer state are freed now: give them back
+            memory.trim()
+
+    def updates(self, every: float = 0.5):
+        """`self.log` after each batch of new events, at most once per `every` seconds, until the
+        job ends."""
+        # Waiting the whole interval (not just for the first event) matters: a step takes
+        # milliseconds on a small model, and a page redrawn at every step starves the run of CPU.
+        while self._thread.is_alive() or not self._events.empty():
+            self._thread.join(timeout=every)  # returns at once when the job ends
+            new = False
+            try:
+                while True:
+                    self.log.add(self._events.get_nowait())
+                    new = True
+            except queue.Empty:
+                pass
+            if new:
+                yield self.log
+        self._thread.join()
+
+    def finish(self) -> Outcome:
+        """Wait for the job; re-raise its error here, or apply the kind's keep policy."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        note = self.spec.keep(self.caller, self.plan, self._result)
+        return Outcome(self.plan, self._result, note, self.ended)
+
+    @property
+    def ended(self) -> str | None:
+        """None while running or if it ran to the end; "stopped" or "time limit" otherwise."""
+        return self.should_stop.reason
+
+    def close(self) -> None:
+        """Stop the job (it ends within one step) and free the session's slot. Idempotent."""
+        self.ticket.set()
+        self.caller.store.runs.finish(self.caller.session, self.ticket)
+
+    def __enter__(self) -> "Run":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# ---------------------------------------------------------------- what a run leaves
+
+def keep_or_discard(caller, model, history, keep_partial: bool, kind: str = "tuned") -> str:
+    """Keep the run's model as the session's model of `kind`, or say why it was not kept: a
+    finished run's model is kept (not switched on); a stopped or timed-out one only if
+    `keep_partial` (and it did at least one step), a diverged one never."""
+    store, session, done = caller.store, caller.session, len(history.steps)
+    if history.stopped is None or (keep_partial and history.stopped != "diverged" and done > 0):
+        store.put_model(session, kind, model)
+        if store.model(session, kind) is not model:  # the page closed while it ran
+            return ("Its model was **not kept**: the server took this page as closed while the run "
+                    "went on. Reload the page to start again.")
+        if kind == "tuned" and store.using_tuned(session):
+            return "It is your tuned model now, already in use in the other tabs."
+        if kind == "tuned":
+            return "It is your tuned model now: press **Use my tuned model in all tabs** to try it there."
+        return f"It is your {kind} model now."
+    why = ENDED_BECAUSE[history.stopped].format(seconds=int(caller.limits.max_seconds))
+    previous = (f"your previous {kind} model is unchanged" if store.model(session, kind) is not None
+                else f"you have no {kind} model yet")
+    return (f"The run ended early because {why}, after {done} of {history.planned_steps} steps. "
+            f"Its model was **not kept**: {previous}. (Tick “Keep the model…” to keep a stopped run.)")
+
+
+def model_zip(store, session: str | None, kind: str = "tuned") -> Path:
+    """The session's model of `kind` as a save_pretrained zip, made once per model; ValueError if
+    it has none or the zip is over the store's download cap."""
+    model = store.model(session, kind)
+    if model is None:
+        raise ValueError(f"You have no {kind} model to download: run a fine-tune first.")
+    archive = store.cached_file(session, f"{kind}-zip", model,
+                                lambda folder: save_zip(model, folder, f"bertdemo-{kind}-model"))
+    size = archive.stat().st_size
+    if size > store.max_download_bytes:
+        raise ValueError(f"The {kind} model's zip is {size / 1e6:.0f} MB; this server serves at "
+                         f"most {store.max_download_bytes / 1e6:.0f} MB.")
+    return archive

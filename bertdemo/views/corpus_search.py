@@ -1,0 +1,382 @@
+"""Beyond one sentence: the corpus contexts the model treats as the same as a word in a sentence.
+
+exBERT's search, for any encoder with hidden states: the contextual embedding of `word` in `text`
+at `layer` (a word split into pieces is the mean of its pieces, as the embedding map does) against
+every word occurrence of a corpus at that layer, ranked by cosine similarity.
+
+    bertdemo.search_corpus(lm, "I sat on the river bank.", word="bank", layer=6)
+    bertdemo.search_corpus(lm, "I sat on the river bank.", word="bank", layer=6,
+                           corpus="The bank lent me money.\\nWe fished from the bank.")
+
+The index of a corpus (every word occurrence's unit vector at every layer) comes from one batched
+forward with `output_hidden_states`; it is built on first use and kept on disk under a digest of
+the model's weights and the corpus, one file per layer (`IndexCache`): a restart reads it, a
+fine-tuned model (other weights) gets its own, and two visitors asking for the same index while it
+builds wait for the one build.
+
+Why float32 and a plain matrix product: numpy and torch have no half-precision matrix product on
+a CPU (float16 would be upcast on every query, costing the memory it saved, ~8x slower by
+bench/bench_search.py's figures), and float16 cosines are off by ~1e-3, enough to swap near-tied
+hits. A query is one (N, H) @ (H,) product over a memory-mapped file: ~12k occurrences x 768
+floats is 9M multiply-adds, a few milliseconds; scikit-learn's brute-force NearestNeighbors does
+the same product with more overhead and faiss's flat index is that product again (its approximate
+indexes pay off from millions of vectors, two orders past a corpus a page can send).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+import threading
+import time
+import weakref
+from collections import Counter, OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from .. import validate
+from ..forward import hooks
+from ..model.loading import LoadedModel
+from . import embeddings
+
+log = logging.getLogger(__name__)
+
+ASSETS = Path(__file__).resolve().parents[2] / "assets" / "corpus"
+DEFAULT_CORPUS = ASSETS / "everyday.txt"
+MAX_LINES = 2_000  # a visitor's own corpus (Settings.search_max_lines)
+MAX_CHARS = 100_000  # characters of a visitor's corpus (Settings.search_max_chars)
+MAX_TOP_K = 50
+LINE_TOKENS = 128  # a corpus line is cut at this many tokens (its later words are not indexed)
+BATCH = 32  # lines per forward
+FORMAT = 1  # bump when the files' layout changes: older indexes are then rebuilt, not misread
+WORD = re.compile(r"\w+")  # what counts as a word occurrence of the corpus
+
+
+class Stopped(Exception):
+    """An index build stopped by its caller (`should_stop`); what it had built is freed."""
+
+
+class StopRequests:
+    """Who asked to stop their index build: a session's Stop button sets its flag, its build
+    reads it between batches (`should_stop`)."""
+
+    def __init__(self):
+        self._asked: set = set()
+        self._lock = threading.Lock()
+
+    def ask(self, session) -> None:
+        with self._lock:
+            self._asked.add(session)
+
+    def clear(self, session) -> None:
+        with self._lock:
+            self._asked.discard(session)
+
+    def asked(self, session) -> bool:
+        with self._lock:
+            return session in self._asked
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """The lines searched: the shipped default or a visitor's own, and their digest."""
+
+    lines: tuple[str, ...]
+    name: str  # "default" or "yours"
+    digest: str
+
+
+@dataclass(frozen=True)
+class Index:
+    """Every word occurrence of a corpus at one layer: `vectors` (N, H) float32 of unit length
+    (memory-mapped from the cache when read from disk), `spans` (N, 3) int32: line, start, end
+    (characters of the word in its line), `pieces` (N,) int32: its first token's position."""
+
+    layer: int
+    vectors: np.ndarray
+    spans: np.ndarray
+    pieces: np.ndarray
+
+
+def read_corpus(corpus: str | None = None, *, max_lines: int = MAX_LINES, max_chars: int = MAX_CHARS) -> Corpus:
+    """The default corpus (`corpus` None or empty), or `corpus` as non-empty stripped lines within
+    the limits (the default corpus is not held to them)."""
+    if corpus is None or (isinstance(corpus, str) and not corpus.strip()):
+        lines = tuple(line.strip() for line in DEFAULT_CORPUS.read_text(encoding="utf-8").splitlines() if line.strip())
+        return Corpus(lines, "default", _digest(lines))
+    if not isinstance(corpus, str):
+        raise validate.InputError("corpus", "The corpus must be text, one line per sentence (or empty for the "
+                                            "default corpus).")
+    validate.length_at_most(len(corpus), max_chars, "corpus", "characters", "Use fewer or shorter lines, or "
+                            "leave the corpus empty to search the default one.", field="corpus")
+    lines = tuple(line.strip() for line in corpus.splitlines() if line.strip())
+    if not any(WORD.search(line) for line in lines):
+        raise validate.InputError("corpus", "The corpus has no words: type or upload lines of text, one "
+                                            "sentence per line, or leave it empty to search the default corpus.")
+    validate.length_at_most(len(lines), max_lines, "corpus", "lines", "Use fewer lines, or leave the corpus "
+                            "empty to search the default one.", field="corpus")
+    return Corpus(lines, "yours", _digest(lines))
+
+
+def _digest(lines) -> str:
+    return hashlib.blake2b("\n".join(lines).encode(), digest_size=12).hexdigest()
+
+
+# ---------------------------------------------------------------- the search
+
+def search_corpus(lm: LoadedModel, text, *, word, layer, top_k: int = 10, corpus: str | None = None,
+                  cache: "IndexCache | None" = None, on_progress: Callable[[int, int], None] | None = None,
+                  should_stop: Callable[[], bool] | None = None, max_lines: int = MAX_LINES,
+                  max_chars: int = MAX_CHARS) -> dict:
+    """The `top_k` word occurrences of the corpus nearest, by cosine at `layer` (0 = embeddings,
+    L = last), to `word` as `text` uses it (its first occurrence; whole word, any case).
+
+    `corpus`: lines of text (one sentence per line), or None for the default corpus. The index is
+    read from `cache` (default: `IndexCache()` on the disk cache), else built, calling
+    `on_progress(lines_done, lines)` per batch and stopping with `Stopped` when `should_stop()`.
+
+    Returns {"sentence", "word", "layer", "corpus" ("default"/"yours"), "lines", "occurrences",
+    "hits": [{"line" (0-based), "text", "word", "start", "end" (characters of the word in the
+    line), "position" (its first token), "similarity"}], "counts": [{"word", "count"}] (the hits'
+    words, lowercased, most frequent first), "built" (whether this call built the index)}."""
+    text = validate.text(text, "sentence", "I sat on the river bank.", field="sentence")
+    word = _query_word(text, word)
+    layer = embeddings.check_layer(lm, layer)
+    top_k = validate.whole_number(top_k, "number of hits", 1, MAX_TOP_K, field="top_k")
+    chosen = read_corpus(corpus, max_lines=max_lines, max_chars=max_chars)
+    query = query_vector(lm, text, word, layer)
+    cache = cache if cache is not None else IndexCache()
+    index, built = cache.get(lm, chosen, layer, on_progress=on_progress, should_stop=should_stop)
+    similarity = index.vectors @ query  # (N,): cosine, both of unit length
+    top = np.argsort(-similarity, kind="stable")[:top_k]
+    hits = []
+    for i in top:
+        line, start, end = (int(v) for v in index.spans[i])
+        hits.append({"line": line, "text": chosen.lines[line], "word": chosen.lines[line][start:end],
+                     "start": start, "end": end, "position": int(index.pieces[i]),
+                     "similarity": float(similarity[i])})
+    counts = Counter(hit["word"].lower() for hit in hits).most_common()
+    return {"sentence": text, "word": word, "layer": layer, "corpus": chosen.name, "lines": len(chosen.lines),
+            "occurrences": int(len(index.spans)), "hits": hits,
+            "counts": [{"word": w, "count": n} for w, n in counts], "built": built}
+
+
+def _query_word(text: str, word) -> str:
+    if not isinstance(word, str) or not word.strip():
+        raise validate.InputError("word", "Type the word to search for, one the sentence uses, e.g. 'bank'.")
+    word = word.strip()
+    if not re.search(rf"(?<!\w){re.escape(word)}(?!\w)", text, re.IGNORECASE):
+        shown = word if len(word) <= 40 else word[:40] + "…"
+        raise validate.InputError("word", f"'{shown}' is not in the sentence: type a word the sentence uses "
+                                          "(whole word, any case).")
+    return word
+
+
+@torch.inference_mode()
+def query_vector(lm: LoadedModel, text: str, word: str, layer: int) -> np.ndarray:
+    """`word`'s first occurrence in `text` at `layer`: the mean of its pieces, of unit length (H,)."""
+    match = re.search(rf"(?<!\w){re.escape(word)}(?!\w)", text, re.IGNORECASE)
+    enc = lm.tokenizer([text], return_offsets_mapping=True, return_special_tokens_mask=True, truncation=False)
+    validate.tokens_at_most(len(enc["input_ids"][0]), lm.max_length, lm.name, "sentence", field="sentence")
+    pieces = [i for i, (a, b) in enumerate(enc["offset_mapping"][0])
+              if not enc["special_tokens_mask"][0][i] and a < match.end() and b > match.start()]
+    if not pieces:
+        raise validate.InputError("word", f"'{word}' is cut off by the model's length limit: shorten the sentence.")
+    states = _hidden_states(lm, [enc["input_ids"][0]])[layer, 0]  # (T, H)
+    return _unit(states[pieces].mean(0).float().numpy())
+
+
+def _hidden_states(lm: LoadedModel, ids: list[list[int]]) -> torch.Tensor:
+    """(L+1, B, T, H) float32 on the CPU: every layer's states of a padded batch (the same forward
+    as the embedding map's)."""
+    batch = lm.tokenizer.pad([{"input_ids": row} for row in ids], return_tensors="pt").to(lm.device)
+    with hooks.switched_off(lm):  # a heads-off view searches without its heads
+        hidden = lm.model.base_model(**batch, output_hidden_states=True).hidden_states  # L+1 x (B, T, H)
+    return torch.stack(hidden).float().cpu()
+
+
+def _unit(vectors: np.ndarray) -> np.ndarray:
+    norm = np.linalg.norm(vectors, axis=-1, keepdims=True)
+    return (vectors / np.maximum(norm, 1e-12)).astype(np.float32)
+
+
+# ---------------------------------------------------------------- the index
+
+def word_occurrences(lm: LoadedModel, lines) -> tuple[dict, np.ndarray, list[list[int]]]:
+    """The corpus tokenized (cut at LINE_TOKENS), and each word occurrence: spans (N, 3) int32 (line,
+    start, end), and the token positions its characters cover (a word past the cut is left out)."""
+    enc = lm.tokenizer(list(lines), return_offsets_mapping=True, return_special_tokens_mask=True,
+                       truncation=True, max_length=min(LINE_TOKENS, lm.max_length))
+    spans, covered = [], []
+    for n, line in enumerate(lines):
+        offsets, special = enc["offset_mapping"][n], enc["special_tokens_mask"][n]
+        for match in WORD.finditer(line):
+            pieces = [i for i, (a, e) in enumerate(offsets) if not special[i] and a < match.end() and e > match.start()]
+            if pieces:
+                spans.append((n, match.start(), match.end()))
+                covered.append(pieces)
+    if not spans:
+        raise validate.InputError("corpus", "The corpus has no words the model can read: add lines of text.")
+    return enc, np.asarray(spans, dtype=np.int32), covered
+
+
+@torch.inference_mode()
+def build_index(lm: LoadedModel, lines, folder: Path, *, on_progress=None, should_stop=None) -> dict:
+    """Write every word occurrence of `lines` at every layer into `folder`: layerNN.npy (N, H)
+    float32 of unit length, one per layer (0 = embeddings), spans.npy (N, 3) and pieces.npy (N,)
+    int32. One forward per BATCH lines, each batch written straight into the memory-mapped layer
+    files: the build holds one batch's states, never the index. Raises `Stopped` between batches
+    when `should_stop()` (the caller removes `folder`). Returns {"occurrences", "layers", "hidden"}."""
+    enc, spans, covered = word_occurrences(lm, lines)
+    np.save(folder / "spans.npy", spans)
+    np.save(folder / "pieces.npy", np.asarray([c[0] for c in covered], dtype=np.int32))
+    files, first = [], 0  # the layer files; the first occurrence of this batch
+    for start in range(0, len(lines), BATCH):
+        if should_stop is not None and should_stop():
+            raise Stopped("The index build was stopped.")
+        states = _hidden_states(lm, enc["input_ids"][start:start + BATCH])  # (L+1, B, T, H)
+        layers, _, width, hidden = states.shape
+        if not files:
+            files = [np.lib.format.open_memmap(folder / f"layer{layer:02d}.npy", mode="w+", dtype=np.float32,
+                                               shape=(len(spans), hidden)) for layer in range(layers)]
+        last = int(np.searchsorted(spans[:, 0], start + BATCH))  # occurrences of this batch's lines
+        if last > first:
+            mean = torch.zeros(last - first, states.shape[1] * width)  # averages each word's pieces
+            for row, (line, pieces) in enumerate(zip(spans[first:last, 0], covered[first:last])):
+                mean[row, [(line - start) * width + i for i in pieces]] = 1.0 / len(pieces)
+            words = _unit((mean @ states.reshape(layers, -1, hidden)).numpy())  # (L+1, n, H)
+            for layer, file in enumerate(files):
+                file[first:last] = words[layer]
+            first = last
+        if on_progress is not None:
+            on_progress(min(start + BATCH, len(lines)), len(lines))
+    for file in files:
+        file.flush()
+    return {"occurrences": len(spans), "layers": len(files), "hidden": int(files[0].shape[1])}
+
+
+def cache_dir() -> Path:
+    """Where indexes are kept: $BERTDEMO_SEARCH_CACHE, else ~/.cache/bertdemo/search."""
+    return Path(os.environ.get("BERTDEMO_SEARCH_CACHE") or Path.home() / ".cache" / "bertdemo" / "search")
+
+
+class ModelDigests:
+    """A digest of a model's weights, config and tokenizer, remembered per model object while none
+    of its weights changes in place (an optimizer step changes a tensor's version): what a cache
+    of a model's results is kept under, on disk, so a restart finds it and a tuned model does not."""
+
+    def __init__(self):
+        self._known: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def of(self, lm: LoadedModel) -> str:
+        from ..forward.onnx_engine import weights_key  # the same digest the ONNX exports are kept under
+
+        stamp = tuple((p._version, p.data_ptr()) for p in lm.model.parameters())
+        with self._lock:
+            known = self._known.get(lm.model)
+        if known is not None and known[0] == stamp:
+            return known[1]
+        tokenizer = f"{type(lm.tokenizer).__name__}:{len(lm.tokenizer)}:{lm.max_length}:{FORMAT}"
+        digest = hashlib.blake2b(f"{weights_key(lm.model)}:{tokenizer}".encode(), digest_size=12).hexdigest()
+        with self._lock:
+            self._known[lm.model] = (stamp, digest)
+        return digest
+
+
+class IndexCache:
+    """Indexes on disk, one folder per model and corpus (`<model digest>-<corpus digest>/`, a file
+    per layer, memory-mapped when read), and the last few layers read kept open.
+
+    The model digest covers its config, every weight (names, shapes, bytes) and its tokenizer, so
+    a tuned model gets its own index and a restart finds the old one. Builds are one at a time per
+    key (a lock each): a second visitor asking while the first builds waits, then reads the files.
+    An app's engine holds one; `IndexCache()` anywhere else reads and writes the same disk cache."""
+
+    def __init__(self, folder: Path | str | None = None, keep: int = 16):
+        self.folder = Path(folder) if folder is not None else cache_dir()
+        self.keep = keep
+        self.builds = 0  # indexes this object built (a test counts them)
+        self._open: OrderedDict[tuple[str, int], Index] = OrderedDict()
+        self.digests = ModelDigests()
+        self._locks: dict[str, threading.Lock] = {}
+        self._lock = threading.Lock()
+
+    def key(self, lm: LoadedModel, corpus: Corpus) -> str:
+        return f"{self.model_digest(lm)}-{corpus.digest}"
+
+    def model_digest(self, lm: LoadedModel) -> str:
+        return self.digests.of(lm)
+
+    def get(self, lm: LoadedModel, corpus: Corpus, layer: int, *, on_progress=None,
+            should_stop=None) -> tuple[Index, bool]:
+        """(the index of `corpus` at `layer` for `lm`, whether this call built it)."""
+        key = self.key(lm, corpus)
+        found = self._read(key, layer)
+        if found is not None:
+            return found, False
+        with self._lock:
+            lock = self._locks.setdefault(key, threading.Lock())
+        while not lock.acquire(timeout=0.2):  # one build per key; the others wait for it, then read its files
+            if should_stop is not None and should_stop():
+                raise Stopped("Stopped while waiting for another visitor's build of the same index.")
+        try:
+            found = self._read(key, layer)
+            if found is not None:
+                return found, False
+            self._build(lm, corpus, key, on_progress, should_stop)
+        finally:
+            lock.release()
+        return self._read(key, layer), True
+
+    def _build(self, lm, corpus, key, on_progress, should_stop) -> None:
+        started = time.perf_counter()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(dir=self.folder, prefix=f".{key}-"))
+        try:  # written whole, then renamed into place: a reader never sees half an index
+            shape = build_index(lm, corpus.lines, work, on_progress=on_progress, should_stop=should_stop)
+            (work / "index.json").write_text(json.dumps({
+                "model": lm.name, "corpus": corpus.name, "lines": len(corpus.lines), **shape, "dtype": "float32",
+                "format": FORMAT, "seconds": round(time.perf_counter() - started, 2)}))
+            target = self.folder / key
+            shutil.rmtree(target, ignore_errors=True)  # a damaged earlier copy
+            os.replace(work, target)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        self.builds += 1
+        log.info("search index for %s on the %s corpus (%d lines, %d occurrences, %d layers) built in %.1f s",
+                 lm.name, corpus.name, len(corpus.lines), shape["occurrences"], shape["layers"],
+                 time.perf_counter() - started)
+
+    def _read(self, key: str, layer: int) -> Index | None:
+        with self._lock:
+            if (key, layer) in self._open:
+                self._open.move_to_end((key, layer))
+                return self._open[(key, layer)]
+        folder = self.folder / key
+        try:
+            meta = json.loads((folder / "index.json").read_text())
+            if meta.get("format") != FORMAT:
+                return None
+            index = Index(layer, np.load(folder / f"layer{layer:02d}.npy", mmap_mode="r"),
+                          np.load(folder / "spans.npy"), np.load(folder / "pieces.npy"))
+        except (OSError, ValueError):
+            return None
+        with self._lock:
+            self._open[(key, layer)] = index
+            while len(self._open) > self.keep:
+                self._open.popitem(last=False)
+        return index
+
+    def forget(self) -> None:
+        """Close every open index (the files stay)."""
+        with self._lock:
+            self._open.clear()
