@@ -274,7 +274,7 @@ def test_any_other_masked_lm_works_or_is_refused_in_words(model_type, tmp_path):
 def test_the_other_views_answer_on_every_family(family, tiny_bert):
     """Joint filling, candidates, the sentence score, bertviz's views, rollout, two models side by
     side, the layer probes and the classifier, on each family."""
-    from bertdemo import attention_views
+    from bertdemo.views import attention_views
 
     _, _, lm = family
     joint = bertdemo.fill_jointly(lm, "The [MASK] sat on the [MASK].", beam_size=2)
@@ -305,7 +305,7 @@ def test_a_families_run_exports_as_a_script_that_trains(name, tmp_path):
     import subprocess
     import sys
 
-    from bertdemo import export
+    from bertdemo.training import export
 
     folder = tiny_models.save_tiny_family(name, tmp_path / "model")
     lm = bertdemo.load(str(folder))

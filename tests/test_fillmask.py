@@ -204,7 +204,7 @@ def test_joint_filling_fills_every_mask_even_when_the_model_predicts_its_mask_to
     still fills each mask once and writes every one into the sentence."""
     import copy
 
-    from bertdemo.models import LoadedModel
+    from bertdemo.model.loading import LoadedModel
 
     model = copy.deepcopy(tiny_bert.model)
     with torch.no_grad():
