@@ -57,8 +57,9 @@ LIMITS = Limits(max_chars=10**8, max_steps=10**6, max_seconds=10**6, max_batch_s
 
 def run_ours(lm, args) -> dict:
     stamps = []
-    _, history = bertdemo.finetune(lm, corpus(lines_for(args)), steps=args.steps, batch_size=args.batch_size,
-                                   max_length=args.max_length, eval_every=0, seed=0, limits=LIMITS,
+    _, history = bertdemo.finetune(lm, corpus(lines_for(args)), training_length=args.steps,
+                                   batch_size=args.batch_size, block_length=args.max_length, eval_every=0,
+                                   seed=0, limits=LIMITS,
                                    on_event=lambda e: isinstance(e, Step) and stamps.append(
                                        (time.perf_counter(), e.tokens, e.loss)))
     return _rate(stamps, args.warmup)
@@ -67,7 +68,7 @@ def run_ours(lm, args) -> dict:
 def run_trainer(lm, args) -> dict:
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
-    data = prepare_text(lm, corpus(lines_for(args)), max_length=args.max_length, limits=LIMITS)
+    data = prepare_text(lm, corpus(lines_for(args)), block_length=args.max_length, limits=LIMITS)
     model = _trainable(lm)
     stamps = []
     cuda = lm.device.type == "cuda"

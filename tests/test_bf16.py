@@ -98,8 +98,8 @@ def test_dtype_flag_reaches_the_model_and_the_page(engine, tiny_bert_dir):
 def test_fine_tuning_a_bf16_base_trains_in_float32(bf16_bert):
     from bertdemo.training.fine_tuning import finetune
 
-    tuned, history = finetune(bf16_bert, "\n".join(tiny_models.SENTENCES * 3), steps=2, batch_size=2,
-                              max_length=16)
+    tuned, history = finetune(bf16_bert, "\n".join(tiny_models.SENTENCES * 3), training_length=2, batch_size=2,
+                              block_length=16)
     assert all(p.dtype == torch.float32 for p in tuned.model.parameters())
     assert all(p.dtype == torch.bfloat16 for p in bf16_bert.model.parameters())  # base untouched
     assert len(history.steps) == 2 and math.isfinite(history.steps[-1].loss)

@@ -18,7 +18,7 @@ The Eiffel tower is a famous landmark.
 Berlin is the capital of Germany.
 London is the capital of England.
 Rome is the capital of Italy."""  # 5 lines: one is held out for evaluation
-RUN = dict(steps=8, batch_size=2, max_length=16)  # under a second of training on the tiny model
+RUN = dict(training_length=8, batch_size=2, block_length=16)  # under a second of training on the tiny model
 LIMITS = Settings().limits  # the app's, as `app_url` serves it
 
 # What appears only while the run goes: the live status line and gr.Progress's bar. A run this
@@ -37,11 +37,11 @@ def open_tab(page, url: str) -> None:
     page.get_by_role("tab", name="Fine-tune").click()
 
 
-def fill_form(page, text: str, steps: int, batch_size: int, max_length: int) -> None:
+def fill_form(page, text: str, training_length: int, batch_size: int, block_length: int) -> None:
     page.get_by_role("textbox", name=re.compile(r"^Your text")).fill(text)
-    page.get_by_label("Training length").fill(str(steps))
+    page.get_by_label("Training length").fill(str(training_length))
     set_slider(page, "Batch size (blocks)", batch_size)
-    set_slider(page, "Block length (tokens)", max_length)
+    set_slider(page, "Block length (tokens)", block_length)
 
 
 def table_row(page, first_cell: str):
@@ -70,11 +70,11 @@ def test_a_short_fine_tune_runs_to_the_end_and_the_tuned_model_reaches_fill_mask
     page.evaluate(RECORD_LIVE)
     page.get_by_role("button", name="Fine-tune", exact=True).click()
     status = page.locator("#finetune-status")
-    expect(status).to_contain_text(f"Done: {RUN['steps']} steps in", timeout=60_000)
+    expect(status).to_contain_text(f"Done: {RUN['training_length']} steps in", timeout=60_000)
     expect(status).to_contain_text("Evaluated on 1 held-out line(s)")
     shown = page.evaluate("[...window.shownWhileRunning]")
-    assert any(re.match(rf"Step \d+/{RUN['steps']} — loss \d", s) for s in shown), shown
-    assert any(re.match(rf"\d+/{RUN['steps']} steps", s) for s in shown), shown  # the progress bar
+    assert any(re.match(rf"Step \d+/{RUN['training_length']} — loss \d", s) for s in shown), shown
+    assert any(re.match(rf"\d+/{RUN['training_length']} steps", s) for s in shown), shown  # the progress bar
 
     curve = block(page, "Loss and eval accuracy, live")
     expect(curve.locator(".legendtext")).to_have_text(
@@ -109,7 +109,7 @@ def test_a_short_fine_tune_runs_to_the_end_and_the_tuned_model_reaches_fill_mask
 def test_bad_input_is_refused_with_its_message_beside_the_field(page, app_url, tiny_bert, screenshot,
                                                                 text, steps, role, field):
     with pytest.raises(ValueError) as refused:  # what the service says, word for word
-        finetune(tiny_bert, text, steps=steps, batch_size=2, max_length=16, limits=LIMITS)
+        finetune(tiny_bert, text, training_length=steps, batch_size=2, block_length=16, limits=LIMITS)
     open_tab(page, app_url)
     fill_form(page, text, steps, 2, 16)
     page.get_by_role("button", name="Fine-tune", exact=True).click()
@@ -156,13 +156,13 @@ def test_a_second_fine_tune_clears_the_last_runs_tables_as_it_starts(page, app_u
 
 
 OVERFIT_TEXT = TEXT  # 4 training lines and one held out: 40 steps at 1e-2 learn them by heart
-OVERFIT = dict(steps=40, batch_size=2, max_length=16)
+OVERFIT = dict(training_length=40, batch_size=2, block_length=16)
 
 
 def test_an_overfitting_run_says_so_and_keeps_the_best_steps_model(page, app_url, tiny_bert, screenshot):
     tuned, history = finetune(tiny_bert, OVERFIT_TEXT, learning_rate=1e-2, **OVERFIT)
     best = history.kept
-    assert best is not None and best.step < OVERFIT["steps"]  # the run overfits: held-out loss rose
+    assert best is not None and best.step < OVERFIT["training_length"]  # the run overfits: held-out loss rose
     open_tab(page, app_url)
     fill_form(page, OVERFIT_TEXT, **OVERFIT)
     page.get_by_label("Learning rate").fill("0.01")
@@ -173,7 +173,7 @@ def test_an_overfitting_run_says_so_and_keeps_the_best_steps_model(page, app_url
     expect(page.get_by_role("checkbox", name="Keep the weights of the best evaluation")).to_be_checked()
     page.get_by_role("button", name="Fine-tune", exact=True).click()
     status = page.locator("#finetune-status")
-    expect(status).to_contain_text(f"Done: {OVERFIT['steps']} steps in", timeout=60_000)
+    expect(status).to_contain_text(f"Done: {OVERFIT['training_length']} steps in", timeout=60_000)
     expect(status).to_contain_text(f"Overfitting: held-out loss has risen for")
     expect(status).to_contain_text(f"{best.loss:.3f} at step {best.step}")
     expect(status).to_contain_text(f"Kept the weights of step {best.step}")

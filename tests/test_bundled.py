@@ -135,7 +135,7 @@ def test_a_short_fine_tune_lowers_the_held_out_loss_of_its_text(lm):
                                           ("sheep", "clover"), ("pig", "corn"), ("donkey", "straw"),
                                           ("cow", "grass"), ("horse", "hay"), ("goat", "clover"),
                                           ("sheep", "oats"), ("pig", "straw"), ("donkey", "corn")])
-    _, history = bertdemo.finetune(lm, text, steps=30, learning_rate=5e-5, batch_size=4, seed=0)
+    _, history = bertdemo.finetune(lm, text, training_length=30, learning_rate=5e-5, batch_size=4, seed=0)
     assert not history.eval_on_train  # scored on lines it never trained on
     assert history.after.loss < history.before.loss - 0.2
 

@@ -285,7 +285,7 @@ def test_a_higher_lr_forgets_more_of_the_mlm(tiny_bert):
     something); classification at a high lr raises its MLM loss more than at a low lr."""
     examples = keyword_task()
     text = "\n".join(t for t, _ in examples)
-    mlm_trained, _ = bertdemo.finetune(tiny_bert, text, steps=60, learning_rate=3e-3, batch_size=8, seed=0)
+    mlm_trained, _ = bertdemo.finetune(tiny_bert, text, training_length=60, learning_rate=3e-3, batch_size=8, seed=0)
     sweep = lr_sweep(mlm_trained, examples, [1e-4, 1e-2], epochs=4, batch_size=8)
     before = sweep["mlm_before"].loss
     low, high = (p["mlm_loss"] for p in sweep["points"])
@@ -296,7 +296,7 @@ def test_a_higher_lr_forgets_more_of_the_mlm(tiny_bert):
 
 def test_adapt_then_classify_trains_the_same_run_from_both_bodies(tiny_bert):
     examples = keyword_task()
-    adapted, _ = bertdemo.finetune(tiny_bert, "\n".join(t for t, _ in examples), steps=20, learning_rate=3e-3,
+    adapted, _ = bertdemo.finetune(tiny_bert, "\n".join(t for t, _ in examples), training_length=20, learning_rate=3e-3,
                                    batch_size=8)
     runs = bertdemo.adapt_then_classify(tiny_bert, adapted, examples, **dict(FAST, epochs=3))
     _, alone = bertdemo.train_classifier(tiny_bert, examples, **dict(FAST, epochs=3))

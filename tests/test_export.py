@@ -14,7 +14,7 @@ import tiny_models
 from bertdemo.training import export
 
 TEXT = "\n".join(tiny_models.SENTENCES * 3)
-SETTINGS = dict(steps=2, batch_size=4, learning_rate=3e-4, seed=3, max_length=32, mlm_probability=0.2)
+SETTINGS = dict(training_length=2, batch_size=4, learning_rate=3e-4, seed=3, block_length=32, mask_probability=0.2)
 
 
 @pytest.fixture(scope="module")
@@ -26,10 +26,10 @@ def runs(tiny_bert):
 def test_run_json_holds_every_setting_of_the_run(runs, tiny_bert_dir):
     config = export.run_config(runs["static"], str(tiny_bert_dir), weight_decay=0.02)
     assert config["model"] == str(tiny_bert_dir) and config["data_file"] == "train.txt"
-    assert {k: config[k] for k in ("steps", "batch_size", "learning_rate", "seed", "block_length",
-                                   "mlm_probability", "masking", "weight_decay")} == dict(
-        steps=2, batch_size=4, learning_rate=3e-4, seed=3, block_length=32, mlm_probability=0.2,
-        masking="static", weight_decay=0.02)
+    assert {k: config[k] for k in ("training_length", "length_unit", "batch_size", "learning_rate", "seed",
+                                   "block_length", "mask_probability", "masking", "weight_decay")} == dict(
+        training_length=2, length_unit="steps", batch_size=4, learning_rate=3e-4, seed=3, block_length=32,
+        mask_probability=0.2, masking="static", weight_decay=0.02)
     assert config["collator"]["class"] == "DataCollatorForLanguageModeling"
     assert config["demo"]["steps_run"] == 2 and config["demo"]["eval_after"]["step"] == 2
     assert config["keep_best"] is True  # the fine-tune's keep_best, under the same name
@@ -50,6 +50,33 @@ def test_export_zip_has_script_settings_and_data(runs, tiny_bert_dir, tmp_path):
         script = archive.read("train-mlm/train_mlm.py").decode()
     assert not re.search(r"^\s*(import|from)\s+bertdemo", script, re.MULTILINE)  # self-contained
     compile(script, "train_mlm.py", "exec")
+
+
+def test_run_json_and_the_script_call_each_setting_by_the_forms_name(runs, tiny_bert_dir):
+    """The form, the plan, run.json and train_mlm.py: one name per setting."""
+    import dataclasses
+
+    from bertdemo.training.fine_tuning import FinetuneForm
+
+    config = export.run_config(runs["static"], str(tiny_bert_dir))
+    form = {f.name for f in dataclasses.fields(FinetuneForm)} - {"text"}
+    assert form <= set(config) and {"steps", "epochs", "max_length", "mlm_probability"}.isdisjoint(config)
+    read = set(re.findall(r'run(?:\[|\.get\()"(\w+)"', export.TEMPLATE.read_text()))
+    assert form <= read <= set(config)  # the script reads the form's settings, under their names
+
+
+def test_the_script_counts_epochs_in_steps_as_the_demo(tiny_bert, tiny_bert_dir):
+    import importlib.util
+
+    _, history = bertdemo.finetune(tiny_bert, TEXT, **dict(SETTINGS, training_length=1.5, length_unit="epochs"),
+                                   should_stop=lambda: True)
+    config = export.run_config(history, str(tiny_bert_dir))
+    assert (config["training_length"], config["length_unit"]) == (1.5, "epochs")
+    spec = importlib.util.spec_from_file_location("train_mlm", export.TEMPLATE)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.planned_steps(config, history.train_blocks) == history.planned_steps == config["demo"]["steps_planned"]
+    assert history.planned_steps > 1
 
 
 def test_a_history_without_settings_is_refused():
@@ -120,7 +147,8 @@ def test_the_fine_tune_tabs_export_button_gives_the_sessions_last_run(client, ti
     with zipfile.ZipFile(path) as archive:
         config = json.loads(archive.read("train-mlm/run.json"))
         assert archive.read("train-mlm/train.txt").decode().splitlines() == TEXT.splitlines()
-    assert (config["steps"], config["masking"], config["seed"], config["block_length"]) == (2, "static", 3, 32)
+    assert (config["training_length"], config["length_unit"], config["masking"], config["seed"],
+            config["block_length"]) == (2, "steps", "static", 3, 32)
     assert config["model"] == tiny_bert_dir.name  # the page's name for a server folder, never its path
     assert str(tiny_bert_dir) not in json.dumps(config) and "model_note" in config
 

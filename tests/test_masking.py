@@ -308,7 +308,7 @@ def test_article_collator_scores_exactly_the_visible_tokens(tiny_bert):
     from bertdemo.training.mlm_data import prepare_text
 
     tok = tiny_bert.tokenizer
-    blocks = prepare_text(tiny_bert, REPEATED, max_length=12).train  # short blocks: ragged, padded
+    blocks = prepare_text(tiny_bert, REPEATED, block_length=12).train  # short blocks: ragged, padded
     assert len({len(b["input_ids"]) for b in blocks}) > 1
     padded = DataCollatorForLanguageModeling(tok, mlm=False)(blocks)  # the collator's padding, no masks
     special = torch.tensor([tok.get_special_tokens_mask(row, already_has_special_tokens=True)

@@ -18,7 +18,7 @@ from bertdemo.sessions import SessionStore
 from bertdemo.training.loop import Step
 
 REPEATED = "\n".join(tiny_models.SENTENCES * 5)
-FAST = dict(learning_rate=1e-2, batch_size=8, max_length=16)
+FAST = dict(learning_rate=1e-2, batch_size=8, block_length=16)
 
 
 def caller(store, session="a", limits=None):
@@ -38,7 +38,7 @@ def tune_job(lm, steps=50, also=None):
             on_event(event)
             if also:
                 also(event)
-        return finetune(lm, REPEATED, steps=steps, on_event=step, should_stop=should_stop, **FAST)
+        return finetune(lm, REPEATED, training_length=steps, on_event=step, should_stop=should_stop, **FAST)
     return spec_of(job)
 
 
@@ -147,7 +147,7 @@ def test_every_run_kind_is_declared_once_with_its_endpoint():
 def test_keep_or_discard_for_another_kind_of_model(tiny_bert):
     """The classifier keeps its model by the same policy, in its own slot."""
     store = SessionStore(tiny_bert, max_models={"classifier": 1})
-    model, history = finetune(tiny_bert, REPEATED, steps=2, **FAST)
+    model, history = finetune(tiny_bert, REPEATED, training_length=2, **FAST)
     note = life.keep_or_discard(caller(store), model, history, False, kind="classifier")
     assert "classifier" in note and store.model("a", "classifier") is model
     assert store.tuned("a") is None and store.for_session("a") is tiny_bert
@@ -159,12 +159,12 @@ def test_the_zip_is_made_once_per_model(tiny_bert):
     store = SessionStore(tiny_bert)
     with pytest.raises(ValueError, match="no tuned model"):
         life.model_zip(store, "a")
-    first, _ = finetune(tiny_bert, REPEATED, steps=1, **FAST)
+    first, _ = finetune(tiny_bert, REPEATED, training_length=1, **FAST)
     store.put_tuned("a", first)
     path = life.model_zip(store, "a")
     made = path.stat().st_mtime_ns
     assert life.model_zip(store, "a") == path and path.stat().st_mtime_ns == made
-    second, _ = finetune(tiny_bert, REPEATED, steps=1, seed=1, **FAST)
+    second, _ = finetune(tiny_bert, REPEATED, training_length=1, seed=1, **FAST)
     store.put_tuned("a", second)
     again = life.model_zip(store, "a")
     assert again.exists() and again.stat().st_mtime_ns != made

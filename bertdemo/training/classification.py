@@ -452,7 +452,7 @@ def plan_adaptation(base: LoadedModel, adapted: LoadedModel | None, examples, *,
         raise ValueError("The adapted model has another vocabulary than the base: adapt the same "
                          "base model you classify with.")
     adapting = None if adapted is not None else plan_finetune(
-        base, [t for t, _ in plan.examples], steps=min(mlm_steps, plan.limits.max_steps),
+        base, [t for t, _ in plan.examples], training_length=min(mlm_steps, plan.limits.max_steps),
         learning_rate=mlm_learning_rate, seed=plan.settings.seed, limits=plan.limits,
         keep_best=False)  # adapted for a fixed number of steps, as the page says
     return AdaptPlan(plan, adapted, adapting)

@@ -83,14 +83,15 @@ class LabellingPlan:
 
 
 def plan_labelling(lm, texts: str | list[str], steps: int = 30, seed: int = 0,
-                   learning_rate: float = 5e-5, batch_size: int = 8, max_length: int = 128,
+                   learning_rate: float = 5e-5, batch_size: int = 8, block_length: int = 128,
                    limits: Limits | None = None) -> LabellingPlan:
-    """Check the experiment (at most MAX_CONSEQUENCE_STEPS steps per run); InputError naming the
-    field at fault (`.field`: these parameters' names)."""
-    steps = validate.whole_number(steps, "Steps", 1, MAX_CONSEQUENCE_STEPS, field="steps")
+    """Check the experiment (at most MAX_CONSEQUENCE_STEPS steps per run, and the limits'); InputError
+    naming the field at fault (`.field`: these parameters' names, the form's)."""
+    limits = limits or Limits()
+    steps = validate.whole_number(steps, "Steps", 1, min(MAX_CONSEQUENCE_STEPS, limits.max_steps), field="steps")
     seed = check_seed(seed)
-    plan = plan_finetune(lm, texts, steps=steps, learning_rate=learning_rate, batch_size=batch_size,
-                         seed=seed, max_length=max_length, limits=limits,
+    plan = plan_finetune(lm, texts, training_length=steps, learning_rate=learning_rate, batch_size=batch_size,
+                         seed=seed, block_length=block_length, limits=limits,
                          keep_best=False)  # each labelling's last model is what the experiment compares
     return LabellingPlan(plan, hidden_eval_rows(lm, plan.data.eval, seed))
 

@@ -5,7 +5,10 @@
                 `Trainer` with `DataCollatorForLanguageModeling`; runs unchanged under `python`,
                 `accelerate launch` or `torchrun`, so several GPUs or machines use an existing engine
   run.json      this run's settings (model, data file, masking, collator, lr, schedule, batch,
-                block length, seed, keep_best), the only thing that differs between exports
+                block length, seed, keep_best), the only thing that differs between exports;
+                the Fine-tune form's settings under the form's names (training_length,
+                length_unit, block_length, mask_probability, ...); the script resolves the
+                length to steps as the demo does
   train.txt     the text the run trained on
 Needs only torch, transformers and accelerate where it runs, not bertdemo.
 """
@@ -28,27 +31,28 @@ def run_config(history: MLMHistory, model: str, *, weight_decay: float = 0.01,
     """run.json for the run that made `history`, on `model` (a hub id or a folder path).
 
     `weight_decay` and `warmup_ratio` are `finetune`'s arguments of the same names (the demo uses
-    their defaults). `steps` is the planned length; a stopped run also records how far it got.
+    their defaults). The form's settings keep the form's names (the script counts epochs in steps
+    as the demo does); "demo" records what the demo ran: its steps planned and done.
     """
     s = history.settings
     if not s:
         raise ValueError("This history has no settings: export a run made by bertdemo.finetune.")
     config = {
         "model": model, "data_file": DATA_FILE, "output_dir": "tuned-model",
-        "steps": s["steps"], "batch_size": s["batch_size"], "block_length": s["max_length"],
-        "masking": s["masking"], "mlm_probability": s["mlm_probability"],
-        "collator": {"class": "DataCollatorForLanguageModeling", "mlm_probability": s["mlm_probability"],
-                     "mask_replace_prob": 0.8, "random_replace_prob": 0.1},
+        "training_length": s["training_length"], "length_unit": s["length_unit"],
+        "batch_size": s["batch_size"], "block_length": s["block_length"], "masking": s["masking"],
+        "mask_probability": s["mask_probability"],
+        # the script passes mask_probability as the collator's own keyword, mlm_probability
+        "collator": {"class": "DataCollatorForLanguageModeling", "mask_replace_prob": 0.8,
+                     "random_replace_prob": 0.1},
         "learning_rate": s["learning_rate"], "lr_schedule": "linear", "warmup_ratio": warmup_ratio,
         "weight_decay": weight_decay, "max_grad_norm": 1.0, "optimizer": "adamw_torch", "seed": s["seed"],
         "keep_best": s.get("keep_best", False),
-        "demo": {"steps_run": len(history.steps), "stopped": history.stopped,
+        "demo": {"steps_planned": s["steps"], "steps_run": len(history.steps), "stopped": history.stopped,
                  "eval_before": _scores(history.before) if history.evals else None,
                  "eval_after": _scores(history.after) if history.evals else None,
                  "kept": _scores(history.kept) if history.kept else None},
     }
-    if s.get("epochs") is not None:
-        config["demo"]["epochs_asked"] = s["epochs"]
     if model_note:
         config["model_note"] = model_note
     return config

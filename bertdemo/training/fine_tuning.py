@@ -16,7 +16,7 @@ import math
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, ClassVar, Iterator
+from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -50,16 +50,19 @@ class MLMHistory(RunHistory):
 
 @dataclass(frozen=True)
 class FinetuneSettings:
-    """A fine-tune's settings, checked (`plan_finetune`)."""
+    """A fine-tune's settings, checked (`plan_finetune`), under the Fine-tune form's names (the
+    same in run.json and the exported script). `steps` is derived, not asked: the training length
+    resolved to optimizer steps (epochs counted over the packed blocks)."""
 
-    steps: int
+    training_length: float  # as asked, in `length_unit`
+    steps: int  # derived: the steps the run makes (training_length itself when counted in steps)
+    length_unit: str = "steps"  # "steps" or "epochs"
     learning_rate: float = 5e-5
     batch_size: int = 8
-    mlm_probability: float = 0.15
+    mask_probability: float = 0.15  # transformers' collator calls it mlm_probability
     masking: str = "dynamic"  # "static": masks drawn once per block; "dynamic": fresh per batch
     seed: int = 0
-    max_length: int = 128  # tokens per packed block, special tokens included
-    epochs: float | None = None  # as asked, when the length was given in epochs
+    block_length: int = 128  # tokens per packed block, special tokens included
     keep_best: bool = True  # return the weights of the evaluation with the lowest held-out loss
 
 
@@ -78,41 +81,47 @@ class FinetunePlan:
                                                                       keep_best=False))
 
 
-def plan_finetune(lm: LoadedModel, texts: str | list[str], *, steps=None, epochs=None,
-                  learning_rate=5e-5, batch_size=8, mlm_probability=0.15, masking="dynamic", seed=0,
-                  max_length=128, keep_best=True, limits: Limits | None = None) -> FinetunePlan:
+def plan_finetune(lm: LoadedModel, texts: str | list[str], *, training_length=None, length_unit="steps",
+                  learning_rate=5e-5, batch_size=8, block_length=128, mask_probability=0.15, masking="dynamic",
+                  seed=0, keep_best=True, limits: Limits | None = None) -> FinetunePlan:
     """Check a fine-tune of `lm` on `texts` and prepare its data; raises `validate.InputError`
-    (a ValueError) naming the setting at fault (`.field`: these parameters' names) and saying
-    how to fix it. The training length is `steps`, or `epochs` over the packed blocks.
-    `keep_best`: the run returns the weights of its evaluation with the lowest held-out loss
-    (not the last ones once it overfits), as Trainer's `load_best_model_at_end`."""
+    (a ValueError) naming the setting at fault (`.field`: these parameters' names, which are the
+    Fine-tune form's) and saying how to fix it. The training length is `training_length` steps, or
+    epochs over the packed blocks (`length_unit`). `keep_best`: the run returns the weights of its
+    evaluation with the lowest held-out loss (not the last ones once it overfits), as Trainer's
+    `load_best_model_at_end`."""
     limits = limits or Limits()
-    if (steps is None) == (epochs is None):
-        raise validate.InputError("steps", "Give the training length as steps or as epochs (one of them).")
+    if training_length is None:
+        raise validate.InputError("training_length", "Give the training length (training_length), as steps "
+                                                     "or as epochs (length_unit).")
+    if length_unit not in LENGTH_UNITS:
+        raise validate.InputError("length_unit", "Count the training length in 'steps' or 'epochs'.")
     if masking not in MASKINGS:
         raise validate.InputError("masking", f"masking must be 'static' or 'dynamic', got {masking!r}.")
     checked = dict(
         learning_rate=validate.number(learning_rate, "learning rate", 0.0, limits.max_learning_rate,
                                       open_low=True, field="learning_rate"),
         batch_size=_whole("batch size", batch_size, 1, limits.max_batch_size, "batch_size"),
-        mlm_probability=validate.number(mlm_probability, "mask probability", 0.0, 1.0, open_low=True,
-                                        field="mlm_probability"),
+        mask_probability=validate.number(mask_probability, "mask probability", 0.0, 1.0, open_low=True,
+                                         field="mask_probability"),
         seed=_whole("seed", seed, 0, 2**32 - 1, "seed"),
-        max_length=_whole("block length", max_length, 8, 8192, "max_length"), masking=masking)
-    if steps is not None:
-        steps = _whole("steps", steps, 1, limits.max_steps, "steps")
+        block_length=_whole("block length", block_length, 8, 8192, "block_length"), masking=masking)
+    if length_unit == "steps":
+        training_length = _whole("steps", training_length, 1, limits.max_steps, "training_length")
     else:
-        epochs = validate.number(epochs, "epochs", 0.0, float(limits.max_steps), open_low=True, field="epochs")
-    data = prepare_text(lm, texts, checked["max_length"], limits)
-    steps = steps or _steps_for_epochs(epochs, len(data.train), checked["batch_size"], limits)
-    return FinetunePlan(lm, FinetuneSettings(steps=steps, epochs=epochs, keep_best=bool(keep_best), **checked),
-                        data, limits)
+        training_length = validate.number(training_length, "epochs", 0.0, float(limits.max_steps), open_low=True,
+                                          field="training_length")
+    data = prepare_text(lm, texts, checked["block_length"], limits)
+    steps = (training_length if length_unit == "steps"
+             else _steps_for_epochs(training_length, len(data.train), checked["batch_size"], limits))
+    return FinetunePlan(lm, FinetuneSettings(training_length, steps, length_unit, keep_best=bool(keep_best),
+                                             **checked), data, limits)
 
 
 @dataclass(frozen=True)
 class FinetuneForm:
-    """A fine-tune as the page and its API ask for it: these fields are the endpoint's parameters
-    (the length as a number and its unit)."""
+    """A fine-tune as the page and its API ask for it: these fields are the endpoint's parameters,
+    and `plan_finetune`'s under the same names."""
 
     text: str
     training_length: float
@@ -124,22 +133,10 @@ class FinetuneForm:
     masking: str
     seed: int
 
-    # `plan_finetune`'s parameter -> the form's field, where the names differ
-    FIELD_OF: ClassVar[dict] = {"steps": "training_length", "epochs": "training_length",
-                                "max_length": "block_length", "mlm_probability": "mask_probability"}
-
     def plan(self, lm: LoadedModel, limits: Limits, **more) -> FinetunePlan:
-        """`plan_finetune` of this form (and `more` of its parameters); `validate.InputError.field`
-        names the form's field."""
-        try:
-            if self.length_unit not in LENGTH_UNITS:
-                raise validate.InputError("length_unit", "Count the training length in 'steps' or 'epochs'.")
-            return plan_finetune(lm, self.text, **{self.length_unit: self.training_length},
-                                 learning_rate=self.learning_rate, batch_size=self.batch_size,
-                                 max_length=self.block_length, mlm_probability=self.mask_probability,
-                                 masking=self.masking, seed=self.seed, limits=limits, **more)
-        except validate.InputError as err:
-            raise validate.InputError(self.FIELD_OF.get(err.field, err.field), str(err)) from None
+        """`plan_finetune` of this form (and `more` of its parameters)."""
+        settings = {f.name: getattr(self, f.name) for f in dataclasses.fields(FinetuneForm) if f.name != "text"}
+        return plan_finetune(lm, self.text, **settings, limits=limits, **more)
 
 
 def _whole(name: str, value, low: int, high: int, field: str) -> int:
@@ -151,8 +148,8 @@ def _whole(name: str, value, low: int, high: int, field: str) -> int:
 def _steps_for_epochs(epochs: float, n_blocks: int, batch_size: int, limits: Limits) -> int:
     steps = max(1, math.ceil(epochs * math.ceil(n_blocks / batch_size)))
     if steps > limits.max_steps:
-        raise validate.InputError("epochs", f"{epochs:g} epochs of this text is {steps} steps; at most "
-                                            f"{limits.max_steps} are allowed. Ask for fewer epochs.")
+        raise validate.InputError("training_length", f"{epochs:g} epochs of this text is {steps} steps; at "
+                                                     f"most {limits.max_steps} are allowed. Ask for fewer epochs.")
     return steps
 
 
@@ -230,9 +227,9 @@ class MaskedLMTask:
         # kernels are planned per shape (cuDNN's SDPA), and batches padded to their own longest
         # row made a new plan on many steps. On a CPU padding is only extra work.
         self.length = max(len(b["input_ids"]) for b in plan.data.train) if lm.device.type == "cuda" else None
-        self.eval_rows = fixed_rows(mlm_collator(lm, s.mlm_probability, stream_seed(s.seed, "eval")),
-                                    eval_copies(plan.data.eval, s.mlm_probability))
-        self.collate = collate_fn or padded_by_torch(mlm_collator(lm, s.mlm_probability, s.seed))
+        self.eval_rows = fixed_rows(mlm_collator(lm, s.mask_probability, stream_seed(s.seed, "eval")),
+                                    eval_copies(plan.data.eval, s.mask_probability))
+        self.collate = collate_fn or padded_by_torch(mlm_collator(lm, s.mask_probability, s.seed))
         self.static_rows = fixed_rows(self.collate, plan.data.train) if s.masking == "static" else None
         self.order = _batch_order(len(plan.data.train), s.batch_size, torch.Generator().manual_seed(s.seed))
 
@@ -298,8 +295,8 @@ def finetune(lm: LoadedModel, texts: str | list[str], *, on_event: Callable | No
              **settings) -> tuple[LoadedModel, MLMHistory]:
     """Fine-tune a copy of `lm` with masked-LM loss on `texts`; returns (tuned model, history).
 
-    settings: `plan_finetune`'s (steps or epochs, learning_rate, batch_size, mlm_probability,
-    masking, seed, max_length, keep_best, limits); the rest as `run_finetune`.
+    settings: `plan_finetune`'s (training_length and length_unit, learning_rate, batch_size,
+    block_length, mask_probability, masking, seed, keep_best, limits); the rest as `run_finetune`.
     """
     return run_finetune(plan_finetune(lm, texts, **settings), on_event=on_event, should_stop=should_stop,
                         collate_fn=collate_fn, eval_every=eval_every, weight_decay=weight_decay,

@@ -44,9 +44,10 @@ def split_units(texts: str | list[str]) -> list[str]:
     return [s.strip() for line in texts for s in _SENTENCE_END.split(line) if s.strip()]
 
 
-def prepare_text(lm: LoadedModel, texts: str | list[str], max_length: int = 128,
+def prepare_text(lm: LoadedModel, texts: str | list[str], block_length: int = 128,
                  limits: Limits | None = None) -> TextData:
-    """Split, hold out about 1 line in 10 (at least one), and pack each part into token blocks.
+    """Split, hold out about 1 line in 10 (at least one), and pack each part into blocks of at
+    most `block_length` tokens (special tokens included; capped at the model's maximum).
 
     With fewer than 4 lines nothing can be held out and still leave enough to learn from:
     evaluation then uses the training lines (with their own fixed masks) and says so.
@@ -61,7 +62,7 @@ def prepare_text(lm: LoadedModel, texts: str | list[str], max_length: int = 128,
         raise validate.InputError("text", "The text is empty: paste a few sentences to fine-tune on, "
                                    "one per line.")
     train_units, eval_units = _hold_out(units)
-    block = min(int(max_length), lm.max_length) - lm.tokenizer.num_special_tokens_to_add(pair=False)
+    block = min(int(block_length), lm.max_length) - lm.tokenizer.num_special_tokens_to_add(pair=False)
     train = pack(lm, train_units, block)
     evals = pack(lm, eval_units, block) if eval_units else train
     if not train:

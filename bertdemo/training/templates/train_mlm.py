@@ -5,8 +5,9 @@
     torchrun --nproc_per_node 4 train_mlm.py     # the same with torchrun
 
 Every setting is in run.json beside this file (model, data file, masking, collator, learning rate,
-schedule, batch, block length, seed, keep_best): edit it, or point --config at another. To train on your own
-data, replace the data file (one sentence or paragraph per line). The tuned model is saved with
+schedule, batch, block length, seed, keep_best), under the names of the demo's Fine-tune form
+(training_length counted in length_unit, "steps" or "epochs"): edit it, or point --config at another.
+To train on your own data, replace the data file (one sentence or paragraph per line). The tuned model is saved with
 `save_pretrained` to run.json's `output_dir`; `bertdemo.load(that folder)` or any transformers
 code loads it. Needs torch, transformers and accelerate (pip install "transformers[torch]").
 
@@ -73,13 +74,21 @@ def pack(tokenizer, units: list[str], block: int) -> list[dict]:
              "special_tokens_mask": [1] * len(prefix) + [0] * len(b) + [1] * len(suffix)} for b in blocks]
 
 
+def planned_steps(run: dict, n_blocks: int) -> int:
+    """The training length in steps: `training_length` itself, or that many epochs over the packed
+    training blocks, counted as the demo counts them (ceil(blocks / batch_size) steps an epoch)."""
+    if run["length_unit"] == "steps":
+        return int(run["training_length"])
+    return max(1, math.ceil(run["training_length"] * math.ceil(n_blocks / run["batch_size"])))
+
+
 def with_labels(collate, examples: list[dict], tries: int = 100) -> dict:
     """Draw masks until at least one token is chosen (a batch without targets has no loss)."""
     for _ in range(tries):
         batch = collate(examples)
         if (batch["labels"] != -100).any():
             return batch
-    raise ValueError("No token was chosen for masking in 100 draws: raise mlm_probability.")
+    raise ValueError("No token was chosen for masking in 100 draws: raise mask_probability.")
 
 
 def fixed_masks(collate, examples: list[dict]) -> list[dict]:
@@ -91,10 +100,10 @@ def fixed_masks(collate, examples: list[dict]) -> list[dict]:
     return rows
 
 
-def eval_copies(examples: list[dict], mlm_probability: float, target: int = 200, most: int = 32) -> list[dict]:
+def eval_copies(examples: list[dict], mask_probability: float, target: int = 200, most: int = 32) -> list[dict]:
     """The eval blocks repeated (each copy with its own masks) so about `target` tokens are scored."""
     tokens = sum(len(e["input_ids"]) - sum(e["special_tokens_mask"]) for e in examples)
-    return examples * min(most, max(1, math.ceil(target / (mlm_probability * max(tokens, 1)))))
+    return examples * min(most, max(1, math.ceil(target / (mask_probability * max(tokens, 1)))))
 
 
 class PadRows:
@@ -123,7 +132,7 @@ def first_batch(run: dict, tokenizer, train: list[dict]) -> dict:
     """The batch the demo's own loop trains on first (same shuffle, same seeded masks), to check
     that this script computes the same loss on it."""
     seed, size = run["seed"], run["batch_size"]
-    collate = DataCollatorForLanguageModeling(tokenizer, mlm_probability=run["mlm_probability"], seed=seed)
+    collate = DataCollatorForLanguageModeling(tokenizer, mlm_probability=run["mask_probability"], seed=seed)
     order = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed)).tolist()[:size]
     if run["masking"] == "static":
         rows = fixed_masks(collate, train)
@@ -151,8 +160,8 @@ def main(argv: list[str] | None = None) -> None:
     train_units, eval_units = hold_out(split_units(text))
     train, evals = pack(tokenizer, train_units, block), pack(tokenizer, eval_units, block)
 
-    seed, p = run["seed"], run["mlm_probability"]
-    steps = args.max_steps or run["steps"]
+    seed, p = run["seed"], run["mask_probability"]
+    steps = args.max_steps or planned_steps(run, len(train))
     training = TrainingArguments(
         output_dir=args.output_dir or str(base / run["output_dir"]), max_steps=steps,
         per_device_train_batch_size=run["batch_size"], per_device_eval_batch_size=64,
