@@ -361,6 +361,15 @@ def test_labelling_consequence_bad_input(tiny_bert, kwargs, message):
         bertdemo.labelling_consequence(tiny_bert, **{"texts": REPEATED, **kwargs})
 
 
+def test_labelling_steps_past_the_servers_cap_are_refused_beside_the_steps_field(tiny_bert):
+    """The form's `steps` is checked under its own name against the server's cap too."""
+    from bertdemo.config import Limits
+
+    with pytest.raises(ValueError, match="Steps.*from 1 to 20") as err:
+        experiments.LabellingForm(REPEATED, 0, 30, 1e-2).plan(tiny_bert, Limits(max_steps=20))
+    assert err.value.field == "steps"
+
+
 @pytest.mark.slow
 def test_article_finetune_endpoint(client, tiny_bert):
     from bertdemo.ui import masking_tab
