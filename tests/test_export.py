@@ -153,15 +153,15 @@ def test_the_fine_tune_tabs_export_button_gives_the_sessions_last_run(client, ti
     assert str(tiny_bert_dir) not in json.dumps(config) and "model_note" in config
 
 
-def test_remember_run_names_a_hub_model_by_its_id(runs, tiny_bert):
+def test_a_finished_run_names_a_hub_model_by_its_id(runs, tiny_bert):
     from bertdemo.config import Settings
     from bertdemo.sessions import SessionStore
     from bertdemo.ui import export_button
     from bertdemo.ui.context import Visitor
 
     store, settings = SessionStore(tiny_bert), Settings(model="bert-base-uncased")
-    hub_named = bertdemo.LoadedModel("bert-base-uncased", tiny_bert.tokenizer, tiny_bert.model, tiny_bert.device)
-    export_button.remember_run(store, "s1", settings, hub_named, runs["dynamic"], TEXT)
+    export.remember(store, "s1", export.finished_run(runs["dynamic"], "bert-base-uncased", TEXT,
+                                                     settings.allowed_models))
     path = export_button.on_export_script(Visitor(store, settings, "s1"))
     with zipfile.ZipFile(path) as archive:
         config = json.loads(archive.read("train-mlm/run.json"))

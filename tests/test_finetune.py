@@ -558,17 +558,22 @@ def test_stopped_run_replaces_a_good_model_only_when_asked(tiny_bert):
     store = SessionStore(tiny_bert)
     caller = SimpleNamespace(store=store, session="a", limits=Limits())
     good, _ = run(tiny_bert, training_length=2)
-    store.put_tuned("a", good)
+    store.put_model("a", "tuned", good)
     seen = []
     partial, history = run(tiny_bert, training_length=10, on_event=seen.append,
                            should_stop=lambda: sum(isinstance(e, Step) for e in seen) >= 2)
     assert history.stopped == "stopped" and len(history.steps) == 2
-    note = keep_or_discard(caller, partial, history, False)
-    assert "not kept" in note and "previous tuned model is unchanged" in note and store.tuned("a") is good
+    kept = keep_or_discard(caller, partial, history, False)
+    assert not kept.kept and kept.had_previous and store.tuned("a") is good
+    from bertdemo.ui.live_run import kept_note  # the page's words for it
+
+    note = kept_note(kept, caller.limits)
+    assert "not kept" in note and "previous tuned model is unchanged" in note
     keep_or_discard(caller, partial, history, True)
     assert store.tuned("a") is partial
     empty, nothing_done = run(tiny_bert, training_length=10, should_stop=lambda: True)
-    assert "not kept" in keep_or_discard(caller, empty, nothing_done, True)
+    nothing = keep_or_discard(caller, empty, nothing_done, True)
+    assert not nothing.kept and "not kept" in kept_note(nothing, caller.limits)
     assert store.tuned("a") is partial
 
 

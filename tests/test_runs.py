@@ -148,11 +148,115 @@ def test_keep_or_discard_for_another_kind_of_model(tiny_bert):
     """The classifier keeps its model by the same policy, in its own slot."""
     store = SessionStore(tiny_bert, max_models={"classifier": 1})
     model, history = finetune(tiny_bert, REPEATED, training_length=2, **FAST)
-    note = life.keep_or_discard(caller(store), model, history, False, kind="classifier")
-    assert "classifier" in note and store.model("a", "classifier") is model
+    kept = life.keep_or_discard(caller(store), model, history, False, kind="classifier")
+    assert (kept.kind, kept.kept) == ("classifier", True) and store.model("a", "classifier") is model
     assert store.tuned("a") is None and store.for_session("a") is tiny_bert
     life.keep_or_discard(caller(store, "b"), model, history, False, kind="classifier")
     assert store.model("a", "classifier") is None and store.was_evicted("a", "classifier")
+
+
+def fake_model(name: str):
+    import torch
+
+    return bertdemo.LoadedModel(name, tokenizer=None, model=torch.nn.Linear(2, 2), device=torch.device("cpu"))
+
+
+def history_of(stopped: str | None, done: int = 10, planned: int = 10):
+    from bertdemo.training.loop import RunHistory
+
+    return RunHistory(planned, steps=[Step(i, planned, 1.0, 1e-3, 0.0) for i in range(1, done + 1)],
+                      stopped=stopped)
+
+
+# (what happened before the keep: a previous tuned model, in use; the page closed), the run, and the
+# facts the keep policy returns
+KEEP_CASES = {
+    "finished": (dict(), history_of(None), False,
+                 life.Kept("tuned", True, steps_done=10, steps_planned=10)),
+    "finished, tuned in use": (dict(previous=True, in_use=True), history_of(None), False,
+                               life.Kept("tuned", True, in_use=True, steps_done=10, steps_planned=10,
+                                         had_previous=True)),
+    "stopped, kept": (dict(), history_of("stopped", 3), True,
+                      life.Kept("tuned", True, stopped="stopped", steps_done=3, steps_planned=10)),
+    "stopped, not kept": (dict(previous=True), history_of("stopped", 3), False,
+                          life.Kept("tuned", False, stopped="stopped", steps_done=3, steps_planned=10,
+                                    had_previous=True)),
+    "time limit, not kept": (dict(), history_of("time limit", 4), False,
+                             life.Kept("tuned", False, stopped="time limit", steps_done=4, steps_planned=10)),
+    "diverged": (dict(), history_of("diverged", 5), True,
+                 life.Kept("tuned", False, stopped="diverged", steps_done=5, steps_planned=10)),
+    "page closed": (dict(closed=True), history_of(None), False,
+                    life.Kept("tuned", False, page_closed=True, steps_done=10, steps_planned=10)),
+}
+
+
+def keep_in_a_fresh_store(before: dict, history, keep_partial: bool):
+    store = SessionStore(fake_model("base"))
+    if before.get("previous"):
+        store.put_model("a", "tuned", fake_model("previous"))
+    if before.get("in_use"):
+        store.use_tuned("a")
+    if before.get("closed"):
+        store.drop("a")
+    model = fake_model("this run's")
+    return store, model, life.keep_or_discard(caller(store), model, history, keep_partial)
+
+
+@pytest.mark.parametrize("case", KEEP_CASES)
+def test_the_keep_policy_returns_what_happened_as_facts(case):
+    before, history, keep_partial, expected = KEEP_CASES[case]
+    store, model, kept = keep_in_a_fresh_store(before, history, keep_partial)
+    assert kept == expected
+    assert (store.tuned("a") is model) == kept.kept
+
+
+@pytest.mark.parametrize("case, said", [
+    ("finished", "It is your tuned model now: press **Use my tuned model in all tabs** to try it there."),
+    ("finished, tuned in use", "It is your tuned model now, already in use in the other tabs."),
+    ("stopped, kept", "It is your tuned model now: press **Use my tuned model in all tabs** to try it there."),
+    ("stopped, not kept", "The run ended early because you pressed Stop, after 3 of 10 steps. Its model was "
+                          "**not kept**: your previous tuned model is unchanged. (Tick “Keep the model…” to "
+                          "keep a stopped run.)"),
+    ("time limit, not kept", "The run ended early because it reached the time limit of 60 s per run, after 4 "
+                             "of 10 steps. Its model was **not kept**: you have no tuned model yet. (Tick “Keep "
+                             "the model…” to keep a stopped run.)"),
+    ("diverged", "The run ended early because the loss became infinite or NaN (try a smaller learning rate), "
+                 "after 5 of 10 steps. Its model was **not kept**: you have no tuned model yet. (Tick “Keep the "
+                 "model…” to keep a stopped run.)"),
+    ("page closed", "Its model was **not kept**: the server took this page as closed while the run went on. "
+                    "Reload the page to start again."),
+])
+def test_the_page_words_what_the_keep_policy_did(case, said):
+    from bertdemo.ui import live_run
+
+    assert live_run.kept_note(KEEP_CASES[case][3], Limits(max_seconds=60)) == said
+    assert live_run.kept_note(life.Kept("classifier", True), Limits()) == "It is your classifier model now."
+
+
+def test_a_fine_tune_through_runs_alone_is_remembered_for_the_export(tiny_bert, tiny_bert_dir):
+    """No tab involved: the fine-tune's keep policy keeps the run for the Trainer-script export,
+    naming a server folder by its name only."""
+    import json
+    import zipfile
+
+    from bertdemo.config import Settings
+    from bertdemo.training import export
+    from bertdemo.training.fine_tuning import TuningRequest
+
+    store = SessionStore(tiny_bert)
+    who = SimpleNamespace(store=store, session="a", limits=Limits(),
+                          settings=Settings(model=str(tiny_bert_dir), device="cpu"))
+    request = TuningRequest(REPEATED, 2, "steps", 1e-2, 8, 16, 0.15, "dynamic", 0, False, "")
+    with life.start(who, "finetune", request) as run:
+        list(run.updates(every=0.01))
+        outcome = run.finish()
+    assert outcome.kept.kept and store.tuned("a") is outcome.result[0]
+    with zipfile.ZipFile(export.script_zip(store, "a")) as archive:
+        config = json.loads(archive.read("train-mlm/run.json"))
+        assert archive.read("train-mlm/train.txt").decode().splitlines() == REPEATED.splitlines()
+    assert config["model"] == tiny_bert_dir.name and config["model_note"] == export.FOLDER_NOTE
+    assert str(tiny_bert_dir) not in json.dumps(config)  # the server's path stays on the server
+    assert (config["training_length"], config["block_length"]) == (2, 16)
 
 
 def test_the_zip_is_made_once_per_model(tiny_bert):
@@ -160,12 +264,12 @@ def test_the_zip_is_made_once_per_model(tiny_bert):
     with pytest.raises(ValueError, match="no tuned model"):
         life.model_zip(store, "a")
     first, _ = finetune(tiny_bert, REPEATED, training_length=1, **FAST)
-    store.put_tuned("a", first)
+    store.put_model("a", "tuned", first)
     path = life.model_zip(store, "a")
     made = path.stat().st_mtime_ns
     assert life.model_zip(store, "a") == path and path.stat().st_mtime_ns == made
     second, _ = finetune(tiny_bert, REPEATED, training_length=1, seed=1, **FAST)
-    store.put_tuned("a", second)
+    store.put_model("a", "tuned", second)
     again = life.model_zip(store, "a")
     assert again.exists() and again.stat().st_mtime_ns != made
     store.drop("a")
@@ -285,8 +389,11 @@ def test_a_run_whose_page_closed_says_so_not_stop(tiny_bert):
         list(run.updates(every=0.01))
         outcome = run.finish()
     assert outcome.ended == "closed" and outcome.result[1].stopped == "closed"
-    assert "lost this page's connection" in life.keep_or_discard(caller(store), outcome.result[0],
-                                                                 outcome.result[1], keep_partial=False)
+    kept = life.keep_or_discard(caller(store), outcome.result[0], outcome.result[1], keep_partial=False)
+    assert not kept.kept and kept.stopped == "closed"
+    from bertdemo.ui import live_run  # and the page says so
+
+    assert "lost this page's connection" in live_run.kept_note(kept, Limits())
 
 
 # ---------------------------------------------------------------- a script's run among a crowd

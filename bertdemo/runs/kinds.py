@@ -4,18 +4,25 @@ from __future__ import annotations
 
 from typing import Callable
 
+from ..training import export
 from ..training.classification import ClassifierForm, SweepForm, run_adaptation, run_classifier, run_sweep
 from ..training.experiments import LabellingForm, run_labelling
 from ..training.fine_tuning import FinetuneForm, TuningPlan, TuningRequest, run_masking_comparison, run_tuning
-from .life import RunSpec, keep_or_discard
+from .life import Kept, RunSpec, keep_or_discard
 
 
-def keep_tuned(caller, plan: TuningPlan, result) -> str:
+def keep_tuned(caller, plan: TuningPlan, result) -> Kept:
+    """The tuned model by `keep_or_discard` (a stopped run's only when the request asked), and the
+    run, whatever became of its model, as the session's last one for the Trainer-script export
+    (its base named as the export names it: `export.finished_run`)."""
     tuned, history = result
-    return keep_or_discard(caller, tuned, history, plan.keep_partial)
+    kept = keep_or_discard(caller, tuned, history, plan.keep_partial)
+    export.remember(caller.store, caller.session, export.finished_run(
+        history, plan.finetune.lm.name, plan.text, caller.settings.allowed_models))
+    return kept
 
 
-def keep_classifier(caller, plan, result) -> str:
+def keep_classifier(caller, plan, result) -> Kept:
     """A classifier is kept even when stopped (its scores are shown where it stopped), never when
     its loss diverged; it replaces the session's earlier one."""
     classifier, history = result

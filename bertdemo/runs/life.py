@@ -10,7 +10,8 @@ comparison, the article-labelling experiment, a classifier's training, its learn
 its endpoint, the request it takes (a dataclass whose fields are the endpoint's parameters), how a
 request is checked into a plan (`check(caller, request)`: the input checked and prepared once,
 InputError naming the field at fault), the job that runs the plan (`job(plan, on_event=...,
-should_stop=...)`) and what the session keeps of its result (`keep(caller, plan, result) -> note`). Adding a run kind
+should_stop=...)`) and what the session keeps of its result (`keep(caller, plan, result) -> Kept`: what
+happened, as facts; the page words them, in `ui/live_run.py`). Adding a run kind
 is a declaration in kinds.py plus its job; the UI wires any of them the same way (`ui/live_run.py`).
 
 Each session has one run slot (`slots.RunSlots`, held by the session store):
@@ -22,8 +23,9 @@ Each session has one run slot (`slots.RunSlots`, held by the session store):
         outcome = run.finish()          # the result and what was kept; the job's error re-raised here
     # leaving the block, however (error, tab closed, generator closed): stop flag set, slot released
 
-`caller` is whoever asks: anything with `.store` (the session store), `.session` (its id) and
-`.limits` (`config.Limits`); the UI's `Visitor` is one.
+`caller` is whoever asks: anything with `.store` (the session store), `.session` (its id),
+`.limits` (`config.Limits`) and, for a fine-tune, `.settings` (`config.Settings`: its allowed models
+say how an exported run names its base model); the UI's `Visitor` is one.
 """
 from __future__ import annotations
 
@@ -38,13 +40,6 @@ from ..training.fine_tuning import save_zip
 from ..training.loop import EventLog
 from .slots import StopCheck, Ticket
 
-ENDED_BECAUSE = {  # Run.ended / RunHistory.stopped -> why, for a sentence "the run ended early because ..."
-    "stopped": "you pressed Stop",
-    "time limit": "it reached the time limit of {seconds} s per run",
-    "diverged": "the loss became infinite or NaN (try a smaller learning rate)",
-    "shutdown": "the server is shutting down (its operator stopped it)",
-    "closed": "the server lost this page's connection and took the page as closed",
-}
 Job = Callable[..., Any]  # job(plan, *, on_event=emit, should_stop=stop_check) -> result
 
 
@@ -59,7 +54,7 @@ class RunSpec:
     request: type  # a dataclass: its fields are the endpoint's parameters, in order
     check: Callable[[Any, Any], Any]  # (caller, request) -> plan; InputError naming the field
     job: Job
-    keep: Callable[[Any, Any, Any], str | None] = lambda caller, plan, result: None  # keeps nothing
+    keep: Callable[[Any, Any, Any], "Kept | None"] = lambda caller, plan, result: None  # keeps nothing
     trainings: int = 1
 
 
@@ -69,7 +64,7 @@ class Outcome:
 
     plan: Any
     result: Any
-    note: str | None  # what the keep policy did, as a sentence for the page (None: keeps nothing)
+    kept: "Kept | None"  # what the keep policy did (None: this kind keeps nothing)
     ended: str | None  # None: ran to the end; "stopped", "shutdown" or "time limit" (its stop check)
 
 
@@ -156,8 +151,8 @@ class Run:
         self._thread.join()
         if self._error is not None:
             raise self._error
-        note = self.spec.keep(self.caller, self.plan, self._result)
-        return Outcome(self.plan, self._result, note, self.ended)
+        kept = self.spec.keep(self.caller, self.plan, self._result)
+        return Outcome(self.plan, self._result, kept, self.ended)
 
     @property
     def ended(self) -> str | None:
@@ -178,26 +173,40 @@ class Run:
 
 # ---------------------------------------------------------------- what a run leaves
 
-def keep_or_discard(caller, model, history, keep_partial: bool, kind: str = "tuned") -> str:
-    """Keep the run's model as the session's model of `kind`, or say why it was not kept: a
-    finished run's model is kept (not switched on); a stopped or timed-out one only if
-    `keep_partial` (and it did at least one step), a diverged one never."""
-    store, session, done = caller.store, caller.session, len(history.steps)
-    if history.stopped is None or (keep_partial and history.stopped != "diverged" and done > 0):
+@dataclass(frozen=True)
+class Kept:
+    """What a keep policy did with a run's model, as facts (the page words them).
+
+    kind: the session's model slot ("tuned", "classifier"); kept: the model is now the session's
+    model of that kind; in_use: kept, and the session's tabs already use that kind (a tuned model
+    switched on); page_closed: the session was dropped while the run went on, so nothing could be
+    kept; stopped: why the run ended early (`RunHistory.stopped`: "stopped", "time limit",
+    "diverged", "shutdown", "closed"; None when it ran to its end); steps_done of steps_planned;
+    had_previous: the session had a model of this kind before (unchanged when not kept)."""
+
+    kind: str
+    kept: bool
+    in_use: bool = False
+    page_closed: bool = False
+    stopped: str | None = None
+    steps_done: int = 0
+    steps_planned: int = 0
+    had_previous: bool = False
+
+
+def keep_or_discard(caller, model, history, keep_partial: bool, kind: str = "tuned") -> Kept:
+    """Keep the run's model as the session's model of `kind`, or not: a finished run's model is
+    kept (not switched on); a stopped or timed-out one only if `keep_partial` (and it did at least
+    one step), a diverged one never. Returns what happened (`Kept`)."""
+    store, session = caller.store, caller.session
+    facts = dict(kind=kind, stopped=history.stopped, steps_done=len(history.steps),
+                 steps_planned=history.planned_steps, had_previous=store.model(session, kind) is not None)
+    if history.stopped is None or (keep_partial and history.stopped != "diverged" and facts["steps_done"] > 0):
         store.put_model(session, kind, model)
         if store.model(session, kind) is not model:  # the page closed while it ran
-            return ("Its model was **not kept**: the server took this page as closed while the run "
-                    "went on. Reload the page to start again.")
-        if kind == "tuned" and store.using_tuned(session):
-            return "It is your tuned model now, already in use in the other tabs."
-        if kind == "tuned":
-            return "It is your tuned model now: press **Use my tuned model in all tabs** to try it there."
-        return f"It is your {kind} model now."
-    why = ENDED_BECAUSE[history.stopped].format(seconds=int(caller.limits.max_seconds))
-    previous = (f"your previous {kind} model is unchanged" if store.model(session, kind) is not None
-                else f"you have no {kind} model yet")
-    return (f"The run ended early because {why}, after {done} of {history.planned_steps} steps. "
-            f"Its model was **not kept**: {previous}. (Tick “Keep the model…” to keep a stopped run.)")
+            return Kept(kept=False, page_closed=True, **facts)
+        return Kept(kept=True, in_use=kind == "tuned" and store.using_tuned(session), **facts)
+    return Kept(kept=False, **facts)
 
 
 def model_zip(store, session: str | None, kind: str = "tuned") -> Path:

@@ -20,10 +20,13 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..model.loading import allowed_choices, display_name
 from .fine_tuning import MLMHistory
 
 TEMPLATE = Path(__file__).with_name("templates") / "train_mlm.py"
 DATA_FILE = "train.txt"
+FOLDER_NOTE = ("The demo loaded this model from a folder on its server, shown here by its name: put "
+               "your copy's path (a save_pretrained folder) or its hub id in `model`.")  # run.json's model_note
 
 
 def run_config(history: MLMHistory, model: str, *, weight_decay: float = 0.01,
@@ -104,6 +107,17 @@ class FinishedRun:
     model: str  # hub id, or the name a visitor sees for a server folder (never its path)
     text: str
     model_note: str | None = None  # e.g. "a folder on the demo's server: put your copy's path here"
+
+
+def finished_run(history: MLMHistory, base: str, text: str, allowed_models: list[str]) -> FinishedRun:
+    """A finished fine-tune of the model named `base` (as the page names it, or its path), named
+    as its export names it: a hub id as it is; a folder on the server by its name only, with
+    FOLDER_NOTE, so no server path leaves the server. `allowed_models`: the operator's list
+    (`Settings.allowed_models`)."""
+    name = display_name(base)
+    entry = allowed_choices(allowed_models).get(name)
+    on_hub = entry is not None and not Path(entry).exists()
+    return FinishedRun(history, name, text, None if on_hub else FOLDER_NOTE)
 
 
 def remember(store, session: str | None, run: FinishedRun) -> None:

@@ -319,7 +319,7 @@ class TuningRequest(FinetuneForm):
         probes = [p.strip() for p in (self.probes or "").splitlines() if p.strip()] or default_probes(self.text)
         if not probes:
             raise validate.InputError("probes", "No probe sentences: write one or more with [MASK], one per line.")
-        return TuningPlan(plan, bool(self.keep_partial), probes)
+        return TuningPlan(plan, bool(self.keep_partial), probes, self.text)
 
 
 @dataclass(frozen=True)
@@ -327,6 +327,7 @@ class TuningPlan:
     finetune: FinetunePlan
     keep_partial: bool
     probes: list[str]
+    text: str  # as the request gave it: what an exported run trains on
 
 
 def run_tuning(plan: TuningPlan, *, on_event: Callable | None = None,

@@ -230,7 +230,7 @@ def on_train(visitor: Visitor, form: ClassifierForm, progress=gr.Progress()):
     outcome = yield from live_run.stream(visitor, "train_classifier", form, progress, _live_curves, cleared=cleared)
     (classifier, history), plan = outcome.result, outcome.plan
     mlm = forgetting(plan.lm, classifier, [t for t, _ in plan.examples], plan.settings.seed)
-    yield (_final_status(history, plan.lm.name, outcome.note, visitor.limits),
+    yield (_final_status(history, plan.lm.name, live_run.kept_note(outcome.kept, visitor.limits), visitor.limits),
            plots.classifier_curves({"": history}, history.planned_steps),
            before_after_frame(history, mlm, _head_trained(plan.lm)),
            plots.confusion_heatmap(history.labels, history.confusion), predictions_frame(history))
@@ -394,7 +394,7 @@ def _live_status(run) -> str:
 
 def _final_status(history: ClassifierHistory, model: str, kept: str, limits: Limits) -> str:
     chance = 1 / len(history.labels)
-    why = life.ENDED_BECAUSE.get(history.stopped, "").format(seconds=int(limits.max_seconds))
+    why = live_run.ended_because(history.stopped, limits)
     head = (f"**Done**: {len(history.steps)} steps in {history.seconds:.1f} s" if history.completed
             else f"**Ended early** because {why}, after {len(history.steps)} of {history.planned_steps} "
                  f"steps ({history.seconds:.1f} s)")

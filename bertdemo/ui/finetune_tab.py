@@ -134,11 +134,9 @@ def on_finetune(visitor: Visitor, request: TuningRequest, progress=gr.Progress()
     outcome = yield from live_run.stream(visitor, "finetune", request, progress, _live_outputs,
                                          desc="fine-tuning", cleared=_cleared())  # the last run's tables go
     (tuned, history), plan = outcome.result, outcome.plan
-    base = plan.finetune.lm
-    export_button.remember_run(visitor.store, visitor.session, visitor.settings, base, history, request.text)
-    rows = compare_probes(base, tuned, plan.probes, max_masks=visitor.settings.max_masks)
+    rows = compare_probes(plan.finetune.lm, tuned, plan.probes, max_masks=visitor.settings.max_masks)
     kept = (history.kept.step, f"kept: step {history.kept.step}") if history.kept else None
-    yield (_final_status(history, outcome.note),
+    yield (_final_status(history, live_run.kept_note(outcome.kept, visitor.limits)),
            plots.finetune_curves(history.steps, history.evals, history.planned_steps, best=kept),
            _metrics_frame(history), _probe_frame(rows, history), model_line(visitor.store, visitor.session, "finetune"))
 
@@ -279,8 +277,7 @@ def _compare_status(histories: dict, limits: Limits) -> str:
     for name, h in histories.items():
         lines.append(f"| {name} | {len(h.steps)} | {h.before.loss:.3f} → {h.after.loss:.3f} "
                      f"| {h.before.accuracy:.1%} → {h.after.accuracy:.1%} |")
-    ended = [f"{name}: {life.ENDED_BECAUSE[h.stopped].format(seconds=int(limits.max_seconds))}"
-             for name, h in histories.items() if h.stopped]
+    ended = [f"{name}: {live_run.ended_because(h.stopped, limits)}" for name, h in histories.items() if h.stopped]
     if ended:
         lines.append("\nEnded early — " + "; ".join(ended) + ".")
     if len(histories) < 2:

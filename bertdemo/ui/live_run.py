@@ -10,17 +10,27 @@ declaration, slot, plan, worker, Stop, time limit, what it keeps) lives in `bert
 `wire` gives the button the kind's endpoint (named after it), its validator (the request checked
 into a plan and the session's slot reserved when the request enters the queue: bad input is
 refused at once, beside its field) and the shared fine-tune concurrency; `stream` runs it,
-drawing the events as they arrive and showing the steps in `gr.Progress`.
+drawing the events as they arrive and showing the steps in `gr.Progress`. What a run did (its
+`life.Kept`, why it ended early) is facts from the service; `kept_note` and `ended_because` word
+them for the page.
 """
 from __future__ import annotations
 
 import gradio as gr
 
+from ..config import Limits
 from ..runs import kinds, life
 from ..training.loop import EventLog
 from .context import AppContext, Visitor, form_fields, handler
 
 FINETUNE_GROUP = "finetune"  # every run shares one concurrency group: the server never trains more at once
+ENDED_BECAUSE = {  # Run.ended / RunHistory.stopped -> why, for a sentence "the run ended early because ..."
+    "stopped": "you pressed Stop",
+    "time limit": "it reached the time limit of {seconds} s per run",
+    "diverged": "the loss became infinite or NaN (try a smaller learning rate)",
+    "shutdown": "the server is shutting down (its operator stopped it)",
+    "closed": "the server lost this page's connection and took the page as closed",
+}
 
 
 def wire(ctx: AppContext, kind: str, button: gr.Button, form: dict, outputs: list, fn) -> None:
@@ -82,3 +92,27 @@ def show_steps(progress, log: EventLog, desc: str = "training") -> None:
 def stop(visitor: Visitor) -> bool:
     """Ask the visitor's run to stop after its current step; False if nothing runs."""
     return life.stop(visitor)
+
+
+# ---------------------------------------------------------------- what a run did, in the page's words
+
+def ended_because(stopped: str | None, limits: Limits) -> str:
+    """Why a run ended early (`RunHistory.stopped`), to follow "because"; "" if it did not."""
+    return ENDED_BECAUSE.get(stopped, "").format(seconds=int(limits.max_seconds))
+
+
+def kept_note(kept: life.Kept, limits: Limits) -> str:
+    """The sentence the page shows under a run's result: what its keep policy did."""
+    kind = kept.kind
+    if kept.page_closed:
+        return ("Its model was **not kept**: the server took this page as closed while the run "
+                "went on. Reload the page to start again.")
+    if kept.kept and kind == "tuned":
+        return ("It is your tuned model now, already in use in the other tabs." if kept.in_use
+                else "It is your tuned model now: press **Use my tuned model in all tabs** to try it there.")
+    if kept.kept:
+        return f"It is your {kind} model now."
+    previous = f"your previous {kind} model is unchanged" if kept.had_previous else f"you have no {kind} model yet"
+    return (f"The run ended early because {ended_because(kept.stopped, limits)}, after {kept.steps_done} of "
+            f"{kept.steps_planned} steps. Its model was **not kept**: {previous}. (Tick “Keep the model…” "
+            "to keep a stopped run.)")
