@@ -165,13 +165,6 @@ class SessionStore:
         """This session's tuned model, whether or not it is in use; None if it has none."""
         return self.model(session_id, "tuned")
 
-    def put_tuned(self, session_id: str, lm: LoadedModel) -> list[str]:
-        return self.put_model(session_id, "tuned", lm)
-
-    @property
-    def tuned_count(self) -> int:
-        return self.model_count("tuned")
-
     def using_tuned(self, session_id: str | None) -> bool:
         with self._lock:
             entry = self._get(session_id)

@@ -118,7 +118,7 @@ def test_a_session_picks_its_base_and_its_tuned_model_in_use_still_wins():
     store.choose_base("a", other)
     assert store.for_session("a") is other and store.base_for("a") is other
     assert store.for_session("b") is store.base and store.for_session(None) is store.base
-    store.put_tuned("a", tuned)
+    store.put_model("a", "tuned", tuned)
     store.use_tuned("a")
     store.choose_base("a", third)
     assert store.for_session("a") is tuned

@@ -336,13 +336,13 @@ def test_a_freed_model_asks_to_run_again(tiny_bert):
 
     visitor = _visitor(tiny_bert)
     tuned = LoadedModel("tuned", tiny_bert.tokenizer, tiny_bert.model, tiny_bert.device)
-    visitor.store.put_tuned("s1", tuned)
+    visitor.store.put_model("s1", "tuned", tuned)
     visitor.store.use_tuned("s1")
     attention_tab.on_run(visitor, "Paris is the [MASK] of France.", "", "head", [], [], "head", 0, 0,
                          False, False, 0.0, 1)
     visitor.store.use_base("s1")
     del tuned
-    visitor.store.put_tuned("s1", tiny_bert)  # its tuned model replaced: the old one is freed
+    visitor.store.put_model("s1", "tuned", tiny_bert)  # its tuned model replaced: the old one is freed
     import gc
     gc.collect()
     with pytest.raises(ValueError, match="Show attention again"):

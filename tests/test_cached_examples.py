@@ -63,7 +63,7 @@ def test_another_model_or_a_tuned_one_gets_its_own_answer(ctx):
     picked = click(examples, 0, "bob")
     assert picked != served and picked[0].startswith("other:") and CALLS == ["alice", "bob"]
     assert click(examples, 0, "alice") == served  # the served model's cache is untouched
-    ctx.store.put_tuned("carol", dataclasses.replace(other, name="tuned"))
+    ctx.store.put_model("carol", "tuned", dataclasses.replace(other, name="tuned"))
     ctx.store.use_tuned("carol")
     tuned = click(examples, 0, "carol")
     assert tuned[0].startswith("tuned:") and CALLS[-1] == "carol"

@@ -174,8 +174,8 @@ def test_a_run_that_ends_after_its_tab_closed_keeps_nothing(tiny_bert):
     flag = store.runs.reserve("gone")
     store.drop("gone")  # the tab closes while the run is on its last step
     assert flag.is_set()
-    store.put_tuned("gone", LoadedModel("late", tiny_bert.tokenizer, torch.nn.Linear(1, 1), tiny_bert.device))
-    assert store.tuned("gone") is None and store.tuned_count == 0
+    store.put_model("gone", "tuned", LoadedModel("late", tiny_bert.tokenizer, torch.nn.Linear(1, 1), tiny_bert.device))
+    assert store.tuned("gone") is None and store.model_count("tuned") == 0
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ def store():
 
 def test_tuned_model_is_used_only_by_its_session_after_switching(store):
     tuned = fake_model("a-tuned")
-    store.put_tuned("a", tuned)
+    store.put_model("a", "tuned", tuned)
     assert store.for_session("a") is store.base  # kept, not yet switched to
     assert store.use_tuned("a") is tuned
     assert store.for_session("a") is tuned
@@ -38,11 +38,11 @@ def test_tuned_model_is_used_only_by_its_session_after_switching(store):
 
 def test_least_recently_used_model_is_evicted_past_the_cap(store):
     for sid in "abc"[:2]:
-        store.put_tuned(sid, fake_model(sid))
+        store.put_model(sid, "tuned", fake_model(sid))
         store.use_tuned(sid)
     store.for_session("a")  # a used after b: b is now the least recently used
-    store.put_tuned("c", fake_model("c"))
-    assert store.tuned_count == 2
+    store.put_model("c", "tuned", fake_model("c"))
+    assert store.model_count("tuned") == 2
     assert store.tuned("b") is None and store.was_evicted("b")
     assert store.for_session("b") is store.base
     assert store.for_session("a").name == "a"
@@ -52,22 +52,22 @@ def test_least_recently_used_model_is_evicted_past_the_cap(store):
 
 @pytest.mark.slow
 def test_evicted_and_dropped_models_are_freed(store):
-    store.put_tuned("a", fake_model("a"))
+    store.put_model("a", "tuned", fake_model("a"))
     ref = weakref.ref(store.tuned("a").model)
-    store.put_tuned("b", fake_model("b"))
-    store.put_tuned("c", fake_model("c"))  # evicts a
+    store.put_model("b", "tuned", fake_model("b"))
+    store.put_model("c", "tuned", fake_model("c"))  # evicts a
     gc.collect()
     assert ref() is None
     ref_c = weakref.ref(store.tuned("c").model)
     store.drop("c")
     gc.collect()
-    assert ref_c() is None and store.tuned_count == 1
+    assert ref_c() is None and store.model_count("tuned") == 1
 
 
 def test_replacing_a_sessions_model_does_not_evict_others(store):
-    store.put_tuned("a", fake_model("a1"))
-    store.put_tuned("b", fake_model("b"))
-    store.put_tuned("a", fake_model("a2"))
+    store.put_model("a", "tuned", fake_model("a1"))
+    store.put_model("b", "tuned", fake_model("b"))
+    store.put_model("a", "tuned", fake_model("a2"))
     assert store.tuned("a").name == "a2" and store.tuned("b").name == "b"
 
 
@@ -93,7 +93,7 @@ def test_drop_stops_the_run_and_deletes_the_files(store):
     flag = store.runs.reserve("a")
     folder = store.session_dir("a")
     (folder / "model.zip").write_bytes(b"zip")
-    store.put_tuned("a", fake_model("a"))
+    store.put_model("a", "tuned", fake_model("a"))
     store.drop("a")
     assert flag.is_set() and not folder.exists() and store.tuned("a") is None
     store.drop("a")  # twice, or a session never seen: no error
@@ -116,7 +116,7 @@ def test_no_base_model_gives_the_load_error():
 def test_drop_frees_everything_a_session_holds(store):
     """Models of every kind, kept results, downloads and exports, and the run: all at once."""
     ticket = store.runs.reserve("a")
-    store.put_tuned("a", fake_model("a"))
+    store.put_model("a", "tuned", fake_model("a"))
     store.put_model("a", "classifier", fake_model("a-classifier"))
     refs = [weakref.ref(store.tuned("a").model), weakref.ref(store.model("a", "classifier").model)]
     store.keep_result("a", "attention", object(), 300)
@@ -132,11 +132,11 @@ def test_drop_frees_everything_a_session_holds(store):
 def test_models_of_each_kind_have_their_own_cap():
     store = SessionStore(fake_model("base"), max_tuned=2, max_models={"classifier": 1})
     store.put_model("a", "classifier", fake_model("a"))
-    store.put_tuned("a", fake_model("a-tuned"))
+    store.put_model("a", "tuned", fake_model("a-tuned"))
     store.put_model("b", "classifier", fake_model("b"))  # evicts a's classifier only
     assert store.model("a", "classifier") is None and store.was_evicted("a", "classifier")
     assert store.tuned("a") is not None and not store.was_evicted("a")
-    assert store.model_count("classifier") == 1 and store.tuned_count == 1
+    assert store.model_count("classifier") == 1 and store.model_count("tuned") == 1
 
 
 def test_kept_results_stay_within_their_cap_least_recent_first():
@@ -151,7 +151,7 @@ def test_kept_results_stay_within_their_cap_least_recent_first():
 
 def test_idle_sessions_are_freed_but_not_while_their_run_goes(store):
     store.keep_result("idle", "attention", "q", 100)
-    store.put_tuned("idle", fake_model("idle"))
+    store.put_model("idle", "tuned", fake_model("idle"))
     store.runs.reserve("running")
     store.keep_result("fresh", "attention", "q", 100)
     later = time.monotonic() + store.max_idle_s + 1
@@ -193,8 +193,8 @@ def _write(path):
 
 def test_a_closed_session_that_starts_a_new_run_keeps_its_model_again(store):
     store.drop("a")  # e.g. its heartbeat stream timed out while the script goes on
-    store.put_tuned("a", fake_model("during"))
+    store.put_model("a", "tuned", fake_model("during"))
     assert store.tuned("a") is None  # a run going when it closed keeps nothing
     store.reopen("a")  # a new run of it starts
-    store.put_tuned("a", fake_model("after"))
+    store.put_model("a", "tuned", fake_model("after"))
     assert store.tuned("a").name == "after"

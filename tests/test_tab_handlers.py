@@ -136,7 +136,7 @@ def test_compare_with_the_tuned_model_sets_it_against_its_base(store, tiny_bert,
     visitor = Visitor(store, Settings(model=tiny_bert.name, device="cpu"), "s1")
     with pytest.raises(ValueError, match="No fine-tuned model in this session yet"):
         fillmask_tab.on_compare(visitor, SENTENCE, fillmask_tab.TUNED_CHOICE, 3)
-    store.put_tuned("s1", tiny_distilbert)  # stands in for a tuned model: any other model will do
+    store.put_model("s1", "tuned", tiny_distilbert)  # stands in for a tuned model: any other model will do
     store.use_tuned("s1")
     note, _, table, _ = fillmask_tab.on_compare(visitor, SENTENCE, fillmask_tab.TUNED_CHOICE, 3)
     top_b = bertdemo.fill_mask(tiny_distilbert, SENTENCE, 3)[0][0]
@@ -148,7 +148,7 @@ def test_compare_with_the_tuned_model_sets_it_against_its_base(store, tiny_bert,
 def test_the_model_line_tells_each_state_of_the_tuned_model(store, tiny_bert, tiny_distilbert):
     base = tiny_bert.name
     assert model_line(store, "s1", "finetune") == f"The other tabs use **{base}**."
-    store.put_tuned("s1", tiny_distilbert)
+    store.put_model("s1", "tuned", tiny_distilbert)
     assert "your tuned model is ready" in model_line(store, "s1", "finetune")
     assert model_line(store, "s1") == f"Model: **{base}** on `cpu`"  # not in use yet
     store.use_tuned("s1")
@@ -157,7 +157,7 @@ def test_the_model_line_tells_each_state_of_the_tuned_model(store, tiny_bert, ti
     assert model_line(store, "s1", "picker").startswith("Your tabs use **your tuned model**")
     assert model_line(store, "s1") == f"Model: **{tiny_distilbert.name}** on `cpu`"
     assert model_line(store, "s2") == f"Model: **{base}** on `cpu`"  # another session: the base
-    store.put_tuned("s2", tiny_distilbert)  # max_tuned=1: s1's is evicted
+    store.put_model("s2", "tuned", tiny_distilbert)  # max_tuned=1: s1's is evicted
     assert "freed to make room" in model_line(store, "s1", "finetune")
     assert model_line(store, "s1") == f"Model: **{base}** on `cpu`"
 
