@@ -44,7 +44,7 @@ def test_whole_word_equals_the_collator_and_keeps_words_whole(arch, request):
     for seed in range(40):
         with pytest.warns(UserWarning, match="Random token replacement is not supported"):
             seen, labels = collator_reference(tok, TEXT, seed, 0.3, 0.8, 0.1, whole_word=True)
-        rows = bertdemo.mask_sample(tok, TEXT, seed, 0.3, 0.8, 0.1, whole_word=True)
+        rows = bertdemo.mask_sample(tok, TEXT, seed, 0.3, 0.8, 0.1, whole_words=True)
         assert [r["seen_id"] for r in rows] == seen and [r["label"] for r in rows] == labels
         assert all(len(chosen) == 1 for chosen in _piece_groups(rows, words)), f"seed {seed}: word split"
         assert all(r["outcome"] in (None, "mask") for r in rows)  # transformers: no random/keep here
@@ -81,8 +81,8 @@ def test_outcomes_explain_what_the_model_sees(tiny_bert):
 
 @pytest.mark.parametrize("rates", SETTINGS)
 def test_rates_match_the_configured_ones_within_4_standard_errors(tiny_bert, rates):
-    rows = bertdemo.masking_law(tiny_bert.tokenizer, TEXT, n_tokens=40_000, seed=1, mlm_probability=rates[0],
-                                mask_replace_prob=rates[1], random_replace_prob=rates[2])
+    rows = bertdemo.masking_law(tiny_bert.tokenizer, TEXT, token_draws=40_000, seed=1, mask_probability=rates[0],
+                                mask_replace_probability=rates[1], random_replace_probability=rates[2])
     by_name = {r["rate"]: r for r in rows}
     assert by_name["chosen"]["n"] >= 40_000 and by_name["mask"]["n"] >= 0.1 * 40_000
     configured = {"chosen": rates[0], "mask": rates[1], "random": rates[2], "keep": 1 - rates[1] - rates[2]}
@@ -108,12 +108,12 @@ def test_collator_labels_alone_show_the_15_percent(tiny_bert):
 
 def test_specials_and_padding_never_chosen(tiny_bert, tiny_roberta):
     for tok in (tiny_bert.tokenizer, tiny_roberta.tokenizer):
-        rows = bertdemo.mask_sample(tok, "Paris is the [MASK] of France.", 0, mlm_probability=1.0)
+        rows = bertdemo.mask_sample(tok, "Paris is the [MASK] of France.", 0, mask_probability=1.0)
         assert {r["token"] for r in rows if r["special"]} >= {tok.cls_token, tok.sep_token, tok.mask_token}
         assert all(r["chosen"] != r["special"] for r in rows)  # p = 1: every other token is chosen
         assert all(r["label"] == -100 for r in rows if r["special"])
     padded = bertdemo.article_comparison(tiny_bert.tokenizer, "Paris is nice.", max_length=30,
-                                         mlm_probability=1.0)
+                                         mask_probability=1.0)
     pads = [i for i, t in enumerate(padded["tokens"]) if t == "[PAD]"]
     assert len(pads) > 10
     assert all(padded["collator"]["labels"][i] == -100 and padded["collator"]["outcome"][i] is None
@@ -129,7 +129,7 @@ def test_same_seed_same_result_other_seed_other_result(tiny_bert):
 
 
 def test_counts_against_expected(tiny_bert):
-    rows = bertdemo.mask_sample(tiny_bert.tokenizer, TEXT, seed=2, mlm_probability=0.5)
+    rows = bertdemo.mask_sample(tiny_bert.tokenizer, TEXT, seed=2, mask_probability=0.5)
     counts = {c["what"]: c for c in bertdemo.outcome_counts(rows, 0.5)}
     eligible = sum(not r["special"] for r in rows)
     assert counts["tokens that can be chosen"]["count"] == eligible
@@ -227,10 +227,10 @@ def test_model_loss_hook_matches_the_model(tiny_bert):
 @pytest.mark.parametrize("call, message", [
     (lambda tok: bertdemo.mask_sample(tok, ""), "empty"),
     (lambda tok: bertdemo.mask_sample(tok, "   "), "empty"),
-    (lambda tok: bertdemo.mask_sample(tok, TEXT, mlm_probability=1.5), "from 0 to 1"),
-    (lambda tok: bertdemo.mask_sample(tok, TEXT, mask_replace_prob=-0.1), "from 0 to 1"),
-    (lambda tok: bertdemo.mask_sample(tok, TEXT, random_replace_prob=float("nan")), "from 0 to 1"),
-    (lambda tok: bertdemo.mask_sample(tok, TEXT, mask_replace_prob=0.8, random_replace_prob=0.5),
+    (lambda tok: bertdemo.mask_sample(tok, TEXT, mask_probability=1.5), "from 0 to 1"),
+    (lambda tok: bertdemo.mask_sample(tok, TEXT, mask_replace_probability=-0.1), "from 0 to 1"),
+    (lambda tok: bertdemo.mask_sample(tok, TEXT, random_replace_probability=float("nan")), "from 0 to 1"),
+    (lambda tok: bertdemo.mask_sample(tok, TEXT, mask_replace_probability=0.8, random_replace_probability=0.5),
      "at most 1"),
     (lambda tok: bertdemo.mask_sample(tok, TEXT, seed=-1), "Seed"),
     (lambda tok: bertdemo.mask_sample(tok, TEXT, seed=1.5), "Seed"),
@@ -238,8 +238,8 @@ def test_model_loss_hook_matches_the_model(tiny_bert):
     (lambda tok: bertdemo.static_vs_dynamic(tok, TEXT, epochs=51), "Epochs"),
     (lambda tok: bertdemo.static_vs_dynamic(tok, TEXT, epochs=0), "Epochs"),
     (lambda tok: bertdemo.static_vs_dynamic(tok, TEXT, static_copies=0), "Static copies"),
-    (lambda tok: bertdemo.masking_law(tok, TEXT, n_tokens=100_001), "Token draws"),
-    (lambda tok: bertdemo.masking_law(tok, TEXT, n_tokens=float("inf")), "Token draws"),
+    (lambda tok: bertdemo.masking_law(tok, TEXT, token_draws=100_001), "Token draws"),
+    (lambda tok: bertdemo.masking_law(tok, TEXT, token_draws=float("inf")), "Token draws"),
     (lambda tok: bertdemo.masking_law(tok, "[MASK]"), "no token that can be chosen"),
     (lambda tok: bertdemo.article_comparison(tok, TEXT, max_length=1000), "max_length"),
 ])
@@ -261,7 +261,7 @@ def test_mask_sample_endpoint_matches_service(client, tiny_bert):
 def test_tables_escape_user_text(tiny_roberta):
     from bertdemo.ui import masking_tab
 
-    rows = bertdemo.mask_sample(tiny_roberta.tokenizer, "<b>Paris</b> & co", mlm_probability=0.0)
+    rows = bertdemo.mask_sample(tiny_roberta.tokenizer, "<b>Paris</b> & co", mask_probability=0.0)
     assert any("<" in r["token"] for r in rows)  # byte-level BPE keeps the characters
     for table in (masking_tab._sample_table(rows), masking_tab._article_table(
             bertdemo.article_comparison(tiny_roberta.tokenizer, "<b>Paris</b> & co"))):
@@ -275,7 +275,7 @@ def test_epochs_law_and_article_endpoints(client, tiny_bert):
     expected = bertdemo.static_vs_dynamic(tok, TEXT, 8, 0)["curve"]
     assert f"{expected['dynamic'][-1]:.1%}" in summary and grid is not None and curve is not None
     _, table = client.predict(TEXT, 0, 0.15, 0.8, 0.1, True, 5000, api_name="/masking_law")
-    law = bertdemo.masking_law(tok, TEXT, 5000, 0, whole_word=True)
+    law = bertdemo.masking_law(tok, TEXT, 5000, 0, whole_words=True)
     assert [row[4] for row in table["data"]] == [r["n"] for r in law]
     html_table, counts, notes = client.predict("Paris is the [MASK] of France.", 0, 0.15, 0.8, 0.1, False,
                                                20, api_name="/article_snippet")
@@ -359,6 +359,26 @@ def test_hidden_eval_hides_every_chosen_token(tiny_bert):
 def test_labelling_consequence_bad_input(tiny_bert, kwargs, message):
     with pytest.raises(ValueError, match=message):
         bertdemo.labelling_consequence(tiny_bert, **{"texts": REPEATED, **kwargs})
+
+
+@pytest.mark.parametrize("call, field, endpoint", [
+    (lambda tok: bertdemo.mask_sample(tok, TEXT, mask_probability=1.5), "mask_probability", "/mask_sample"),
+    (lambda tok: bertdemo.mask_sample(tok, TEXT, mask_replace_probability=-0.1), "mask_replace_probability",
+     "/mask_sample"),
+    (lambda tok: bertdemo.mask_sample(tok, TEXT, mask_replace_probability=0.8, random_replace_probability=0.5),
+     "random_replace_probability", "/mask_sample"),
+    (lambda tok: bertdemo.masking_law(tok, TEXT, token_draws=100_001), "token_draws", "/masking_law"),
+    (lambda tok: bertdemo.static_vs_dynamic(tok, TEXT, static_copies=0), "static_copies", "/static_vs_dynamic"),
+])
+def test_a_masking_setting_has_the_endpoints_name_in_the_service_and_its_errors(tiny_bert, call, field, endpoint):
+    """One name per setting: the keyword, the error's field and the endpoint's parameter."""
+    from pathlib import Path
+
+    with pytest.raises(ValueError) as err:
+        call(tiny_bert.tokenizer)
+    assert err.value.field == field
+    endpoints = json.loads(Path(__file__).with_name("endpoints.json").read_text())
+    assert field in [p.split(":")[0] for p in endpoints[endpoint]["parameters"]]
 
 
 def test_labelling_steps_past_the_servers_cap_are_refused_beside_the_steps_field(tiny_bert):

@@ -34,42 +34,46 @@ OUTCOMES = ("mask", "random", "keep")
 
 @dataclass(frozen=True)
 class Rates:
-    """The collator's knobs. Under whole-word masking transformers replaces every chosen piece
-    by the mask token (no random, no keep), so `effective()` says what is really drawn."""
+    """The collator's knobs, under the Mask sampling form's names (the collator's own keywords are
+    mlm_probability, mask_replace_prob, random_replace_prob and whole_word_mask: `collator()`).
+    Under whole-word masking transformers replaces every chosen piece by the mask token (no
+    random, no keep), so `effective()` says what is really drawn."""
 
-    mlm_probability: float = 0.15
-    mask_replace_prob: float = 0.8
-    random_replace_prob: float = 0.1
-    whole_word: bool = False
+    mask_probability: float = 0.15
+    mask_replace_probability: float = 0.8
+    random_replace_probability: float = 0.1
+    whole_words: bool = False
 
     def check(self) -> "Rates":
-        """Raise ValueError saying how to fix a rate the collator would refuse."""
-        for name in ("mlm_probability", "mask_replace_prob", "random_replace_prob"):
+        """Raise InputError (naming the field) saying how to fix a rate the collator would refuse."""
+        for name in ("mask_probability", "mask_replace_probability", "random_replace_probability"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:  # NaN fails too
-                raise ValueError(f"{name} is {value!r}; it is a probability: give a number from 0 to 1.")
-        if self.mask_replace_prob + self.random_replace_prob > 1:
-            raise ValueError(f"mask_replace_prob + random_replace_prob is "
-                             f"{self.mask_replace_prob + self.random_replace_prob:g}; they share the "
-                             "chosen tokens, so their sum must be at most 1 (the rest are kept).")
+                raise validate.InputError(name, f"{name} is {value!r}; it is a probability: give a number "
+                                                "from 0 to 1.")
+        if self.mask_replace_probability + self.random_replace_probability > 1:
+            raise validate.InputError("random_replace_probability", (
+                f"mask_replace_probability + random_replace_probability is "
+                f"{self.mask_replace_probability + self.random_replace_probability:g}; they share the chosen "
+                "tokens, so their sum must be at most 1 (the rest are kept)."))
         # As floats: an API caller's integer 0 or 1 would make torch draw from a Long tensor and fail.
-        return Rates(float(self.mlm_probability), float(self.mask_replace_prob),
-                     float(self.random_replace_prob), self.whole_word)
+        return Rates(float(self.mask_probability), float(self.mask_replace_probability),
+                     float(self.random_replace_probability), self.whole_words)
 
     def effective(self) -> "Rates":
-        if self.whole_word:
-            return Rates(self.mlm_probability, 1.0, 0.0, True)
+        if self.whole_words:
+            return Rates(self.mask_probability, 1.0, 0.0, True)
         return self
 
     @property
     def keep_prob(self) -> float:
-        return max(0.0, round(1.0 - self.mask_replace_prob - self.random_replace_prob, 12))
+        return max(0.0, round(1.0 - self.mask_replace_probability - self.random_replace_probability, 12))
 
     def collator(self, tokenizer, seed: int) -> DataCollatorForLanguageModeling:
         rates = self.effective()  # set here, so the collator has nothing to override or warn about
-        return DataCollatorForLanguageModeling(
-            tokenizer, mlm_probability=rates.mlm_probability, mask_replace_prob=rates.mask_replace_prob,
-            random_replace_prob=rates.random_replace_prob, whole_word_mask=rates.whole_word, seed=seed)
+        return DataCollatorForLanguageModeling(  # the library's names for the same knobs
+            tokenizer, mlm_probability=rates.mask_probability, mask_replace_prob=rates.mask_replace_probability,
+            random_replace_prob=rates.random_replace_probability, whole_word_mask=rates.whole_words, seed=seed)
 
 
 @dataclass
@@ -100,16 +104,16 @@ def check_seed(seed) -> int:
     return validate.whole_number(seed, "Seed", 0, 2**32 - 1, field="seed")
 
 
-def encode(tokenizer, text: str, whole_word: bool = False) -> dict:
+def encode(tokenizer, text: str, whole_words: bool = False) -> dict:
     """Tokenize one text: {"input_ids": (1, T), "special": (1, T) bool, "offsets": (1, T, 2) or None}.
 
     A typed `[MASK]` (any case) becomes the tokenizer's mask token. Never truncates.
     """
     if not isinstance(text, str) or not text.strip():
         raise ValueError("The text is empty: type a sentence, e.g. 'Paris is the capital of France.'")
-    if whole_word and not getattr(tokenizer, "is_fast", False):
+    if whole_words and not getattr(tokenizer, "is_fast", False):
         raise ValueError("Whole-word masking needs a fast tokenizer (for its offsets): untick it.")
-    enc = tokenizer(USER_MASK_RE.sub(tokenizer.mask_token, text), return_offsets_mapping=whole_word)
+    enc = tokenizer(USER_MASK_RE.sub(tokenizer.mask_token, text), return_offsets_mapping=whole_words)
     ids = enc["input_ids"]
     if len(ids) > MAX_TEXT_TOKENS:
         raise ValueError(f"The text is {len(ids)} tokens long; this view takes at most "
@@ -117,7 +121,7 @@ def encode(tokenizer, text: str, whole_word: bool = False) -> dict:
     # What the collator computes itself when not handed a mask: membership in all_special_ids.
     special = tokenizer.get_special_tokens_mask(ids, already_has_special_tokens=True)
     return {"input_ids": torch.tensor([ids]), "special": torch.tensor([special], dtype=torch.bool),
-            "offsets": torch.tensor([enc["offset_mapping"]]) if whole_word else None}
+            "offsets": torch.tensor([enc["offset_mapping"]]) if whole_words else None}
 
 
 def corrupt(tokenizer, encoded: dict, seed: int, rates: Rates, copies: int = 1) -> Corruption:
@@ -130,7 +134,7 @@ def corrupt(tokenizer, encoded: dict, seed: int, rates: Rates, copies: int = 1) 
     ids = encoded["input_ids"].expand(copies, -1).clone()
     special = encoded["special"].expand(copies, -1)
     offsets = None if encoded["offsets"] is None else encoded["offsets"].expand(copies, -1, -1)
-    cells = ids.numel() * (ids.shape[1] if rates.whole_word else 1)
+    cells = ids.numel() * (ids.shape[1] if rates.whole_words else 1)
     if cells > _MAX_CELLS:
         raise ValueError("That many samples of this text are too much for the page: ask for fewer "
                          "samples or epochs, or use a shorter text or no whole-word masking.")
@@ -153,9 +157,9 @@ def _replay(ids, special, offsets, seed, rates: Rates, vocab_size: int, mask_id:
     returns only the results; `corrupt` checks they agree on every call.
     """
     generator = torch.Generator().manual_seed(seed)
-    probability = torch.full(ids.shape, rates.mlm_probability)
+    probability = torch.full(ids.shape, rates.mask_probability)
     word_start = None
-    if rates.whole_word:  # only a word's first piece is drawn; the rest follow it
+    if rates.whole_words:  # only a word's first piece is drawn; the rest follow it
         word_ids, no_draw = DataCollatorForLanguageModeling._calc_word_ids_and_prob_mask(
             offsets.numpy(), special.long().numpy())
         no_draw = torch.tensor(no_draw, dtype=torch.bool)
@@ -163,14 +167,14 @@ def _replay(ids, special, offsets, seed, rates: Rates, vocab_size: int, mask_id:
     else:
         no_draw = special
     chosen = torch.bernoulli(probability.masked_fill(no_draw, 0.0), generator=generator).bool()
-    if rates.whole_word:
+    if rates.whole_words:
         chosen = torch.tensor(DataCollatorForLanguageModeling._whole_word_mask(word_ids, chosen))
-    to_mask = torch.bernoulli(torch.full(ids.shape, rates.mask_replace_prob),
+    to_mask = torch.bernoulli(torch.full(ids.shape, rates.mask_replace_probability),
                               generator=generator).bool() & chosen
     to_random = torch.zeros_like(chosen)
     seen = ids.masked_fill(to_mask, mask_id)
-    if rates.mask_replace_prob < 1 and rates.random_replace_prob > 0:
-        scaled = rates.random_replace_prob / (1 - rates.mask_replace_prob)
+    if rates.mask_replace_probability < 1 and rates.random_replace_probability > 0:
+        scaled = rates.random_replace_probability / (1 - rates.mask_replace_probability)
         to_random = torch.bernoulli(torch.full(ids.shape, scaled), generator=generator).bool()
         to_random &= chosen & ~to_mask
         random_ids = torch.randint(vocab_size, ids.shape, dtype=torch.long, generator=generator)
@@ -181,22 +185,23 @@ def _replay(ids, special, offsets, seed, rates: Rates, vocab_size: int, mask_id:
 
 # ---------------------------------------------------------------- one sample
 
-def mask_sample(tokenizer, text: str, seed: int = 0, mlm_probability: float = 0.15,
-                mask_replace_prob: float = 0.8, random_replace_prob: float = 0.1,
-                whole_word: bool = False) -> list[dict]:
+def mask_sample(tokenizer, text: str, seed: int = 0, mask_probability: float = 0.15,
+                mask_replace_probability: float = 0.8, random_replace_probability: float = 0.1,
+                whole_words: bool = False) -> list[dict]:
     """One seeded draw of MLM corruption over `text`, as one row per token (specials included).
 
     Each row: {"position", "token", "token_id", "special", "chosen", "outcome" ("mask", "random",
     "keep" or None), "seen" (token the model sees), "seen_id", "label" (-100 or the original id)}.
-    Same ids and labels as `DataCollatorForLanguageModeling(tokenizer, mlm_probability=...,
-    mask_replace_prob=..., random_replace_prob=..., whole_word_mask=whole_word, seed=seed)` called
-    on the tokenized text. A "random" replacement draws from the whole vocabulary, so it can draw
+    Same ids and labels as `DataCollatorForLanguageModeling(tokenizer, mlm_probability=mask_probability,
+    mask_replace_prob=mask_replace_probability, random_replace_prob=random_replace_probability,
+    whole_word_mask=whole_words, seed=seed)` called on the tokenized text (the collator's keywords are
+    transformers' names; these are the Mask sampling form's). A "random" replacement draws from the whole vocabulary, so it can draw
     the original token (or a special one): it is still reported as "random", since that is the
     draw that was made. Under whole-word masking transformers turns every chosen piece into the
     mask token, whatever the two replace probabilities say.
     """
-    rates = Rates(mlm_probability, mask_replace_prob, random_replace_prob, whole_word).check()
-    encoded = encode(tokenizer, text, whole_word)
+    rates = Rates(mask_probability, mask_replace_probability, random_replace_probability, whole_words).check()
+    encoded = encode(tokenizer, text, whole_words)
     return sample_rows(tokenizer, corrupt(tokenizer, encoded, check_seed(seed), rates))
 
 
@@ -213,15 +218,16 @@ def sample_rows(tokenizer, corruption: Corruption, row: int = 0) -> list[dict]:
              "label": int(corruption.labels[row, i])} for i in range(len(ids))]
 
 
-def outcome_counts(rows: list[dict], mlm_probability: float = 0.15, mask_replace_prob: float = 0.8,
-                   random_replace_prob: float = 0.1, whole_word: bool = False) -> list[dict]:
+def outcome_counts(rows: list[dict], mask_probability: float = 0.15, mask_replace_probability: float = 0.8,
+                   random_replace_probability: float = 0.1, whole_words: bool = False) -> list[dict]:
     """Counts in one sample next to their expected values: [{"what", "count", "expected"}, ...]."""
-    rates = Rates(mlm_probability, mask_replace_prob, random_replace_prob, whole_word).check().effective()
+    rates = Rates(mask_probability, mask_replace_probability, random_replace_probability,
+                  whole_words).check().effective()
     eligible = sum(not r["special"] for r in rows)
-    chosen = rates.mlm_probability * eligible
+    chosen = rates.mask_probability * eligible
     counts = {name: sum(r["outcome"] == name for r in rows) for name in OUTCOMES}
-    expected = {"mask": chosen * rates.mask_replace_prob, "random": chosen * rates.random_replace_prob,
-                "keep": chosen * rates.keep_prob}
+    expected = {"mask": chosen * rates.mask_replace_probability,
+                "random": chosen * rates.random_replace_probability, "keep": chosen * rates.keep_prob}
     return ([{"what": "tokens that can be chosen", "count": eligible, "expected": eligible},
              {"what": "chosen (scored by the loss)", "count": sum(r["chosen"] for r in rows),
               "expected": chosen}]
@@ -232,8 +238,8 @@ def outcome_counts(rows: list[dict], mlm_probability: float = 0.15, mask_replace
 # ---------------------------------------------------------------- static vs dynamic
 
 def static_vs_dynamic(tokenizer, text: str, epochs: int = 10, seed: int = 0,
-                      mlm_probability: float = 0.15, mask_replace_prob: float = 0.8,
-                      random_replace_prob: float = 0.1, whole_word: bool = False,
+                      mask_probability: float = 0.15, mask_replace_probability: float = 0.8,
+                      random_replace_probability: float = 0.1, whole_words: bool = False,
                       static_copies: int = 1) -> dict:
     """What the model sees of `text` over `epochs` epochs, static vs dynamic masking.
 
@@ -245,14 +251,14 @@ def static_vs_dynamic(tokenizer, text: str, epochs: int = 10, seed: int = 0,
     the share of tokens chosen at least once after n epochs, measured over many copies of the
     text (`tokens` of them per epoch), against 1 - (1 - p)^min(n, copies) and 1 - (1 - p)^n.
     """
-    rates = Rates(mlm_probability, mask_replace_prob, random_replace_prob, whole_word).check()
+    rates = Rates(mask_probability, mask_replace_probability, random_replace_probability, whole_words).check()
     epochs = validate.whole_number(epochs, "Epochs", 1, MAX_EPOCHS, field="epochs")
     copies = validate.whole_number(static_copies, "Static copies", 1, MAX_EPOCHS,
-                                   " (1 = one mask for every epoch; BERT used 10)", field="copies")
+                                   " (1 = one mask for every epoch; BERT used 10)", field="static_copies")
     seed = check_seed(seed)
     if seed + epochs >= 2**32:
         raise ValueError(f"Seed + epochs must stay below {2**32}: give a smaller seed.")
-    encoded = encode(tokenizer, text, whole_word)
+    encoded = encode(tokenizer, text, whole_words)
     grid_seeds = {"static": [seed + e % copies for e in range(epochs)],
                   "dynamic": [seed + e for e in range(epochs)]}
     samples = {s: sample_rows(tokenizer, corrupt(tokenizer, encoded, s, rates))
@@ -286,7 +292,7 @@ def _ever_chosen_curve(tokenizer, encoded, seed, rates, epochs, copies) -> dict:
         ever["dynamic"] |= chosen(seed + e)
         for mode in ("static", "dynamic"):
             curve[mode].append(float(ever[mode][eligible_mask].float().mean()))
-    p = rates.mlm_probability
+    p = rates.mask_probability
     curve["static_theory"] = [1 - (1 - p) ** min(n, copies) for n in curve["epochs"]]
     curve["dynamic_theory"] = [1 - (1 - p) ** n for n in curve["epochs"]]
     return curve
@@ -294,30 +300,30 @@ def _ever_chosen_curve(tokenizer, encoded, seed, rates, epochs, copies) -> dict:
 
 # ---------------------------------------------------------------- the law behind it
 
-def masking_law(tokenizer, text: str, n_tokens: int = 20_000, seed: int = 0,
-                mlm_probability: float = 0.15, mask_replace_prob: float = 0.8,
-                random_replace_prob: float = 0.1, whole_word: bool = False) -> list[dict]:
+def masking_law(tokenizer, text: str, token_draws: int = 20_000, seed: int = 0,
+                mask_probability: float = 0.15, mask_replace_probability: float = 0.8,
+                random_replace_probability: float = 0.1, whole_words: bool = False) -> list[dict]:
     """Measured rates over many seeded draws of `text` (one collator call), against the configured.
 
-    `n_tokens` token draws (rounded up to whole copies of the text). Rows: "chosen" per token
+    `token_draws` token draws (rounded up to whole copies of the text). Rows: "chosen" per token
     (per word under whole-word masking, where a word is drawn once), then "mask", "random",
     "keep" per chosen token. Each row: {"rate", "configured", "measured", "count", "n", "se"
     (standard error at the configured rate), "low", "high" (95% Wilson interval)}.
     """
-    rates = Rates(mlm_probability, mask_replace_prob, random_replace_prob, whole_word).check()
-    n_tokens = validate.whole_number(n_tokens, "Token draws", 1, MAX_LAW_TOKENS, field="draws")
-    encoded = encode(tokenizer, text, whole_word)
+    rates = Rates(mask_probability, mask_replace_probability, random_replace_probability, whole_words).check()
+    token_draws = validate.whole_number(token_draws, "Token draws", 1, MAX_LAW_TOKENS, field="token_draws")
+    encoded = encode(tokenizer, text, whole_words)
     eligible = int((~encoded["special"]).sum())
     if eligible == 0:
         raise ValueError("The text has no token that can be chosen (only special tokens): add words.")
-    result = corrupt(tokenizer, encoded, check_seed(seed), rates, copies=math.ceil(n_tokens / eligible))
-    drawn = result.word_start if whole_word else ~result.special
+    result = corrupt(tokenizer, encoded, check_seed(seed), rates, copies=math.ceil(token_draws / eligible))
+    drawn = result.word_start if whole_words else ~result.special
     effective = rates.effective()
     n_chosen = int(result.chosen.sum())
-    return [_rate_row("chosen per word" if whole_word else "chosen", effective.mlm_probability,
+    return [_rate_row("chosen per word" if whole_words else "chosen", effective.mask_probability,
                       int((result.chosen & drawn).sum()), int(drawn.sum())),
-            _rate_row("mask", effective.mask_replace_prob, int(result.to_mask.sum()), n_chosen),
-            _rate_row("random", effective.random_replace_prob, int(result.to_random.sum()), n_chosen),
+            _rate_row("mask", effective.mask_replace_probability, int(result.to_mask.sum()), n_chosen),
+            _rate_row("random", effective.random_replace_probability, int(result.to_random.sum()), n_chosen),
             _rate_row("keep", effective.keep_prob, int(result.kept.sum()), n_chosen)]
 
 
@@ -364,8 +370,8 @@ LossFn = Callable[[dict], float]
 
 
 def article_comparison(tokenizer, text: str, seed: int = 0, max_length: int = 20,
-                       mlm_probability: float = 0.15, mask_replace_prob: float = 0.8,
-                       random_replace_prob: float = 0.1, whole_word: bool = False,
+                       mask_probability: float = 0.15, mask_replace_probability: float = 0.8,
+                       random_replace_probability: float = 0.1, whole_words: bool = False,
                        loss_fn: LossFn | None = None) -> dict:
     """The article's `mask_tokens` next to the collator, on the same text tokenized the article's
     way (`padding="max_length", max_length=20, truncation=True`).
@@ -376,10 +382,10 @@ def article_comparison(tokenizer, text: str, seed: int = 0, max_length: int = 20
     each labelling as {"input_ids", "attention_mask", "labels"}, (1, T) tensors; "losses" is
     {"article": ..., "collator": ...}, or None without `loss_fn`.
     """
-    rates = Rates(mlm_probability, mask_replace_prob, random_replace_prob, whole_word).check()
+    rates = Rates(mask_probability, mask_replace_probability, random_replace_probability, whole_words).check()
     seed = check_seed(seed)
     max_length = validate.whole_number(max_length, "max_length", 4, MAX_ARTICLE_LENGTH)
-    batch, truncated = _article_batch(tokenizer, text, max_length, whole_word)
+    batch, truncated = _article_batch(tokenizer, text, max_length, whole_words)
     article_inputs, article_labels = article_mask_tokens(
         {"input_ids": batch["input_ids"].clone()}, tokenizer, torch.Generator().manual_seed(seed))
     ours = corrupt(tokenizer, batch, seed, rates)
@@ -403,17 +409,17 @@ def article_comparison(tokenizer, text: str, seed: int = 0, max_length: int = 20
     return result
 
 
-def _article_batch(tokenizer, text: str, max_length: int, whole_word: bool) -> tuple[dict, bool]:
+def _article_batch(tokenizer, text: str, max_length: int, whole_words: bool) -> tuple[dict, bool]:
     """The text as the article tokenizes it, padded/truncated to `max_length`, plus whether it
     was cut (said in the page: the article cuts silently)."""
-    full = encode(tokenizer, text, whole_word)
+    full = encode(tokenizer, text, whole_words)
     enc = tokenizer(USER_MASK_RE.sub(tokenizer.mask_token, text), max_length=max_length,
-                    padding="max_length", truncation=True, return_offsets_mapping=whole_word)
+                    padding="max_length", truncation=True, return_offsets_mapping=whole_words)
     ids = enc["input_ids"]
     special = tokenizer.get_special_tokens_mask(ids, already_has_special_tokens=True)
     return ({"input_ids": torch.tensor([ids]), "special": torch.tensor([special], dtype=torch.bool),
              "attention_mask": torch.tensor([enc["attention_mask"]]),
-             "offsets": torch.tensor([enc["offset_mapping"]]) if whole_word else None},
+             "offsets": torch.tensor([enc["offset_mapping"]]) if whole_words else None},
             full["input_ids"].shape[1] > max_length)
 
 
