@@ -6,10 +6,11 @@
 
 Every setting is in run.json beside this file (model, data file, masking, collator, learning rate,
 schedule, batch, block length, seed, keep_best), under the names of the demo's Fine-tune form
-(training_length counted in length_unit, "steps" or "epochs"): edit it, or point --config at another.
-To train on your own data, replace the data file (one sentence or paragraph per line). The tuned model is saved with
-`save_pretrained` to run.json's `output_dir`; `bertdemo.load(that folder)` or any transformers
-code loads it. Needs torch, transformers and accelerate (pip install "transformers[torch]").
+(training_length counted in length_unit, "steps" or "epochs"; mask_probability is the collator's
+mlm_probability): edit it, or point --config at another. To train on your own data, replace the
+data file (one sentence or paragraph per line). The tuned model is saved with `save_pretrained` to
+run.json's `output_dir`; `bertdemo.load(that folder)` or any transformers code loads it. Needs
+torch, transformers and accelerate (pip install "transformers[torch]").
 
 The data goes through the demo's own steps: lines cut into sentences, about one line in ten held
 out for evaluation, sentences packed into blocks of `block_length` tokens, masks drawn by
