@@ -143,6 +143,7 @@ def main(argv: list[str] | None = None) -> None:
     stopping = stop_on_signals()  # before the model loads: a SIGTERM then still exits cleanly
     engine = Engine(max_batch=settings.max_batch, onnx=settings.onnx)
     store = load_store(settings, engine)
+    store.start_sweeper()  # the age policy: idle sessions freed every minute (store.close stops it)
     demo = build_demo(settings, store, engine)
     serve(demo, settings, block=False, store=store)
     while not stopping.wait(0.5):

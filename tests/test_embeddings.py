@@ -118,13 +118,13 @@ def test_the_token_limit_counts_every_sentence(tiny_bert):
 
 
 def test_the_tab_draws_the_map_and_a_neighbour_table(minilm):
-    visitor = Visitor(SessionStore(minilm), Settings(device="cpu"), "s1")
+    visitor = Visitor(SessionStore(minilm), Settings(device="cpu"), "s1", bertdemo.Engine())
     scatter, table, raw = embeddings_tab.on_map(visitor, "\n".join(BANK), 6, "bank")
     assert raw == bertdemo.embedding_map(minilm, BANK, layer=6, word="bank")
     assert len(scatter.data) == len(BANK)  # one trace (colour) per sentence
     assert "PC1" in scatter.layout.xaxis.title.text and len(table) == len(BANK)
     assert table.iloc[0]["point"].startswith("bank (line 1")
-    limited = Visitor(SessionStore(minilm), Settings(device="cpu", embedding_max_lines=3), "s2")
+    limited = Visitor(SessionStore(minilm), Settings(device="cpu", embedding_max_lines=3), "s2", bertdemo.Engine())
     with pytest.raises(ValueError, match="at most 3"):
         embeddings_tab.on_map(limited, "\n".join(BANK), 6, "bank")
 
@@ -176,7 +176,7 @@ def test_probes_refuse_what_they_cannot_learn(tiny_bert, examples, message):
 
 
 def test_the_classify_tab_charts_accuracy_by_layer_with_the_baseline(minilm):
-    visitor = Visitor(SessionStore(minilm), Settings(device="cpu"), "s1")
+    visitor = Visitor(SessionStore(minilm), Settings(device="cpu"), "s1", bertdemo.Engine())
     rows = [list(pair) for pair in topics()]
     status, chart = classify_tab.on_probe(visitor, rows, 0)
     result = bertdemo.probe_layers(minilm, topics(), seed=0)
@@ -218,7 +218,7 @@ def test_the_word_order_set_shows_depth_where_topics_do_not(bundled_model):
 
 
 def test_the_probe_says_when_every_layer_reads_the_labels(bundled_model):
-    visitor = Visitor(SessionStore(bundled_model), Settings(device="cpu"), "s1")
+    visitor = Visitor(SessionStore(bundled_model), Settings(device="cpu"), "s1", bertdemo.Engine())
     status, _ = classify_tab.on_probe(visitor, classify_tab.example_rows(classify_tab.FIRST_EXAMPLE), 0)
     assert "Every layer reads these labels" in status and "word-order" in status
     status, _ = classify_tab.on_probe(visitor, classify_tab.example_rows(classify_tab.WORD_ORDER), 0)
@@ -231,7 +231,7 @@ def test_lines_without_the_word_are_left_out_and_listed(tiny_bert):
     result = bertdemo.embedding_map(tiny_bert, lines, layer=1, word="bank")
     assert [p["sentence"] for p in result["points"]] == [0, 2, 3]  # whole words only: "Banks" is not "bank"
     assert result["missing"] == [{"line": 2, "text": "The weather was lovely."}]
-    visitor = Visitor(SessionStore(tiny_bert), Settings(device="cpu"), "s1")
+    visitor = Visitor(SessionStore(tiny_bert), Settings(device="cpu"), "s1", bertdemo.Engine())
     scatter, table, raw = embeddings_tab.on_map(visitor, "\n".join(lines), 1, "bank")
     assert "Left out, without 'bank': line 2 (The weather was lovely.)" in scatter.layout.title.text
     assert len(table) == 3 and list(table.columns) == ["point", "nearest 1", "nearest 2", "nearest 3"]

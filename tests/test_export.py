@@ -134,7 +134,7 @@ def test_remember_run_names_a_hub_model_by_its_id(runs, tiny_bert):
     store, settings = SessionStore(tiny_bert), Settings(model="bert-base-uncased")
     hub_named = bertdemo.LoadedModel("bert-base-uncased", tiny_bert.tokenizer, tiny_bert.model, tiny_bert.device)
     export_button.remember_run(store, "s1", settings, hub_named, runs["dynamic"], TEXT)
-    path = export_button.on_export_script(Visitor(store, settings, "s1"))
+    path = export_button.on_export_script(Visitor(store, settings, "s1", bertdemo.Engine()))
     with zipfile.ZipFile(path) as archive:
         config = json.loads(archive.read("train-mlm/run.json"))
     assert config["model"] == "bert-base-uncased" and "model_note" not in config

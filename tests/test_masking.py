@@ -385,7 +385,7 @@ def _visitor(lm, session="s1"):
     from bertdemo.sessions import SessionStore
     from bertdemo.ui.context import Visitor
 
-    return Visitor(SessionStore(lm), Settings(device="cpu"), session)
+    return Visitor(SessionStore(lm), Settings(device="cpu"), session, bertdemo.Engine())
 
 
 def test_sample_handler_matches_the_service(tiny_bert):

@@ -90,7 +90,7 @@ def test_every_model_line_and_the_fill_mask_output_say_the_head_is_untrained(hea
     store = SessionStore(lm)
     for place in ("tab", "picker", "finetune", "banner"):
         assert UNTRAINED_HEAD in model_line(store, "s1", place), place
-    _, _, line = fillmask_tab.on_predict(Visitor(store, Settings(model=lm.name), "s1"), "The [MASK] sat.", 3)
+    _, _, line = fillmask_tab.on_predict(Visitor(store, Settings(model=lm.name), "s1", bertdemo.Engine()), "The [MASK] sat.", 3)
     assert line.startswith(f"Model: **{lm.name}** on `cpu`") and UNTRAINED_HEAD in line
     card = model_card(store, "s1")
     assert "27,314 parameters" in card and "float32" in card and "cls.predictions.transform.dense.weight" in card
@@ -113,6 +113,6 @@ def test_the_no_model_pages_button_serves_the_bundled_model_and_says_what_it_is(
     from bertdemo.ui.context import Visitor
 
     store = SessionStore(None, load_error="No model")
-    banner, _ = model_banner.on_use_bundled(Visitor(store, Settings(device="cpu"), "s1"))
+    banner, _ = model_banner.on_use_bundled(Visitor(store, Settings(device="cpu"), "s1", bertdemo.Engine()))
     assert store.base.name == bundled.BUNDLED and UNTRAINED_HEAD not in banner
     assert bundled.describe(bundled.read_report()) in banner  # corpus, tokens seen, held-out scores

@@ -1,5 +1,6 @@
 """SessionStore: each session's own tuned model, LRU eviction under a cap, one run per session."""
 import gc
+import threading
 import time
 import weakref
 
@@ -159,6 +160,34 @@ def test_idle_sessions_are_freed_but_not_while_their_run_goes(store):
     assert store.sweep(now=later) == ["idle"]
     assert store.tuned("idle") is None and store.result("fresh", "attention") == "q"
     assert store.runs.stop("running")
+
+
+def test_the_sweeper_frees_an_idle_session_in_the_running_app():
+    store = SessionStore(fake_model("base"), max_idle_s=0.05)
+    store.keep_result("idle", "attention", "q", 100)
+    sweeper = store.start_sweeper(every_s=0.02)  # as app.py starts it (every minute there)
+    try:
+        assert store.start_sweeper() is sweeper  # one sweeper per store
+        deadline = time.monotonic() + 10
+        while "idle" in store and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert "idle" not in store and store.result("idle", "attention") is None
+    finally:
+        store.close()
+    sweeper.join(timeout=5)
+    assert not sweeper.is_alive()  # close stops it
+
+
+def test_reading_or_adding_a_session_starts_no_thread(store, monkeypatch):
+    monkeypatch.setattr(time, "monotonic", lambda now=time.monotonic(): now + 3 * 3600)  # long after any sweep
+    threads = threading.active_count()
+    for session in ("a", "b", "c"):
+        store.keep_result(session, "attention", "q", 10)
+        store.for_session(session)
+        store.result(session, "attention")
+        store.session_dir(session)
+    assert threading.active_count() == threads
+    assert all(session in store for session in "abc")  # and nothing was swept behind the reader's back
 
 
 def test_a_file_is_made_once_per_owner(store):
