@@ -173,6 +173,32 @@ def test_the_about_tab_builds_without_a_model():
     assert about_tab.create_demo().blocks
 
 
+def test_predict_then_joint_reuses_the_predictions_forward_and_shows_what_joint_alone_shows(tiny_bert_dir):
+    """The page's chain (Predict, then the joint completions) takes the joint fill's first step from
+    the prediction's forward; a visitor asking for the joint completions alone (a script, or an
+    engine whose memo is empty) sees the same table."""
+    text = "a [MASK] bridge is in the [MASK] of rome ."  # two masks: two steps
+    settings = Settings(device="cpu")
+    tables, forwards = [], []
+    for predict_first in (True, False):
+        engine = bertdemo.Engine()
+        lm = engine.load(str(tiny_bert_dir), device="cpu")
+        visitor = Visitor(SessionStore(lm), settings, "s1", engine)
+        calls = []
+        hook = lm.model.base_model.embeddings.register_forward_hook(lambda m, i, o: calls.append(1))
+        try:
+            if predict_first:
+                fillmask_tab.on_predict(visitor, text, 5)
+                calls.clear()
+            tables.append(fillmask_tab.on_joint(visitor, text, 3))
+        finally:
+            hook.remove()
+        forwards.append(len(calls))
+    assert forwards == [1, 2]  # after Predict, only the second step needs a forward
+    assert tables[0].drop(columns="joint log-prob").equals(tables[1].drop(columns="joint log-prob"))
+    assert list(tables[0]["joint log-prob"]) == pytest.approx(list(tables[1]["joint log-prob"]), abs=1e-4)
+
+
 def test_a_visitor_and_the_app_context_are_given_their_engine_never_build_one():
     store, settings = SessionStore(None), Settings(device="cpu")
     with pytest.raises(TypeError):
