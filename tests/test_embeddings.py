@@ -185,6 +185,37 @@ def test_the_classify_tab_charts_accuracy_by_layer_with_the_baseline(minilm):
     assert f"layer {result['best_layer']}" in status
 
 
+@pytest.mark.parametrize("examples, seed, field", [
+    ([["the cat", "a"], ["the dog", "a"]], 0, "examples"),
+    ([["the cat", "a"], ["the dog", "a"], ["paris", "b"], ["rome", "b"]], -1, "seed"),
+    ([["the cat", "a"], ["the dog", "a"], ["paris", "b"], ["rome", "b"]], "0", "seed"),
+])
+def test_the_probe_is_checked_once_into_a_plan_its_error_naming_the_field(tiny_bert, examples, seed, field):
+    with pytest.raises(ValueError) as refused:
+        embeddings.plan_probe(examples, seed)
+    assert refused.value.field == field
+    visitor = Visitor(SessionStore(tiny_bert), Settings(device="cpu"), "s1", bertdemo.Engine())
+    verdicts = classify_tab.check_probe(visitor, examples, seed)  # the validator: the same check's verdicts
+    at_fault = ["examples", "seed"].index(field)
+    assert [v["is_valid"] for v in verdicts] == [i != at_fault for i in range(2)]
+    assert verdicts[at_fault]["message"] == str(refused.value)
+
+
+def test_a_validated_probe_runs_the_validators_plan_checking_nothing_again(tiny_bert, monkeypatch):
+    visitor = Visitor(SessionStore(tiny_bert), Settings(device="cpu"), "s1", bertdemo.Engine())
+    rows = [list(pair) for pair in topics()]
+    expected = bertdemo.probe_layers(tiny_bert, topics(), seed=3)
+    checks = []
+    planned = embeddings.plan_probe
+    monkeypatch.setattr(embeddings, "plan_probe", lambda *a, **k: checks.append(1) or planned(*a, **k))
+    assert all(v["is_valid"] for v in classify_tab.check_probe(visitor, rows, 3))  # when the click is queued
+    status, chart = classify_tab.on_probe(visitor, rows, 3)  # when it runs
+    assert len(checks) == 1  # one check per click
+    assert list(chart.data[0].y) == [entry["accuracy"] for entry in expected["layers"]]
+    classify_tab.on_probe(visitor, rows[:-3], 3)  # other inputs than the validator's: checked afresh
+    assert len(checks) == 2
+
+
 def test_a_heads_off_view_maps_without_its_heads_and_the_shared_model_is_untouched(tiny_bert):
     texts = ["the cat sat on the mat", "a dog ran in the park"]
     whole = bertdemo.embedding_map(tiny_bert, texts, layer=2)
