@@ -164,22 +164,27 @@ def _section_use() -> dict:
 
 
 def _section_forgetting() -> dict:
-    with gr.Accordion("Forgetting, measured: learning rate against the MLM it keeps", open=False):
-        gr.Markdown(FORGETTING_NOTE.format(lrs=", ".join(f"{lr:g}" for lr in DEFAULT_SWEEP_LRS)))
-        run = gr.Button("Run the learning-rate sweep")
-        status = gr.Markdown()
-        plot = gr.Plot(label="Held-out accuracy against the body's MLM loss")
-        table = gr.Dataframe(_empty(SWEEP_COLUMNS), interactive=False, label="The sweep")
-    return {"run": run, "outputs": [status, plot, table]}
+    return _section_of_runs("Forgetting, measured: learning rate against the MLM it keeps",
+                            FORGETTING_NOTE.format(lrs=", ".join(f"{lr:g}" for lr in DEFAULT_SWEEP_LRS)),
+                            "Run the learning-rate sweep", "Held-out accuracy against the body's MLM loss",
+                            SWEEP_COLUMNS, "The sweep")
 
 
 def _section_adapt() -> dict:
-    with gr.Accordion("Adapt, then classify: does MLM on your domain help?", open=False):
-        gr.Markdown(ADAPT_NOTE.format(steps=ADAPT_MLM_STEPS))
-        run = gr.Button("Train from the base and from my MLM-tuned model")
+    return _section_of_runs("Adapt, then classify: does MLM on your domain help?",
+                            ADAPT_NOTE.format(steps=ADAPT_MLM_STEPS),
+                            "Train from the base and from my MLM-tuned model",
+                            "Base body vs MLM-adapted body, overlaid", ADAPT_COLUMNS, "Held-out scores after")
+
+
+def _section_of_runs(title: str, note: str, button: str, plot_label: str, columns, table_label: str) -> dict:
+    """A folded section that runs several classifiers: its note, button, status, plot and table."""
+    with gr.Accordion(title, open=False):
+        gr.Markdown(note)
+        run = gr.Button(button)
         status = gr.Markdown()
-        plot = gr.Plot(label="Base body vs MLM-adapted body, overlaid")
-        table = gr.Dataframe(_empty(ADAPT_COLUMNS), interactive=False, label="Held-out scores after")
+        plot = gr.Plot(label=plot_label)
+        table = gr.Dataframe(_empty(columns), interactive=False, label=table_label)
     return {"run": run, "outputs": [status, plot, table]}
 
 
