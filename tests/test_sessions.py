@@ -2,12 +2,14 @@
 import gc
 import threading
 import time
+import types
 import weakref
 
 import pytest
 import torch
 
 from bertdemo.model.loading import LoadedModel
+from bertdemo import sessions
 from bertdemo.sessions import SessionStore
 
 
@@ -179,14 +181,16 @@ def test_the_sweeper_frees_an_idle_session_in_the_running_app():
 
 
 def test_reading_or_adding_a_session_starts_no_thread(store, monkeypatch):
-    monkeypatch.setattr(time, "monotonic", lambda now=time.monotonic(): now + 3 * 3600)  # long after any sweep
-    threads = threading.active_count()
+    later = time.monotonic() + 3 * 3600  # the store's clock only (a server in this process keeps its own)
+    monkeypatch.setattr(sessions, "time", types.SimpleNamespace(monotonic=lambda: later))  # long after any sweep
+    started, start = [], threading.Thread.start
+    monkeypatch.setattr(threading.Thread, "start", lambda thread: started.append(thread) or start(thread))
     for session in ("a", "b", "c"):
         store.keep_result(session, "attention", "q", 10)
         store.for_session(session)
         store.result(session, "attention")
         store.session_dir(session)
-    assert threading.active_count() == threads
+    assert not [t for t in started if getattr(getattr(t, "_target", None), "__self__", None) is store]
     assert all(session in store for session in "abc")  # and nothing was swept behind the reader's back
 
 
