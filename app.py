@@ -140,9 +140,15 @@ def main(argv: list[str] | None = None) -> None:
     # then takes the page as closed (its run stopped, its models freed): Gradio's default beat of
     # 15 s leaves 5 s for a busy server to be late; 5 s leaves 15.
     os.environ.setdefault("GRADIO_HEARTBEAT_INTERVAL", "5")
+    # A --allow-pickle model from a hub repo with only *.bin weights: transformers would start a
+    # thread asking a conversion Space (safetensors-convert.hf.space) to open a pull request on that
+    # repo. Never from this server; from_pretrained has no argument for it, so it is set here, for
+    # this process (bertdemo.load itself refuses such a repo without --allow-pickle, per call).
+    os.environ.setdefault("DISABLE_SAFETENSORS_CONVERSION", "1")
     stopping = stop_on_signals()  # before the model loads: a SIGTERM then still exits cleanly
     engine = Engine(max_batch=settings.max_batch, onnx=settings.onnx)
     store = load_store(settings, engine)
+    store.start_sweeper()  # the age policy: idle sessions freed every minute (store.close stops it)
     demo = build_demo(settings, store, engine)
     serve(demo, settings, block=False, store=store)
     while not stopping.wait(0.5):

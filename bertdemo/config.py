@@ -24,6 +24,8 @@ def option(default, help: str, *, metavar: str | None = None, repr: bool = True)
 class Settings:
     """What the operator can set. Field `max_masks` is flag `--max-masks` and env var `BERTDEMO_MAX_MASKS`."""
 
+    # One declaration per setting, each the same shape on purpose: a table the flags and docs are made from.
+
     model: str = option(DEFAULT_MODEL, "hub id or local folder of a masked LM (BERT, DistilBERT, "
                                        "RoBERTa-style), or `bundled` for the model shipped in assets/bundled")
     models: str | None = option(None, "more hub ids or folders visitors may pick, comma separated; "

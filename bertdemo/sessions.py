@@ -12,7 +12,8 @@ The cleanup policy, in one place:
   together within `max_download_bytes` on disk and kept results within `max_result_bytes` in
   memory, the least recently used sessions' deleted first;
 - age: a session unused for `max_idle_s` is freed as if dropped (scripts' sessions never end), unless
-  its run is still going.
+  its run is still going: `sweep`, which the sweeper thread that app.py starts
+  (`start_sweeper`, stopped by `close`) calls every minute. Reading or adding a session starts no thread.
 
 Per-session models by kind: `put_model(session, kind, model)`, `model(session, kind)`; the "tuned"
 kind also has `use_tuned`/`use_base` (the other tabs switch to it). A new kind needs nothing
@@ -20,6 +21,7 @@ registered: its cap is `max_models.get(kind, max_tuned)`.
 """
 from __future__ import annotations
 
+import logging
 import shutil
 import tempfile
 import threading
@@ -33,11 +35,12 @@ from typing import Any, Callable
 from .model.loading import LoadedModel
 from .runs.slots import RunSlots
 
+log = logging.getLogger(__name__)
 DEFAULT_MAX_TUNED = 8
 DEFAULT_MAX_DOWNLOAD_BYTES = 2048 * 2**20
 DEFAULT_MAX_RESULT_BYTES = 64 * 2**20
 DEFAULT_MAX_IDLE_S = 3600
-_SWEEP_EVERY_S = 60.0
+SWEEP_EVERY_S = 60.0  # the sweeper's period: a session is freed at most this long after max_idle_s
 _REMEMBERED_CLOSED = 10_000  # closed sessions remembered, so a run ending after its tab closed keeps nothing
 
 
@@ -74,7 +77,7 @@ class SessionStore:
         self._lock = threading.RLock()
         self._root: Path | None = None  # temp area for every session's files
         self._closed: deque[str] = deque(maxlen=_REMEMBERED_CLOSED)  # dropped sessions, newest last
-        self._swept = time.monotonic()
+        self._sweeper: tuple[threading.Thread, threading.Event] | None = None  # start_sweeper's
         self.runs = RunSlots()  # each session's one run slot (runs/slots.py)
 
     # ------------------------------------------------------------ which model
@@ -284,9 +287,10 @@ class SessionStore:
         _free(entry)
 
     def close(self) -> None:
-        """The server is stopping: forget every session and delete this store's temp area (every
-        download and export). Stop the runs first (`runs.stop_all`, `runs.wait_idle`): a run still
-        going may write a file after this."""
+        """The server is stopping: stop the sweeper, forget every session and delete this store's
+        temp area (every download and export). Stop the runs first (`runs.stop_all`,
+        `runs.wait_idle`): a run still going may write a file after this."""
+        self.stop_sweeper()
         with self._lock:
             entries = list(self._sessions.values())
             self._sessions.clear()
@@ -298,16 +302,46 @@ class SessionStore:
 
     def sweep(self, now: float | None = None) -> list[str]:
         """Free the sessions unused for `max_idle_s` (not those whose run is still going), as
-        `drop` would; returns their ids. Runs by itself at most once a minute as sessions are used."""
+        `drop` would; returns their ids. The sweeper (`start_sweeper`) calls it; so may a test."""
         now = time.monotonic() if now is None else now
         with self._lock:
-            self._swept = now
             idle = [sid for sid, e in self._sessions.items()
                     if now - e.used > self.max_idle_s and not self.runs.busy(sid)]
             entries = [self._sessions.pop(sid) for sid in idle]
         for entry in entries:
             _free(entry)
         return idle
+
+    def start_sweeper(self, every_s: float = SWEEP_EVERY_S) -> threading.Thread:
+        """Start the age policy: a thread of the store's own calls `sweep` every `every_s` seconds
+        until `stop_sweeper` (or `close`). The app's owner starts it (app.py); a second call
+        returns the running thread."""
+        with self._lock:
+            if self._sweeper is not None:
+                return self._sweeper[0]
+            stop = threading.Event()
+            thread = threading.Thread(target=self._sweep_until, args=(stop, every_s), daemon=True,
+                                      name="bertdemo-session-sweeper")
+            self._sweeper = (thread, stop)
+        thread.start()
+        return thread
+
+    def stop_sweeper(self) -> None:
+        """Stop the thread `start_sweeper` started, if any, and wait for it (a sweep is short)."""
+        with self._lock:
+            sweeper, self._sweeper = self._sweeper, None
+        if sweeper is not None:
+            thread, stop = sweeper
+            stop.set()
+            if thread is not threading.current_thread():
+                thread.join(timeout=5.0)
+
+    def _sweep_until(self, stop: threading.Event, every_s: float) -> None:
+        while not stop.wait(every_s):
+            try:
+                self.sweep()
+            except Exception:  # one bad sweep must not end the age policy for the server's life
+                log.exception("sweeping idle sessions failed; trying again in %.0f s", every_s)
 
     def __contains__(self, session_id) -> bool:
         with self._lock:
@@ -328,9 +362,6 @@ class SessionStore:
             raise ValueError("This needs a browser session: open the demo in a browser or use "
                              "gradio_client.")
         if session_id not in self._sessions:
-            if time.monotonic() - self._swept > _SWEEP_EVERY_S:
-                self._swept = time.monotonic()
-                threading.Thread(target=self.sweep, daemon=True).start()  # not under our lock
             self._sessions[session_id] = _Session()
         return self._sessions[session_id]
 

@@ -290,7 +290,7 @@ def _visitor(lm, session="s1"):
     from bertdemo.sessions import SessionStore
     from bertdemo.ui.context import Visitor
 
-    return Visitor(SessionStore(lm), Settings(device="cpu"), session)
+    return Visitor(SessionStore(lm), Settings(device="cpu"), session, bertdemo.Engine())
 
 
 def test_handlers_keep_only_the_query_and_recompute_the_same_views(real_vocab_bert):

@@ -371,7 +371,7 @@ def visitor(tiny_bert):
     from bertdemo.sessions import SessionStore
     from bertdemo.ui.context import Visitor
 
-    return Visitor(SessionStore(tiny_bert), Settings(model="tiny", device="cpu"), "s1")
+    return Visitor(SessionStore(tiny_bert), Settings(model="tiny", device="cpu"), "s1", bertdemo.Engine())
 
 
 def table(examples) -> list[list[str]]:
@@ -421,7 +421,7 @@ def test_the_validator_puts_the_message_beside_the_field_and_claims_one_run(visi
     from bertdemo.ui import live_run
     from bertdemo.ui.context import AppContext, handler
 
-    check = handler(AppContext(visitor.store, visitor.settings), live_run.validator("train_classifier"))
+    check = handler(AppContext(visitor.store, visitor.settings, visitor.engine), live_run.validator("train_classifier"))
     request = type("Request", (), {"session_hash": "s2"})()
     good = [table(keyword_task(4)), 3, 2e-5, 8, False, 0]
     bad_table = check(table(keyword_task(4))[:4], *good[1:], request=request)

@@ -118,13 +118,13 @@ def test_the_token_limit_counts_every_sentence(tiny_bert):
 
 
 def test_the_tab_draws_the_map_and_a_neighbour_table(minilm):
-    visitor = Visitor(SessionStore(minilm), Settings(device="cpu"), "s1")
+    visitor = Visitor(SessionStore(minilm), Settings(device="cpu"), "s1", bertdemo.Engine())
     scatter, table, raw = embeddings_tab.on_map(visitor, "\n".join(BANK), 6, "bank")
     assert raw == bertdemo.embedding_map(minilm, BANK, layer=6, word="bank")
     assert len(scatter.data) == len(BANK)  # one trace (colour) per sentence
     assert "PC1" in scatter.layout.xaxis.title.text and len(table) == len(BANK)
     assert table.iloc[0]["point"].startswith("bank (line 1")
-    limited = Visitor(SessionStore(minilm), Settings(device="cpu", embedding_max_lines=3), "s2")
+    limited = Visitor(SessionStore(minilm), Settings(device="cpu", embedding_max_lines=3), "s2", bertdemo.Engine())
     with pytest.raises(ValueError, match="at most 3"):
         embeddings_tab.on_map(limited, "\n".join(BANK), 6, "bank")
 
@@ -176,13 +176,44 @@ def test_probes_refuse_what_they_cannot_learn(tiny_bert, examples, message):
 
 
 def test_the_classify_tab_charts_accuracy_by_layer_with_the_baseline(minilm):
-    visitor = Visitor(SessionStore(minilm), Settings(device="cpu"), "s1")
+    visitor = Visitor(SessionStore(minilm), Settings(device="cpu"), "s1", bertdemo.Engine())
     rows = [list(pair) for pair in topics()]
     status, chart = classify_tab.on_probe(visitor, rows, 0)
     result = bertdemo.probe_layers(minilm, topics(), seed=0)
     assert [trace.name for trace in chart.data] == ["linear probe (held-out)", "majority class"]
     assert list(chart.data[0].y) == [entry["accuracy"] for entry in result["layers"]]
     assert f"layer {result['best_layer']}" in status
+
+
+@pytest.mark.parametrize("examples, seed, field", [
+    ([["the cat", "a"], ["the dog", "a"]], 0, "examples"),
+    ([["the cat", "a"], ["the dog", "a"], ["paris", "b"], ["rome", "b"]], -1, "seed"),
+    ([["the cat", "a"], ["the dog", "a"], ["paris", "b"], ["rome", "b"]], "0", "seed"),
+])
+def test_the_probe_is_checked_once_into_a_plan_its_error_naming_the_field(tiny_bert, examples, seed, field):
+    with pytest.raises(ValueError) as refused:
+        embeddings.plan_probe(examples, seed)
+    assert refused.value.field == field
+    visitor = Visitor(SessionStore(tiny_bert), Settings(device="cpu"), "s1", bertdemo.Engine())
+    verdicts = classify_tab.check_probe(visitor, examples, seed)  # the validator: the same check's verdicts
+    at_fault = ["examples", "seed"].index(field)
+    assert [v["is_valid"] for v in verdicts] == [i != at_fault for i in range(2)]
+    assert verdicts[at_fault]["message"] == str(refused.value)
+
+
+def test_a_validated_probe_runs_the_validators_plan_checking_nothing_again(tiny_bert, monkeypatch):
+    visitor = Visitor(SessionStore(tiny_bert), Settings(device="cpu"), "s1", bertdemo.Engine())
+    rows = [list(pair) for pair in topics()]
+    expected = bertdemo.probe_layers(tiny_bert, topics(), seed=3)
+    checks = []
+    planned = embeddings.plan_probe
+    monkeypatch.setattr(embeddings, "plan_probe", lambda *a, **k: checks.append(1) or planned(*a, **k))
+    assert all(v["is_valid"] for v in classify_tab.check_probe(visitor, rows, 3))  # when the click is queued
+    status, chart = classify_tab.on_probe(visitor, rows, 3)  # when it runs
+    assert len(checks) == 1  # one check per click
+    assert list(chart.data[0].y) == [entry["accuracy"] for entry in expected["layers"]]
+    classify_tab.on_probe(visitor, rows[:-3], 3)  # other inputs than the validator's: checked afresh
+    assert len(checks) == 2
 
 
 def test_a_heads_off_view_maps_without_its_heads_and_the_shared_model_is_untouched(tiny_bert):
@@ -218,7 +249,7 @@ def test_the_word_order_set_shows_depth_where_topics_do_not(bundled_model):
 
 
 def test_the_probe_says_when_every_layer_reads_the_labels(bundled_model):
-    visitor = Visitor(SessionStore(bundled_model), Settings(device="cpu"), "s1")
+    visitor = Visitor(SessionStore(bundled_model), Settings(device="cpu"), "s1", bertdemo.Engine())
     status, _ = classify_tab.on_probe(visitor, classify_tab.example_rows(classify_tab.FIRST_EXAMPLE), 0)
     assert "Every layer reads these labels" in status and "word-order" in status
     status, _ = classify_tab.on_probe(visitor, classify_tab.example_rows(classify_tab.WORD_ORDER), 0)
@@ -231,7 +262,7 @@ def test_lines_without_the_word_are_left_out_and_listed(tiny_bert):
     result = bertdemo.embedding_map(tiny_bert, lines, layer=1, word="bank")
     assert [p["sentence"] for p in result["points"]] == [0, 2, 3]  # whole words only: "Banks" is not "bank"
     assert result["missing"] == [{"line": 2, "text": "The weather was lovely."}]
-    visitor = Visitor(SessionStore(tiny_bert), Settings(device="cpu"), "s1")
+    visitor = Visitor(SessionStore(tiny_bert), Settings(device="cpu"), "s1", bertdemo.Engine())
     scatter, table, raw = embeddings_tab.on_map(visitor, "\n".join(lines), 1, "bank")
     assert "Left out, without 'bank': line 2 (The weather was lovely.)" in scatter.layout.title.text
     assert len(table) == 3 and list(table.columns) == ["point", "nearest 1", "nearest 2", "nearest 3"]

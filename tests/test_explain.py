@@ -284,7 +284,7 @@ def visitor(tiny_bert):
     from bertdemo.sessions import SessionStore
     from bertdemo.ui.context import Visitor
 
-    return Visitor(SessionStore(tiny_bert), Settings(model=tiny_bert.name, device="cpu"), "s1")
+    return Visitor(SessionStore(tiny_bert), Settings(model=tiny_bert.name, device="cpu"), "s1", bertdemo.Engine())
 
 
 def test_layers_handler_plots_the_chosen_mask(visitor):

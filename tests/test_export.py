@@ -162,7 +162,7 @@ def test_a_finished_run_names_a_hub_model_by_its_id(runs, tiny_bert):
     store, settings = SessionStore(tiny_bert), Settings(model="bert-base-uncased")
     export.remember(store, "s1", export.finished_run(runs["dynamic"], "bert-base-uncased", TEXT,
                                                      settings.allowed_models))
-    path = export_button.on_export_script(Visitor(store, settings, "s1"))
+    path = export_button.on_export_script(Visitor(store, settings, "s1", bertdemo.Engine()))
     with zipfile.ZipFile(path) as archive:
         config = json.loads(archive.read("train-mlm/run.json"))
     assert config["model"] == "bert-base-uncased" and "model_note" not in config

@@ -127,6 +127,23 @@ def test_wider_beam_never_worse(tiny_bert):
     assert len({r["text"] for r in results}) == len(results)
 
 
+def _joint(results):
+    return [(r["text"], [f["token_id"] for f in r["fills"]]) for r in results], [r["log_prob"] for r in results]
+
+
+@pytest.mark.parametrize("text", ["the [MASK] [MASK] is a famous [MASK] .", "[MASK] is the capital of france ."])
+def test_joint_fill_is_the_same_whether_or_not_a_prediction_ran_first(tiny_bert_dir, text):
+    """The first step fill_mask remembers is only a shortcut: each model below is loaded afresh
+    (its own, empty memo), one filled jointly at once, the other after a prediction."""
+    cold = bertdemo.Engine().load(str(tiny_bert_dir), device="cpu")
+    warm = bertdemo.Engine().load(str(tiny_bert_dir), device="cpu")
+    alone = bertdemo.fill_jointly(cold, text, beam_size=3)
+    bertdemo.fill_mask(warm, text, top_k=5)
+    after = bertdemo.fill_jointly(warm, text, beam_size=3)
+    assert _joint(after)[0] == _joint(alone)[0]
+    assert _joint(after)[1] == pytest.approx(_joint(alone)[1], abs=1e-5)
+
+
 # ------------------------------------------------------------------ candidate words
 
 def test_candidate_single_piece_equals_fill_mask_probability(tiny_bert):

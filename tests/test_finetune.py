@@ -596,7 +596,7 @@ def _visitor(lm, session="s1", **settings):
     from bertdemo.sessions import SessionStore
     from bertdemo.ui.context import Visitor
 
-    return Visitor(SessionStore(lm), Settings(device="cpu", **settings), session)
+    return Visitor(SessionStore(lm), Settings(device="cpu", **settings), session, bertdemo.Engine())
 
 
 FORM = (REPEATED, 4, "steps", 1e-2, 8, 16, 0.15, "dynamic", 0)

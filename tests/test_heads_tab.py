@@ -25,7 +25,7 @@ MARKUP = 'Paris <b>is</b> the [MASK] of "$France$".'
 @pytest.fixture
 def visitor(real_vocab_bert):
     store = SessionStore(real_vocab_bert)
-    yield Visitor(store, Settings(device="cpu"), "s1")
+    yield Visitor(store, Settings(device="cpu"), "s1", bertdemo.Engine())
     store.drop("s1")
 
 

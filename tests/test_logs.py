@@ -30,7 +30,7 @@ def on_echo(visitor, text: str):
 
 @pytest.fixture(scope="module")
 def echo_url():
-    ctx = AppContext(SessionStore(None), Settings(device="cpu"))
+    ctx = AppContext(SessionStore(None), Settings(device="cpu"), Engine())
     with gr.Blocks() as demo:
         box, out = gr.Textbox(), gr.Textbox()
         gr.Button().click(handler(ctx, on_echo), box, out, api_name="echo")

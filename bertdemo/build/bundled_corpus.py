@@ -35,6 +35,7 @@ from pathlib import Path
 
 # --------------------------------------------------------------------------
 # source table: name -> (kind, package, licence, licence file, default on?)
+# (each entry the same shape on purpose: a table of data, one row per source, no logic repeated)
 # --------------------------------------------------------------------------
 SOURCES = OrderedDict([
     ("ding", dict(label="the Ding dictionary's example sentences", kind="deb", pkg="trans-de-en", default=True,

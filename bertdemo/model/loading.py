@@ -114,18 +114,20 @@ def load(name_or_path: str | os.PathLike = "bert-base-uncased", device: str | No
     """Load a masked-LM model and its tokenizer from a hub id or a local folder, afresh on every
     call (an `engine.Engine` loads each once for everyone).
 
-    Never runs remote code. Only safetensors weights unless `allow_pickle=True`. `dtype` is
-    "float32" (default) or "bfloat16" (see `pick_dtype`). `caches`: those the model shares with
-    others (an engine's); None gives it its own.
+    Never runs remote code. Only safetensors weights unless `allow_pickle=True`: a hub repo without
+    them is refused before transformers is asked for them (`_refuse_without_safetensors`). `dtype`
+    is "float32" (default) or "bfloat16" (see `pick_dtype`). `caches`: those the model shares with
+    others (an engine's); None gives it its own. Changes nothing in the process's environment (the
+    app sets DISABLE_SAFETENSORS_CONVERSION where it starts, app.py).
     """
     name_or_path = validate.model_name(name_or_path)
     chosen, weights_dtype = pick_device(device), pick_dtype(dtype)
-    # Asked for safetensors a hub repo lacks, transformers would otherwise ask a conversion Space
-    # (safetensors-convert.hf.space) to open a pull request on that repo: never from this app.
-    os.environ.setdefault("DISABLE_SAFETENSORS_CONVERSION", "1")
+    local = Path(name_or_path).exists()
     # With no connection huggingface_hub retries for about 50 s before it reads its cache: ask
     # once, briefly, and read the cache at once when the hub does not answer.
-    cache_only = not Path(name_or_path).exists() and not hub_reachable()
+    cache_only = not local and not hub_reachable()
+    if not local and not cache_only and not allow_pickle:
+        _refuse_without_safetensors(name_or_path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=False,
                                                   local_files_only=cache_only)
@@ -249,6 +251,24 @@ def hub_reachable(timeout: float = 3.0) -> bool:
     except httpx.HTTPError:
         return False
     return True
+
+
+def _refuse_without_safetensors(repo: str) -> None:
+    """ValueError for a hub repo with no safetensors weights, read from one listing of its files.
+    Asked for safetensors a repo lacks, transformers (5.x) would ask a conversion Space
+    (safetensors-convert.hf.space) to open a pull request on that repo, unless the process sets
+    DISABLE_SAFETENSORS_CONVERSION (from_pretrained has no argument for it): this check is per call,
+    so a script's `bertdemo.load` never asks either. A repo that cannot be listed (not found, gated)
+    is left to transformers, whose message says why."""
+    from huggingface_hub import HfApi
+
+    try:
+        files = HfApi().list_repo_files(repo)
+    except Exception:  # noqa: BLE001 - the load itself reports what is wrong with the repo
+        return
+    if not any(name.endswith(".safetensors") for name in files):
+        err = OSError(f"{repo} has no file named model.safetensors and thus cannot be loaded with `safetensors`")
+        raise ValueError(_load_error_message(repo, err, allow_pickle=False))
 
 
 def _load_error_message(name_or_path: str, err: Exception, allow_pickle: bool, cache_only: bool = False) -> str:

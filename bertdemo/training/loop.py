@@ -28,10 +28,12 @@ import torch
 from .. import memory
 
 STOP_REASONS = ("stopped", "time limit", "diverged", "shutdown", "closed")  # RunHistory.stopped, when not None
-_STREAM_OFFSETS = {  # seed + offset: random streams apart from the training one, the same every run
-    "eval": 1_000_003,  # the fine-tune's fixed eval masks
+_STREAM_OFFSETS = {  # seed + offset: random streams apart from the training one, the same every run;
+    # one offset per stream, a million apart (tests/test_finetune.py checks): the training stream's
+    # seeds (seed + rank, templates/train_mlm.py) never reach the next stream
+    "eval": 1_000_003,  # the fine-tune's fixed eval masks (train_mlm.py's EVAL_SEED_OFFSET)
     "forgetting": 2_000_003,  # the classifier's measure of the body's MLM loss
-    "hidden": 2_000_003,  # the labelling experiment's all-[MASK] eval masks
+    "hidden": 3_000_003,  # the labelling experiment's all-[MASK] eval masks
 }
 
 

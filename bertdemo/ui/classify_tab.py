@@ -7,14 +7,15 @@ the trained classifier, as the session's model of kind "classifier").
 """
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import gradio as gr
 import pandas as pd
 
-from .. import plots, validate
+from .. import plots
 from ..config import Limits
-from ..labelled import check_examples, parse_examples, table_examples
+from ..labelled import parse_examples, table_examples
 from ..runs import life
 from ..training.classification import (ADAPT_MLM_STEPS, DEFAULT_SWEEP_LRS, MAX_TOKENS, Classifier, ClassifierForm,
                                        ClassifierHistory, SweepForm, classify)
@@ -163,22 +164,27 @@ def _section_use() -> dict:
 
 
 def _section_forgetting() -> dict:
-    with gr.Accordion("Forgetting, measured: learning rate against the MLM it keeps", open=False):
-        gr.Markdown(FORGETTING_NOTE.format(lrs=", ".join(f"{lr:g}" for lr in DEFAULT_SWEEP_LRS)))
-        run = gr.Button("Run the learning-rate sweep")
-        status = gr.Markdown()
-        plot = gr.Plot(label="Held-out accuracy against the body's MLM loss")
-        table = gr.Dataframe(_empty(SWEEP_COLUMNS), interactive=False, label="The sweep")
-    return {"run": run, "outputs": [status, plot, table]}
+    return _section_of_runs("Forgetting, measured: learning rate against the MLM it keeps",
+                            FORGETTING_NOTE.format(lrs=", ".join(f"{lr:g}" for lr in DEFAULT_SWEEP_LRS)),
+                            "Run the learning-rate sweep", "Held-out accuracy against the body's MLM loss",
+                            SWEEP_COLUMNS, "The sweep")
 
 
 def _section_adapt() -> dict:
-    with gr.Accordion("Adapt, then classify: does MLM on your domain help?", open=False):
-        gr.Markdown(ADAPT_NOTE.format(steps=ADAPT_MLM_STEPS))
-        run = gr.Button("Train from the base and from my MLM-tuned model")
+    return _section_of_runs("Adapt, then classify: does MLM on your domain help?",
+                            ADAPT_NOTE.format(steps=ADAPT_MLM_STEPS),
+                            "Train from the base and from my MLM-tuned model",
+                            "Base body vs MLM-adapted body, overlaid", ADAPT_COLUMNS, "Held-out scores after")
+
+
+def _section_of_runs(title: str, note: str, button: str, plot_label: str, columns, table_label: str) -> dict:
+    """A folded section that runs several classifiers: its note, button, status, plot and table."""
+    with gr.Accordion(title, open=False):
+        gr.Markdown(note)
+        run = gr.Button(button)
         status = gr.Markdown()
-        plot = gr.Plot(label="Base body vs MLM-adapted body, overlaid")
-        table = gr.Dataframe(_empty(ADAPT_COLUMNS), interactive=False, label="Held-out scores after")
+        plot = gr.Plot(label=plot_label)
+        table = gr.Dataframe(_empty(columns), interactive=False, label=table_label)
     return {"run": run, "outputs": [status, plot, table]}
 
 
@@ -309,9 +315,7 @@ def on_probe(visitor: Visitor, examples, seed):
         a summary line and the accuracy-by-layer chart (plotly) with the majority-class baseline.
     """
     lm = visitor.lm
-    seed = validate.whole_number(seed, "seed", 0, 2**31 - 1, field="seed")
-    result = embeddings.probe_layers(lm, table_examples(examples), seed=seed,
-                                     max_examples=visitor.limits.max_examples)
+    result = embeddings.run_probe(lm, _probe_plan(visitor, examples, seed))
     best = result["layers"][result["best_layer"]]
     status = (f"Best: layer {best['layer']}, {best['accuracy']:.0%} held-out accuracy on "
               f"{result['held_out_size']} examples (trained on {result['train_size']}; always the most "
@@ -323,17 +327,41 @@ def on_probe(visitor: Visitor, examples, seed):
 
 
 def check_probe(visitor: Visitor, examples, seed) -> list:
-    """The probe's inputs checked before Gradio reads the table (a script may send anything),
-    each problem beside its field."""
-    verdicts = []
-    for check in (lambda: check_examples(table_examples(examples), visitor.limits),
-                  lambda: validate.whole_number(seed, "seed", 0, 2**31 - 1, field="seed")):
-        try:
-            check()
-            verdicts.append(gr.validate(True, ""))
-        except ValueError as err:
-            verdicts.append(gr.validate(False, str(err)))
+    """The validator: the probe's inputs checked once into its plan when the request is queued
+    (`embeddings.plan_probe`), the problem beside its field (the error's `field`). The plan is
+    kept for `on_probe`, which runs it."""
+    fields = ["examples", "seed"]
+    verdicts = [gr.validate(True, "")] * len(fields)
+    try:
+        plan = embeddings.plan_probe(table_examples(examples), seed, visitor.limits)
+    except ValueError as err:
+        field = getattr(err, "field", None)
+        verdicts[fields.index(field) if field in fields else 0] = gr.validate(False, str(err))
+    else:
+        if visitor.session:  # a script's session is one too; no session: nothing to keep it for
+            visitor.store.keep_result(visitor.session, PROBE_PLAN, (_request_key(examples, seed), plan),
+                                      plan.nbytes)
     return verdicts
+
+
+PROBE_PLAN = "probe plan"  # the session's kept result: (request key, plan) from the last check_probe
+
+
+def _probe_plan(visitor: Visitor, examples, seed) -> embeddings.ProbePlan:
+    """The plan `check_probe` made of these very inputs; for a caller whose request was not
+    validated (a test, a plan freed since), the inputs checked into one now."""
+    kept = visitor.store.result(visitor.session, PROBE_PLAN) if visitor.session else None
+    if kept is not None and kept[0] is not None and kept[0] == _request_key(examples, seed):
+        return kept[1]
+    return embeddings.plan_probe(table_examples(examples), seed, visitor.limits)
+
+
+def _request_key(examples, seed) -> str | None:
+    """What identifies a probe request's inputs, unparsed: a digest of the table's rows as Gradio
+    sends them (a list) and the seed; None for anything else (planned again, never confused)."""
+    if not isinstance(examples, list):
+        return None
+    return hashlib.sha256(repr((examples, seed)).encode()).hexdigest()
 
 
 def _adapt_live(log: EventLog) -> tuple:

@@ -1,9 +1,9 @@
 """What a tab's handlers get: the app (session store, settings, engine) and the visitor of one request.
 
 A handler is a module-level function `on_x(visitor, *inputs)` taking plain values and returning
-plain values or figures, so a test calls it with `Visitor(store, settings, "some-session")`
-(with an engine of its own, unless it passes one). An input may also be a form: a parameter
-annotated with a dataclass (`form: FinetuneForm`) stands for the dataclass's fields.
+plain values or figures, so a test calls it with `Visitor(store, settings, "some-session", Engine())`
+(the engine is always passed: nothing here builds one behind the caller's back). An input may also
+be a form: a parameter annotated with a dataclass (`form: FinetuneForm`) stands for its fields.
 `handler(ctx, on_x)` turns it into the function Gradio wires: same public parameter names (they
 are the API's; a form's are its fields'), the request read for the session id, service errors
 turned into messages.
@@ -35,12 +35,8 @@ class AppContext:
 
     store: SessionStore
     settings: Settings
-    engine: Engine = None  # None: one of its own, sized by the settings
+    engine: Engine  # built by whoever composes the app (app.py, `standalone_demo`, a test)
     queue: QueueWatch = field(default_factory=QueueWatch)
-
-    def __post_init__(self):
-        if self.engine is None:
-            object.__setattr__(self, "engine", Engine(max_batch=self.settings.max_batch))
 
     def visitor(self, request: gr.Request | None) -> "Visitor":
         return Visitor(self.store, self.settings, session_id(request), self.engine, self.queue)
@@ -53,12 +49,8 @@ class Visitor:
     store: SessionStore
     settings: Settings
     session: str | None
-    engine: Engine = None  # None: one of its own (a test's), sized by the settings
+    engine: Engine  # the app's (a test passes its own)
     queue: QueueWatch | None = None  # None: no queue to ask (a handler called directly)
-
-    def __post_init__(self):
-        if self.engine is None:
-            object.__setattr__(self, "engine", Engine(max_batch=self.settings.max_batch))
 
     @property
     def lm(self) -> LoadedModel:
@@ -119,11 +111,13 @@ def forget_session(visitor: Visitor) -> None:
 
 
 def standalone_demo(title: str, render: Callable[[AppContext], None], store: SessionStore | None,
-                    settings: Settings | None = None) -> gr.Blocks:
+                    settings: Settings | None = None, engine: Engine | None = None) -> gr.Blocks:
     """One tab (any `render(ctx)`) on its own, for running or testing it alone: its sessions are
-    freed when their page closes and its requests queue as the app's do."""
+    freed when their page closes and its requests queue as the app's do. Like app.py, it composes
+    an app: it builds the engine (sized by the settings) unless given one."""
     settings = settings or Settings()
-    ctx = AppContext(store if store is not None else SessionStore(None), settings)
+    engine = engine if engine is not None else Engine(max_batch=settings.max_batch)
+    ctx = AppContext(store if store is not None else SessionStore(None), settings, engine)
     with gr.Blocks(title=f"bertdemo: {title}") as demo:
         render(ctx)
         demo.unload(handler(ctx, forget_session))

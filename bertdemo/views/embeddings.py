@@ -8,6 +8,9 @@ each layer, scored on the Classify tab's held-out split.
 
     bertdemo.embedding_map(lm, ["I sat by the river bank.", "The bank lent me money."], layer=6, word="bank")
     bertdemo.probe_layers(lm, [("great film", "pos"), ("dull plot", "neg"), ...])
+
+The probes' input is checked once into a `ProbePlan` (`plan_probe`: the examples, the seed, the
+split), which `run_probe` runs: the Classify tab's validator makes the plan, its handler runs it.
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ import torch
 from .. import validate
 from ..config import Limits
 from ..forward import anatomy, hooks
-from ..labelled import check_examples, stratified_split
+from ..labelled import Split, check_examples, stratified_split
 from ..model.loading import LoadedModel
 
 MAX_LINES = 50  # sentences per map (Settings.embedding_max_lines)
@@ -188,20 +191,52 @@ def nearest(vectors: np.ndarray, k: int = NEIGHBOURS) -> list[list[dict]]:
 
 # ---------------------------------------------------------------- the probes
 
-@anatomy.guarded("The layer probes")
+SEED_MAX = 2**31 - 1  # as the Classify tab's seed
+
+
+@dataclass(frozen=True)
+class ProbePlan:
+    """The layer probes' input, checked once (`plan_probe`): the seed, the examples split by it
+    (the classifier's split with the same seed) and the labels, sorted. What `run_probe` takes;
+    nothing checks them again."""
+
+    seed: int
+    split: Split
+    labels: list[str]
+
+    @property
+    def nbytes(self) -> int:
+        """About what the plan holds in memory (its texts and labels), for a session's kept results."""
+        return 200 + sum(len(t) + len(lab) + 100 for part in (self.split.train, self.split.held_out)
+                         for t, lab in part)
+
+
+def plan_probe(examples, seed=0, limits: Limits | None = None) -> ProbePlan:
+    """`examples` ((text, label) pairs, `check_examples`) and `seed` (a whole number) checked once
+    into the probes' plan; InputError naming the field at fault ("examples" or "seed")."""
+    pairs = check_examples(examples, limits)
+    seed = validate.whole_number(seed, "seed", 0, SEED_MAX, field="seed")
+    return ProbePlan(seed, stratified_split(pairs, seed), sorted({label for _, label in pairs}))
+
+
 def probe_layers(lm: LoadedModel, examples, *, seed: int = 0, max_examples: int | None = None) -> dict:
-    """Which layer knows the labels: a logistic regression per layer (0 = embeddings .. L) on the
-    frozen hidden states mean-pooled over each text's tokens, trained on the Classify tab's split
-    (`stratified_split(examples, seed)`) and scored on its held-out part.
+    """Which layer knows the labels: `run_probe(lm, plan_probe(examples, seed))`, at most
+    `max_examples` examples (None: `Limits`' default)."""
+    return run_probe(lm, plan_probe(examples, seed, Limits(max_examples=max_examples) if max_examples else None))
+
+
+@anatomy.guarded("The layer probes")
+def run_probe(lm: LoadedModel, plan: ProbePlan) -> dict:
+    """A logistic regression per layer (0 = embeddings .. L) on the frozen hidden states
+    mean-pooled over each text's tokens, trained on the plan's training split and scored on its
+    held-out part.
 
     Returns {"layers": [{"layer", "accuracy"}] (L + 1 entries), "baseline" (held-out accuracy of
     always answering the training split's most frequent label), "best_layer", "labels",
     "train_size", "held_out_size"}."""
     from sklearn.linear_model import LogisticRegression
 
-    pairs = check_examples(examples, Limits(max_examples=max_examples) if max_examples else None)
-    split = stratified_split(pairs, seed)
-    labels = sorted({label for _, label in pairs})
+    split, labels, seed = plan.split, plan.labels, plan.seed
     train_x, held_x = pooled(lm, [t for t, _ in split.train]), pooled(lm, [t for t, _ in split.held_out])
     train_y = np.array([labels.index(label) for _, label in split.train])
     held_y = np.array([labels.index(label) for _, label in split.held_out])

@@ -88,7 +88,9 @@ def fill_mask(lm: LoadedModel, text: str, top_k: int = 5,
 def fill_encoded(lm: LoadedModel, encs: list[Encoded], top_ks: list[int]) -> list[list[list[dict]]]:
     """`fill_mask` for several already-validated sentences in one padded forward (B, T_max).
     A sentence asked for several times (a crowd pressing Predict on the page's example) is
-    computed once: B counts distinct sentences."""
+    computed once: B counts distinct sentences. Side effect, on purpose: each sentence's first
+    joint-fill step is remembered in `lm.caches` (`_remember_first_steps`), which `fill_jointly`
+    takes instead of a forward; it gives the same completions without it."""
     distinct, which = _distinct(encs)  # encs[i] is distinct[which[i]]
     logits = _mask_logits(lm, distinct)  # (masks of the distinct sentences, V)
     probs = logits.softmax(-1)
@@ -166,8 +168,9 @@ def fill_jointly(lm: LoadedModel, text: str, beam_size: int = 3,
     Returns up to `beam_size` completions, best first, each
     {"text": the sentence with masks filled, "log_prob": joint log-probability (chain rule in
     the order filled), "fills": [{"mask": index, "token", "token_id", "log_prob", "step"}]}.
-    The first step reuses what `fill_mask` just computed for the same sentence and model (the
-    page asks for both on each Predict), so a one-mask sentence needs no forward here.
+    The same whether or not a prediction ran first: the first step reuses what `fill_mask` just
+    computed for the same sentence and model when the model's memo has it (the page asks for both
+    on each Predict, so a one-mask sentence needs no forward here), else computes it.
     """
     beam_size = validate.whole_number(beam_size, "beam_size", 1, MAX_BEAM_SIZE)
     enc = encode(lm, text, max_masks=max_masks)
