@@ -139,7 +139,7 @@ def test_an_error_outside_the_forward_ends_leadership(tiny_bert, monkeypatch):
         calls.append(len(batch))
         if len(calls) == 1:
             raise RuntimeError("leader broke")
-        real_run(batch)
+        return real_run(batch)
 
     monkeypatch.setattr(batcher, "_run", broken_once)
     with pytest.raises(RuntimeError, match="leader broke"):
@@ -190,7 +190,7 @@ def test_a_follower_gives_up_after_the_timeout(tiny_bert, monkeypatch):
     def slow(batch):
         entered.set()
         release.wait(10)
-        real_run(batch)
+        return real_run(batch)
 
     monkeypatch.setattr(batcher, "_run", slow)
     out = {}
@@ -220,7 +220,7 @@ def test_a_crowd_arriving_over_time_shares_one_forward(tiny_bert, monkeypatch):
     gathering while they come, so all 8 go in one batch (without it: the first 4, then 4)."""
     batcher, sizes = MicroBatcher(max_wait_s=0.15, max_gather_s=5), []
     real_run = MicroBatcher._run
-    monkeypatch.setattr(batcher, "_run", lambda batch: (sizes.append(len(batch)), real_run(batch)))
+    monkeypatch.setattr(batcher, "_run", lambda batch: (sizes.append(len(batch)), real_run(batch))[1])
     results = [None] * 8
 
     def call(i):
@@ -253,7 +253,7 @@ def test_a_crowd_still_tokenizing_joins_the_same_forward(tiny_bert, monkeypatch)
     references = [bertdemo.fill_mask(tiny_bert, text) for text in texts]
     batcher, sizes = MicroBatcher(max_wait_s=0.005, max_gather_s=2), []
     real_run, real_encode = MicroBatcher._run, fillmask.encode
-    monkeypatch.setattr(batcher, "_run", lambda batch: (sizes.append(len(batch)), real_run(batch)))
+    monkeypatch.setattr(batcher, "_run", lambda batch: (sizes.append(len(batch)), real_run(batch))[1])
     started = threading.Barrier(8)
 
     def slow_encode(lm, text, **kwargs):
@@ -266,3 +266,44 @@ def test_a_crowd_still_tokenizing_joins_the_same_forward(tiny_bert, monkeypatch)
     assert errors == [None] * 8 and sizes == [8]
     for result, reference in zip(results, references):
         _assert_same_predictions(result, reference)
+
+
+def test_requests_arriving_during_a_forward_for_its_sentence_take_its_answer(tiny_bert, monkeypatch):
+    """A crowd asking the page's example: those arriving while the forward runs are answered
+    from it; another sentence gets a forward of its own; the answers go with the leader's run."""
+    batcher, entered, release, sizes = MicroBatcher(max_wait_s=0), threading.Event(), threading.Event(), []
+    real_run = MicroBatcher._run
+
+    def held_first(batch):
+        sizes.append([item[1].key for item in batch])
+        if len(sizes) == 1:
+            entered.set()
+            release.wait(10)
+        return real_run(batch)
+
+    monkeypatch.setattr(batcher, "_run", held_first)
+    texts = [TEXTS[0], TEXTS[0], TEXTS[0], TEXTS[1]]
+    results = [None] * len(texts)
+
+    def call(i):
+        results[i] = batcher.fill_mask(tiny_bert, texts[i])
+
+    threads = [threading.Thread(target=call, args=(0,))]
+    threads[0].start()
+    assert entered.wait(10)
+    threads += [threading.Thread(target=call, args=(i,)) for i in range(1, len(texts))]
+    for t in threads[1:]:
+        t.start()
+    deadline = time.monotonic() + 10
+    while len(batcher._pending) < len(texts) - 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    release.set()
+    for t in threads:
+        t.join(timeout=30)
+    first, other = fillmask.encode(tiny_bert, TEXTS[0]).key, fillmask.encode(tiny_bert, TEXTS[1]).key
+    assert sizes == [[first], [other]]  # the two repeats ran no forward
+    for text, result in zip(texts, results):
+        _assert_same_predictions(result, bertdemo.fill_mask(tiny_bert, text))
+    assert results[1] is not results[2]  # each request gets a result of its own
+    batcher.fill_mask(tiny_bert, TEXTS[0])  # a later request: the leader's answers are gone
+    assert sizes[-1] == [first]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 
@@ -74,16 +75,17 @@ class MicroBatcher:
         """Run batches until none is pending. Leadership ends with the loop, and also when
         anything fails outside `_run`: the requests taken or still waiting then get that error
         instead of waiting for a leader that has gone."""
-        batch = []
+        batch, answered = [], Answered(4 * self.max_batch)
         try:
             self._gather()
             while True:
+                self._answer_repeats(answered)
                 with self._lock:
                     if not self._pending:
                         self._leader_active = False  # under the lock: no request is left behind
                         return
                     batch, self._pending = self._pending[:self.max_batch], self._pending[self.max_batch:]
-                self._run(batch)
+                answered.update(self._run(batch))
         except BaseException as err:
             with self._lock:
                 self._leader_active = False
@@ -110,12 +112,25 @@ class MicroBatcher:
                 return
             seen = waiting
 
+    def _answer_repeats(self, answered: "Answered") -> None:
+        """Answer the pending requests that ask what this leader's forwards computed (the same
+        model, sentence and top-k) from their results, without another forward: under a crowd
+        asking the page's example, the requests that arrived during a forward. The answers live
+        as long as the leader's run of batches (no answer outlives the crowd that asked it)."""
+        with self._lock:
+            repeats = [item for item in self._pending if _question(item) in answered]
+            self._pending = [item for item in self._pending if _question(item) not in answered]
+        for item in repeats:
+            item[3].set_result(_copied(answered[_question(item)]))
+
     @classmethod
-    def _run(cls, batch) -> None:
-        """One padded forward per model; a group that fails is re-run one request at a time."""
+    def _run(cls, batch) -> dict:
+        """One padded forward per model; a group that fails is re-run one request at a time.
+        Returns each answered question (`_question`) with its result."""
         by_model: dict[int, list] = {}
         for item in batch:
             by_model.setdefault(id(item[0]), []).append(item)
+        answered = {}
         for items in by_model.values():
             try:
                 results = fillmask.fill_encoded(items[0][0], [i[1] for i in items], [i[2] for i in items])
@@ -124,7 +139,36 @@ class MicroBatcher:
                     items[0][3].set_exception(err)
                 else:
                     for item in items:
-                        cls._run([item])
+                        answered.update(cls._run([item]))
                 continue
             for item, result in zip(items, results):
-                item[3].set_result(result)
+                answered[_question(item)] = result
+                item[3].set_result(_copied(result))
+        return answered
+
+
+class Answered(OrderedDict):
+    """The questions (`_question`) a leader's forwards answered, with their results: the most
+    recent `most` only (a leader that never runs out of requests keeps no more)."""
+
+    def __init__(self, most: int):
+        super().__init__()
+        self.most = most
+
+    def update(self, results: dict) -> None:  # type: ignore[override]
+        for question, result in results.items():
+            self[question] = result
+            self.move_to_end(question)
+        while len(self) > self.most:
+            self.popitem(last=False)
+
+
+def _question(item) -> tuple:
+    """What a request asks, as the forward sees it: the model, the sentence's token ids, top-k."""
+    lm, enc, top_k, _ = item
+    return id(lm), enc.key, top_k
+
+
+def _copied(result: list[list[dict]]) -> list[list[dict]]:
+    """A result of its own for each request answered with it (a handler may change what it got)."""
+    return [[dict(prediction) for prediction in row] for row in result]
