@@ -5,8 +5,8 @@ Goals: ours/ORT <= 0.90 and ours/pipe <= 0.60 at every case (1-3 masks at 9, 12,
 tokens), on any CPU. ORT is what a user picks for CPU speed: the model exported with
 `torch.onnx.export`, fused by `onnxruntime.transformers.optimizer` (model_type "bert": Attention,
 SkipLayerNormalization, BiasGelu, EmbedLayerNormalization), ORT_ENABLE_ALL, the same thread count,
-threads that spin within a run and stop at its end, as ours (bench/ort_peer.py says why;
---ort-spinning always|never for ORT's default or none);
+threads that sleep when they wait, as ours (bertdemo/forward/onnx_engine.py says why;
+--ort-spinning "within runs"|always to spin within a run, or ORT's default);
 it computes the whole MLM head at every token, as an exported *ForMaskedLM does. "bound" is
 transformers' base-model forward plus the LM head at the masked positions only. Rounds interleave
 the four, call by call, so machine noise and the caches' state between calls hit all alike.
@@ -33,8 +33,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=15, help="timed rounds per case (median)")
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda (then no ORT column)")
-    parser.add_argument("--ort-spinning", default="within runs", choices=["within runs", "always", "never"],
-                        help="the peer's threads: as ours (default), ORT's default (always) or never spinning")
+    parser.add_argument("--ort-spinning", default="never", choices=["within runs", "always", "never"],
+                        help="the peer's threads: sleeping when they wait, as ours (default), spinning within runs, or ORT's default (always)")
     parser.add_argument("--torch", action="store_true",
                         help="ours through torch (--no-onnx), not ONNX Runtime or torch as measured faster")
     parser.add_argument("--tokens", default="9,12,32,128",

@@ -41,17 +41,17 @@ def export_and_optimise(model, folder: Path) -> Path:
     return fused
 
 
-def ort_session(folder, threads: int, spinning: str = "within runs"):
+def ort_session(folder, threads: int, spinning: str = "never"):
     """An InferenceSession over the fused graph of the BertForMaskedLM saved in `folder`,
     ORT_ENABLE_ALL, `threads` intra-op threads; the export is kept in the temp dir under a key of
     the weights. Exported with eager attention: ORT's optimizer fuses that pattern into its
     Attention op (12 of 12 on bert-base), not the SDPA one (0 of 12).
 
-    `spinning`: "within runs" (default), as ours runs (bertdemo/forward/onnx_engine.py): threads busy-wait
-    between the operators of a run and stop when it ends (`session.force_spinning_stop`), ORT's
-    fastest setting for calls that take turns with other work; "always", ORT's default, its
-    threads also busy-wait after each run, which takes the CPU from whichever call comes next
-    (measured: ours 23.6 ms alone, 31.8 ms right after such a peer); "never"."""
+    `spinning`: "never" (default), as ours runs (bertdemo/forward/onnx_engine.py): threads sleep
+    when they wait; "within runs": they busy-wait between the operators of a run and stop when it
+    ends (`session.force_spinning_stop`); "always", ORT's default, its threads also busy-wait
+    after each run, which takes the CPU from whichever call comes next (measured: ours 23.6 ms
+    alone, 31.8 ms right after such a peer)."""
     import onnxruntime as ort
     from transformers import AutoModelForMaskedLM
 

@@ -281,7 +281,7 @@ class OnnxMaskedLM:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.intra_op_num_threads = threads or torch.get_num_threads()
         options.inter_op_num_threads = 1
-        _spin_within_runs(options)
+        _never_spin(options)
         return cls(model, ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]),
                    options.intra_op_num_threads)
 
@@ -358,15 +358,18 @@ class OnnxMaskedLM:
         return torch.from_numpy(self.session.run(["logits"], arrays)[0])
 
 
-def _spin_within_runs(options) -> None:
-    """Threads that busy-wait between the operators of a run, and stop when it ends. Between
-    operators a sleeping thread takes tens of microseconds to wake, ~100 times a forward: on
-    bert-base (2 vCPUs, Intel Xeon) 9 tokens took 24.5 ms spinning against 28.0 without, 32 tokens
-    40.0 against 45.2. ORT's default also spins after a run, which takes the CPU from whatever the
-    server does next (the web stack, torch for the other views); the stop ends that (measured: no
-    CPU used in the 0.5 s after a run, against 32 ms with ORT's default)."""
-    options.add_session_config_entry("session.intra_op.allow_spinning", "1")
-    options.add_session_config_entry("session.force_spinning_stop", "1")
+def _never_spin(options) -> None:
+    """Threads that sleep when they wait, never busy-wait. A served model's forward always shares
+    the CPU: with the web stack answering the crowd, other visitors' views, clients on the same
+    machine. A thread busy-waiting at an operator's barrier then holds a core while the thread it
+    waits for is descheduled. Measured on bert-base (AMD EPYC, 2 vCPUs, both settings in one
+    process, interleaved): alone, one sentence of 12 tokens 19.9-20.1 ms sleeping against
+    25.1-25.9 spinning within runs (`allow_spinning` with `force_spinning_stop`), 4 sentences
+    56.8 against 56.0; beside a process using one core, 24.7-28.0 against 34.7-35.6 ms, and
+    62.8-71.3 against 73.0-79.5. (On an Intel Xeon a quiet machine once favoured spinning, 24.5
+    against 28.0 ms at 9 tokens, with nothing else running.) ORT's default, which also spins
+    after each run, takes the CPU from whatever the server does next."""
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
 
 
 def clear_cache(folder: Path | None = None) -> None:
