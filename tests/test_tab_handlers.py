@@ -46,6 +46,21 @@ def test_predict_refuses_a_top_k_that_is_not_a_whole_number_in_range(visitor, to
         fillmask_tab.on_predict(visitor, SENTENCE, top_k=top_k)
 
 
+@pytest.mark.parametrize("press", ["predict", "compare"])
+def test_a_click_checks_top_k_once(visitor, monkeypatch, press):
+    """Predict and Compare check top-k in one place (the service, with the server's limit)."""
+    from bertdemo import validate
+    checked, real = [], validate.whole_number
+    monkeypatch.setattr(validate, "whole_number",
+                        lambda value, name, *a, **k: (checked.append(name), real(value, name, *a, **k))[1])
+    if press == "predict":
+        fillmask_tab.on_predict(visitor, SENTENCE, 3)
+    else:
+        visitor.store.put_model(visitor.session, "tuned", visitor.lm)
+        fillmask_tab.on_compare(visitor, SENTENCE, fillmask_tab.TUNED_CHOICE, 3)
+    assert checked.count("top-k") == 1 and "top_k" not in checked
+
+
 def test_joint_completions_match_the_service(visitor, tiny_bert):
     table = fillmask_tab.on_joint(visitor, "The [MASK] sat on the [MASK].", 2.0)  # JSON sends 2.0
     expected = bertdemo.fill_jointly(tiny_bert, "The [MASK] sat on the [MASK].", 2)

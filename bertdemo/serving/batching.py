@@ -38,11 +38,12 @@ class MicroBatcher:
         self._arriving = 0  # callers between entering fill_mask and joining `_pending` (tokenizing)
 
     def fill_mask(self, lm: LoadedModel, text: str, top_k: int = 5,
-                  max_masks: int = fillmask.DEFAULT_MAX_MASKS) -> list[list[dict]]:
-        """Same result as `fillmask.fill_mask`, computed together with concurrent callers.
+                  max_masks: int = fillmask.DEFAULT_MAX_MASKS, max_top_k: int = 10**9) -> list[list[dict]]:
+        """Same result as `fillmask.fill_mask`, computed together with concurrent callers; `top_k`
+        checked once here, from 1 to `max_top_k` (the server's limit).
 
         Raises TimeoutError if no result came within `timeout_s` (the request is dropped)."""
-        top_k = fillmask.check_top_k(top_k, lm)
+        top_k = fillmask.check_top_k(top_k, lm, max_top_k, name="top-k")
         with self._lock:
             self._arriving += 1
         try:

@@ -150,8 +150,8 @@ def on_predict(visitor: Visitor, sentence, top_k):
         a bar chart (plotly), the predictions (one list per mask, best first, of {"token", "token_id", "score"} where score is the probability), and the model line (it warns when the model's MLM head is untrained, and when the sentence is in a script or words the model cannot read).
     """
     settings = visitor.settings
-    top_k = validate.whole_number(top_k, "top-k", 1, settings.max_top_k)
-    predictions = visitor.engine.batcher.fill_mask(visitor.lm, sentence, top_k, max_masks=settings.max_masks)
+    predictions = visitor.engine.batcher.fill_mask(visitor.lm, sentence, top_k, max_masks=settings.max_masks,
+                                                   max_top_k=settings.max_top_k)
     notice = reading.reading_notice(visitor.lm, sentence)
     line = on_show(visitor) + (f"\n\n{reading_words(notice, visitor.lm.name)}" if notice else "")
     return plotly_chart(plots.prediction_bars_json(predictions)), predictions, line
@@ -244,10 +244,10 @@ def on_compare(visitor: Visitor, sentence, other_model, top_k):
     Returns:
         a line naming A and B with both sentence scores, grouped bars of each token's probability under A and B per mask, a table (mask, token, p under A, p under B, change), and the per-token change in log-probability of the sentence score (None when the two tokenizers cut the sentence differently).
     """
-    top_k = validate.whole_number(top_k, "top-k", 1, visitor.settings.max_top_k)
     lm, other_lm = _compared_models(visitor, other_model)
     max_masks = visitor.settings.max_masks
-    predictions = compare.compare_predictions(lm, other_lm, sentence, top_k, max_masks=max_masks)
+    predictions = compare.compare_predictions(lm, other_lm, sentence, top_k, max_masks=max_masks,
+                                              max_top_k=visitor.settings.max_top_k)
     scores = compare.compare_scores(lm, other_lm, sentence, max_masks=max_masks)
     for result in (predictions, scores):  # a folder by its name only: no server path in the page
         result["models"] = [display_name(name) for name in result["models"]]

@@ -15,9 +15,9 @@ from .fillmask import (DEFAULT_MAX_MASKS, check_top_k, encode, fill_jointly, fil
 
 @anatomy.guarded("Comparing two models")
 def compare_predictions(lm: LoadedModel, other_model: LoadedModel, text: str, top_k: int = 5,
-                        max_masks: int = DEFAULT_MAX_MASKS) -> dict:
+                        max_masks: int = DEFAULT_MAX_MASKS, max_top_k: int = 10**9) -> dict:
     """Both models' top-k per mask (each as `fill_mask` gives it) and how each token's
-    probability changes from `lm` to `other_model`.
+    probability changes from `lm` to `other_model`; `top_k` from 1 to `max_top_k` (a server's limit).
 
     Returns {"models": [lm.name, other_model.name], "masks": [{"mask": number from 1, "a": lm's top-k,
     "b": other_model's top-k, "changes": [{"token", "a", "b", "change"}]}]}: `changes` lists the tokens
@@ -25,7 +25,7 @@ def compare_predictions(lm: LoadedModel, other_model: LoadedModel, text: str, to
     other model's vocabulary lacks has None there (BERT's `capital` is RoBERTa's `Ġcapital`: the
     same word start is matched).
     """
-    top_k = min(check_top_k(top_k, lm), check_top_k(top_k, other_model))
+    top_k = min(check_top_k(top_k, lm, max_top_k, name="top-k"), other_model.model.config.vocab_size)
     probs_a, probs_b = _mask_probs(lm, text, max_masks), _mask_probs(other_model, text, max_masks)
     masks = []
     for m, (pa, pb) in enumerate(zip(probs_a, probs_b)):  # (V_a,), (V_b,)

@@ -150,9 +150,10 @@ def prediction(lm: LoadedModel, token_id: int, score: float) -> dict:
     return {"token": lm.tokenizer.decode([token_id]), "token_id": token_id, "score": score}
 
 
-def check_top_k(top_k, lm: LoadedModel) -> int:
-    """`top_k` as a whole number of at least 1, capped at the vocabulary size."""
-    return min(validate.whole_number(top_k, "top_k", 1, 10**9), lm.model.config.vocab_size)
+def check_top_k(top_k, lm: LoadedModel, most: int = 10**9, name: str = "top_k") -> int:
+    """`top_k` as a whole number from 1 to `most` (a server's limit; ValueError naming `name`
+    beyond it), capped at the vocabulary size."""
+    return min(validate.whole_number(top_k, name, 1, most), lm.model.config.vocab_size)
 
 
 # ---------------------------------------------------------------- joint filling
