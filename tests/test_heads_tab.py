@@ -81,6 +81,20 @@ def test_heads_off_endpoint_handler_and_its_refusals(visitor):
         heads_panel.on_importance(visitor, SENTENCE, 2, "", "")
 
 
+def test_importance_checks_the_sentence_and_its_mask_number_once(visitor, monkeypatch):
+    """One tokenization and one check of the mask number per click (in the service, counted from 1)."""
+    from bertdemo import validate
+    numbers, real = [], validate.whole_number
+    monkeypatch.setattr(validate, "whole_number",
+                        lambda value, name, *a, **k: (numbers.append(name), real(value, name, *a, **k))[1])
+    cuts, cut = [], visitor.lm.tokenizer.__class__.__call__
+    monkeypatch.setattr(visitor.lm.tokenizer.__class__, "__call__",
+                        lambda self, text, *a, **k: (cuts.append(text), cut(self, text, *a, **k))[1])
+    heads_panel.on_importance(visitor, SENTENCE, 1, "", "")
+    assert numbers.count("mask number") == 1 and "mask" not in numbers
+    assert cuts.count(visitor.lm.to_model_text(SENTENCE)) == 1
+
+
 def _read(update):
     files = {Path(p).suffix: Path(p) for p in update["value"]}
     assert update["visible"]

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 import gradio as gr
 import pandas as pd
 
-from .. import plots, validate
+from .. import plots
 from ..model.loading import LoadedModel
 from ..views import view_files
 from ..views.attention_views import first_query
 from ..views.compare import compare_predictions
-from ..views.fillmask import encode, fill_mask
+from ..views.fillmask import fill_mask
 from ..views.heads import HeadsOff, format_heads, head_importance, neuron_view, parse_heads, read_heads, without
 from . import view_downloads
 from .context import AppContext, Visitor, handler
@@ -228,10 +228,7 @@ def on_importance(visitor: Visitor, sentence, mask_number, target, heads):
     """
     lm = visitor.lm
     view = without(lm, read_heads(lm, heads, required=False))
-    masks = len(encode(lm, sentence, max_masks=visitor.settings.max_masks).mask_positions)
-    mask = validate.whole_number(mask_number, "mask number", 1, masks, " (1 = the first [MASK])",
-                                 field="mask") - 1
-    result = head_importance(view, sentence, mask=mask, target=target or None,
+    result = head_importance(view, sentence, mask=mask_number, first=1, target=target or None,
                              max_masks=visitor.settings.max_masks)
     kept = Importance(weakref.ref(lm), sentence, result)
     visitor.store.keep_result(visitor.session, "importance", kept, kept.nbytes)

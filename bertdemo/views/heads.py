@@ -136,10 +136,11 @@ def format_heads(heads) -> str:
 
 @anatomy.guarded("Head importance")
 def head_importance(lm: LoadedModel, text: str, *, mask: int = 0, target: str | None = None,
-                    max_masks: int = DEFAULT_MAX_MASKS) -> dict:
+                    max_masks: int = DEFAULT_MAX_MASKS, first: int = 0) -> dict:
     """For every head, how much switching it off alone changes log p(target) at one [MASK].
 
-    `mask`: which [MASK], counted from 0; `target`: the word scored (its first piece), None for
+    `mask`: which [MASK], counted from `first` (0; the page counts from 1, and its number is
+    checked here, once); `target`: the word scored (its first piece), None for
     the model's top prediction with every head on. Returns {"target": {"token", "token_id",
     "word", "pieces"}, "log_prob": log p(target) with every head on, "delta": layers x heads, log
     p(target | that head off) - log p(target), "tokens", "mask", "position", "layers", "heads",
@@ -151,8 +152,9 @@ def head_importance(lm: LoadedModel, text: str, *, mask: int = 0, target: str | 
     there. Equal to L x H separate forwards of `heads_off(lm, [(l, h)])` up to float rounding.
     """
     enc = encode(lm, text, max_masks=max_masks)
-    mask = validate.whole_number(mask, "mask", 0, len(enc.mask_positions) - 1,
-                                 f" (0 = the first {USER_MASK})", field="mask")
+    mask = validate.whole_number(mask, "mask" if first == 0 else "mask number", first,
+                                 first + len(enc.mask_positions) - 1, f" ({first} = the first {USER_MASK})",
+                                 field="mask") - first
     n_layers, n_heads = shape(lm, "Head importance")
     head = required_head(lm, "Head importance")
     position = enc.mask_positions[mask]
