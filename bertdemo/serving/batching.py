@@ -122,12 +122,12 @@ class MicroBatcher:
             repeats = [item for item in self._pending if _question(item) in answered]
             self._pending = [item for item in self._pending if _question(item) not in answered]
         for item in repeats:
-            item[3].set_result(_copied(answered[_question(item)]))
+            item[3].set_result(_copied(answered[_question(item)][1]))
 
     @classmethod
     def _run(cls, batch) -> dict:
         """One padded forward per model; a group that fails is re-run one request at a time.
-        Returns each answered question (`_question`) with its result."""
+        Returns each answered question (`_question`) with its model and result."""
         by_model: dict[int, list] = {}
         for item in batch:
             by_model.setdefault(id(item[0]), []).append(item)
@@ -143,14 +143,14 @@ class MicroBatcher:
                         answered.update(cls._run([item]))
                 continue
             for item, result in zip(items, results):
-                answered[_question(item)] = result
+                answered[_question(item)] = (item[0], result)  # the model held: its id stays its own
                 item[3].set_result(_copied(result))
         return answered
 
 
 class Answered(OrderedDict):
-    """The questions (`_question`) a leader's forwards answered, with their results: the most
-    recent `most` only (a leader that never runs out of requests keeps no more)."""
+    """The questions (`_question`) a leader's forwards answered, each with (model, result): the
+    most recent `most` only (a leader that never runs out of requests keeps no more)."""
 
     def __init__(self, most: int):
         super().__init__()
