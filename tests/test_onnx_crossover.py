@@ -92,6 +92,18 @@ def test_the_shapes_timed_stay_within_the_models_length():
     assert onnx_engine.shapes_to_time(40) == [(1, 12), (1, 32), (4, 12), (8, 12), (16, 12)]
 
 
+def test_the_crowds_timed_are_short_sentences_of_different_lengths_padded_as_served():
+    """ONNX Runtime computes the padding, the lean torch forward skips it: a crowd timed without
+    padding would send real crowds to the slower forward."""
+    inputs, rows, cols = onnx_engine.example_batch(4, 12, 30522)
+    real = inputs["attention_mask"].sum(1)
+    assert real.tolist() == [12, 11, 10, 9]
+    assert (inputs["input_ids"][inputs["attention_mask"] == 0] == 0).all()  # padding is padding
+    assert rows.tolist() == [0, 1, 2, 3] and (cols < real).all()  # each mask on a real token
+    alone, _, at = onnx_engine.example_batch(1, 12, 30522)
+    assert alone["attention_mask"].sum() == 12 and at.tolist() == [6]  # one sentence: no padding
+
+
 def encoder_measured(crossover: Crossover | None) -> OnnxMaskedLM:
     """An ONNX forward whose session is never run here: only its choice is."""
     encoder = OnnxMaskedLM(torch.nn.Linear(2, 2), session=None, threads=THREADS)

@@ -48,6 +48,13 @@ def test_a_padded_crowd_through_onnx_runtime_equals_one_at_a_time(served):
         assert_same_predictions(fillmask.fill_encoded(served, [enc], [5])[0], alone)
 
 
+def test_both_forwards_give_the_same_logits_on_the_padded_crowd_they_are_timed_on(served):
+    inputs, rows, cols = onnx_engine.example_batch(4, 12, served.model.config.vocab_size)
+    fast = served.caches.onnx_for(served.model)
+    torch_forward = bertdemo.Engine(onnx=False).torch_forward(served.model)
+    torch.testing.assert_close(fast.logits(inputs, rows, cols), torch_forward(inputs, rows, cols), atol=1e-4, rtol=0)
+
+
 def test_the_onnx_forward_is_what_serves(served, monkeypatch):
     calls = []
     fast = served.caches.onnx_for(served.model)

@@ -12,6 +12,7 @@ import time
 from collections import OrderedDict
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any, Callable
 
 from ..model.loading import LoadedModel
 from ..views import fillmask
@@ -27,8 +28,11 @@ class MicroBatcher:
     one for the rest. A follower waits at most `timeout_s`."""
 
     def __init__(self, max_batch: int = 16, max_wait_s: float = 0.005, timeout_s: float = 120.0,
-                 max_gather_s: float = 0.05):
+                 max_gather_s: float = 0.05, compute: Callable[..., Any] | None = None):
+        """`compute(fn, *args)`: runs each batch's forward (`_run`); the engine's runs it on its
+        compute thread (`compute.ComputeThread`), None in the leader's own thread."""
         self.max_batch = max_batch
+        self._compute = compute or (lambda fn, *args: fn(*args))
         self.max_wait_s = max_wait_s
         self.max_gather_s = max_gather_s
         self.timeout_s = timeout_s
@@ -86,7 +90,7 @@ class MicroBatcher:
                         self._leader_active = False  # under the lock: no request is left behind
                         return
                     batch, self._pending = self._pending[:self.max_batch], self._pending[self.max_batch:]
-                answered.update(self._run(batch))
+                answered.update(self._compute(self._run, batch))
         except BaseException as err:
             with self._lock:
                 self._leader_active = False

@@ -16,6 +16,9 @@ What it holds:
 - `search` (`corpus_search.IndexCache`): the corpus search's indexes, on disk, and the stop
   requests of the builds under way (`search_stops`);
 - `batcher` (`batching.MicroBatcher`): concurrent fill-mask requests share one forward;
+- `compute` (`compute.ComputeThread`): the thread that runs every forward the engine runs (the
+  batcher's, a model's warm-up, torch's side of the ONNX Runtime timing), so torch's OpenMP
+  workers keep spinning between operations instead of sleeping;
 - with `onnx=None` (the app's default) or `True` (`--onnx`), each served model's ONNX Runtime
   forward (`onnx_engine`), built in the background once the model is served: its requests take
   torch's forward until it is ready (`onnx_ready`), the same results either way (within float
@@ -30,6 +33,7 @@ import logging
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -41,6 +45,7 @@ from ..model.loading import (MINILM_NAME, LoadedModel, allowed_choices, allowed_
                              pick_device, pick_dtype, warm_up)
 from ..views import corpus_search
 from .batching import MicroBatcher
+from .compute import ComputeThread
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +57,8 @@ class Engine:
         """`onnx`: False, torch only; None, ONNX Runtime or torch by measurement; True, ONNX Runtime
         for small batches, unmeasured (see the module doc)."""
         self.caches = ModelCaches()
-        self.batcher = MicroBatcher(max_batch=max_batch)
+        self.compute = ComputeThread()  # the forwards it runs, on one thread (`compute`)
+        self.batcher = MicroBatcher(max_batch=max_batch, compute=self.compute.run)
         self.search = corpus_search.IndexCache()
         self.search_stops = corpus_search.StopRequests()
         self.onnx = onnx is not False and onnx_engine.available()
@@ -103,7 +109,7 @@ class Engine:
         with self._lock:
             served = self._shown.get(key)
         if served is None:
-            warm_up(lm)  # outside the lock: a load of another model need not wait for it
+            self.compute.run(warm_up, lm)  # outside the lock: a load of another model need not wait for it
             with self._lock:
                 served = self._shown.setdefault(key, dataclasses.replace(lm, name=name))
             self._build_onnx(lm)
@@ -124,7 +130,10 @@ class Engine:
     def _onnx_build(self, model) -> None:
         try:
             started = time.perf_counter()
-            encoder = onnx_engine.OnnxMaskedLM.build(model)
+            # exported on a thread that ends before torch is timed: the export's forward gives its
+            # thread an OpenMP team, which would slow torch's side of the timing (`compute`)
+            with ThreadPoolExecutor(1, thread_name_prefix="onnx-export") as export:
+                encoder = export.submit(onnx_engine.OnnxMaskedLM.build, model).result()
             if self.measure_onnx:  # before it serves: until then torch serves every batch
                 encoder.measure(self.torch_forward(model))
             self.caches.set_onnx(model, encoder)
@@ -135,11 +144,12 @@ class Engine:
 
     def torch_forward(self, model):
         """`forward(inputs, rows, cols) -> logits` of a served `model` without ONNX Runtime: the
-        lean torch forward on its packed weights, as `logits.mlm_logits` serves it."""
+        lean torch forward on its packed weights, as `logits.mlm_logits` serves it, on the compute
+        thread as the micro-batcher runs it."""
         def forward(inputs, rows, cols):
             with torch.inference_mode():
                 return logits.mlm_logits(model, inputs, rows, cols, packed=self.caches.packed)[0]
-        return forward
+        return lambda inputs, rows, cols: self.compute.run(forward, inputs, rows, cols)
 
     def onnx_ready(self, lm: LoadedModel, timeout: float | None = None) -> bool:
         """Wait up to `timeout` s for `lm`'s ONNX Runtime forward; whether it serves now."""
