@@ -1,4 +1,5 @@
 """Micro-batching: concurrent fill-mask requests share forwards, results equal unbatched ones."""
+import asyncio
 import threading
 import time
 
@@ -307,3 +308,101 @@ def test_requests_arriving_during_a_forward_for_its_sentence_take_its_answer(tin
     assert results[1] is not results[2]  # each request gets a result of its own
     batcher.fill_mask(tiny_bert, TEXTS[0])  # a later request: the leader's answers are gone
     assert sizes[-1] == [first]
+
+
+# ---------------------------------------------------------------- callers on an event loop (the web server)
+
+def _gather_async(*calls):
+    async def together():
+        return await asyncio.gather(*calls, return_exceptions=True)
+    return asyncio.run(together())
+
+
+def test_callers_on_an_event_loop_share_forwards_run_on_the_compute_thread(tiny_bert, monkeypatch):
+    """The page's Predict awaits the batcher on the server's event loop: a crowd there shares
+    forwards as threads do, every result equals the sentence's own, and no forward runs on the
+    loop (it would stall every other visitor)."""
+    batcher, sizes, where = MicroBatcher(max_wait_s=0.05), [], set()
+    real_run = MicroBatcher._run
+    monkeypatch.setattr(batcher, "_run", lambda batch: (sizes.append(len(batch)), where.add(threading.get_ident()),
+                                                        real_run(batch))[2])
+    loop_thread = []
+
+    async def ask(text):
+        loop_thread.append(threading.get_ident())
+        return await batcher.fill_mask_async(tiny_bert, text, 3)
+
+    results = _gather_async(*(ask(t) for t in TEXTS * 3))
+    assert len(sizes) < len(results) and sum(sizes) == len(results)
+    assert loop_thread[0] not in where
+    for text, result in zip(TEXTS * 3, results):
+        _assert_same_predictions(result, bertdemo.fill_mask(tiny_bert, text, 3))
+
+
+def test_bad_input_on_an_event_loop_fails_only_its_own_request(tiny_bert):
+    batcher = MicroBatcher()
+    results = _gather_async(batcher.fill_mask_async(tiny_bert, "no mask here"),
+                            batcher.fill_mask_async(tiny_bert, TEXTS[0]),
+                            batcher.fill_mask_async(tiny_bert, TEXTS[0], top_k=0))
+    assert isinstance(results[0], ValueError) and "[MASK]" in str(results[0])
+    assert isinstance(results[2], ValueError) and "top-k" in str(results[2])
+    _assert_same_predictions(results[1], bertdemo.fill_mask(tiny_bert, TEXTS[0]))
+
+
+def _held(monkeypatch, batcher):
+    """Hold the first forward until released; returns (entered, release, batches run: keys)."""
+    entered, release, batches = threading.Event(), threading.Event(), []
+    real_run = MicroBatcher._run
+
+    def held_first(batch):
+        batches.append([item[1].key for item in batch])
+        if len(batches) == 1:
+            entered.set()
+            release.wait(10)
+        return real_run(batch)
+
+    monkeypatch.setattr(batcher, "_run", held_first)
+    return entered, release, batches
+
+
+def test_a_caller_that_goes_away_is_left_out_of_the_next_forward(tiny_bert, monkeypatch):
+    """A visitor closes the page (Gradio cancels its task) while a forward runs: its sentence is
+    not computed for nobody, and those still waiting get their answers."""
+    batcher = MicroBatcher(max_wait_s=0)
+    entered, release, batches = _held(monkeypatch, batcher)
+
+    async def scenario():
+        first = asyncio.create_task(batcher.fill_mask_async(tiny_bert, TEXTS[0]))
+        while not entered.is_set():
+            await asyncio.sleep(0.005)
+        gone = asyncio.create_task(batcher.fill_mask_async(tiny_bert, TEXTS[1]))
+        stays = asyncio.create_task(batcher.fill_mask_async(tiny_bert, TEXTS[2]))
+        await asyncio.sleep(0.05)
+        gone.cancel()
+        release.set()
+        return await first, await stays, await asyncio.gather(gone, return_exceptions=True)
+
+    first, stays, (gone,) = asyncio.run(scenario())
+    assert isinstance(gone, asyncio.CancelledError)
+    keys = {fillmask.encode(tiny_bert, t).key: t for t in TEXTS}
+    assert [[keys[k] for k in batch] for batch in batches] == [[TEXTS[0]], [TEXTS[2]]]
+    _assert_same_predictions(first, bertdemo.fill_mask(tiny_bert, TEXTS[0]))
+    _assert_same_predictions(stays, bertdemo.fill_mask(tiny_bert, TEXTS[2]))
+
+
+def test_a_caller_on_an_event_loop_gives_up_after_the_timeout(tiny_bert, monkeypatch):
+    batcher = MicroBatcher(max_wait_s=0, timeout_s=0.3)
+    entered, release, batches = _held(monkeypatch, batcher)
+    out = {}
+    leader = threading.Thread(target=lambda: out.setdefault("leader", batcher.fill_mask(tiny_bert, TEXTS[0])))
+    leader.start()
+    assert entered.wait(10)
+    started = time.perf_counter()
+    with pytest.raises(TimeoutError, match="busy"):
+        asyncio.run(batcher.fill_mask_async(tiny_bert, TEXTS[1]))
+    assert time.perf_counter() - started < 5
+    assert not batcher._pending  # the dropped request will not be computed for nobody
+    release.set()
+    leader.join(timeout=20)
+    assert len(batches) == 1
+    _assert_same_predictions(out["leader"], bertdemo.fill_mask(tiny_bert, TEXTS[0]))

@@ -5,6 +5,7 @@ prediction's probabilities move by well under 0.02 on the tiny model (measured 0
 may flip only where float32's two best candidates are that close. The tiny model's peaked
 distributions (init range 0.2) make such near-ties rare: measured 43 of 45 masks agree.
 """
+import asyncio
 import math
 
 import pytest
@@ -91,7 +92,7 @@ def test_dtype_flag_reaches_the_model_and_the_page(engine, tiny_bert_dir):
     assert next(store.base.model.parameters()).dtype == torch.bfloat16
     assert model_line(store, "s1") == f"Model: **{store.base.name}** on `cpu`, in bfloat16"
     assert model_line(store, None, "banner").startswith(f"### Using {store.base.name}, in bfloat16")
-    _, raw, line = fillmask_tab.on_predict(Visitor(store, settings, "s1", engine), "Paris is the [MASK].", 3)
+    _, raw, line = asyncio.run(fillmask_tab.on_predict(Visitor(store, settings, "s1", engine), "Paris is the [MASK].", 3))
     assert len(raw[0]) == 3 and line.endswith("in bfloat16")
 
 

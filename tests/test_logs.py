@@ -1,6 +1,7 @@
 """The server log says what is normal: bad input is one line, a real fault its traceback; the
 offline fallback to the bundled model is one warning saying what is served and why; the first
 start's ONNX export prints no tracer or optimizer noise."""
+import asyncio
 import logging
 import warnings
 
@@ -28,12 +29,19 @@ def on_echo(visitor, text: str):
     return text
 
 
+async def on_echo_async(visitor, text: str):
+    """`on_echo` awaited on the server's event loop, as Predict is."""
+    await asyncio.sleep(0)
+    return on_echo(visitor, text)
+
+
 @pytest.fixture(scope="module")
 def echo_url():
     ctx = AppContext(SessionStore(None), Settings(device="cpu"), Engine())
     with gr.Blocks() as demo:
         box, out = gr.Textbox(), gr.Textbox()
         gr.Button().click(handler(ctx, on_echo), box, out, api_name="echo")
+        gr.Button().click(handler(ctx, on_echo_async), box, out, api_name="echo_async")
     url = launch(demo)
     yield url
     demo.close()
@@ -45,11 +53,11 @@ def sent(echo_url, caplog, capfd):
     Gradio printed to stderr meanwhile, and the message the visitor got."""
     client = Client(echo_url, verbose=False)
 
-    def send(text: str) -> tuple[list[logging.LogRecord], str, str]:
+    def send(text: str, api: str) -> tuple[list[logging.LogRecord], str, str]:
         capfd.readouterr()
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="bertdemo"), pytest.raises(AppError) as refused:
-            client.predict(text, api_name="/echo")
+            client.predict(text, api_name=api)
         # the handlers' logger; other tests' background work (an engine measuring its forwards)
         # logs under bertdemo.* meanwhile
         records = [r for r in caplog.records if r.name == "bertdemo"]
@@ -57,16 +65,21 @@ def sent(echo_url, caplog, capfd):
     return send
 
 
-def test_bad_input_is_one_log_line_and_no_traceback(sent):
-    records, stderr, message = sent("")
+HANDLERS = pytest.mark.parametrize("api", ["/echo", "/echo_async"])  # run in a worker thread, awaited on the loop
+
+
+@HANDLERS
+def test_bad_input_is_one_log_line_and_no_traceback(sent, api):
+    records, stderr, message = sent("", api)
     assert "Type a sentence with [MASK] in it." in message  # the visitor reads the fix
     assert len(records) == 1 and records[0].levelno == logging.INFO and records[0].exc_info is None
-    assert "on_echo" in records[0].getMessage() and "Type a sentence with [MASK]" in records[0].getMessage()
+    assert api[1:] in records[0].getMessage() and "Type a sentence with [MASK]" in records[0].getMessage()
     assert "Traceback" not in stderr
 
 
-def test_a_real_fault_logs_its_traceback_once(sent):
-    records, stderr, message = sent("crash")
+@HANDLERS
+def test_a_real_fault_logs_its_traceback_once(sent, api):
+    records, stderr, message = sent("crash", api)
     assert "Something went wrong on the server" in message and "a bug" not in message
     assert len(records) == 1 and records[0].levelno == logging.ERROR
     assert records[0].exc_info and records[0].exc_info[0] is RuntimeError  # the traceback, in our log

@@ -21,7 +21,7 @@ Written by hand: a one-worker `ThreadPoolExecutor` plus that re-entry, nothing m
 from __future__ import annotations
 
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
 
@@ -38,6 +38,10 @@ class ComputeThread:
         if threading.get_ident() == self._ident:
             return fn(*args, **kwargs)
         return self._executor.submit(self._called, fn, args, kwargs).result()
+
+    def submit(self, fn: Callable[..., Any], *args, **kwargs) -> Future:
+        """`fn(*args, **kwargs)` on the compute thread, without waiting: its Future."""
+        return self._executor.submit(self._called, fn, args, kwargs)
 
     def _called(self, fn, args, kwargs):
         self._ident = threading.get_ident()

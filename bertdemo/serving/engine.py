@@ -58,7 +58,7 @@ class Engine:
         for small batches, unmeasured (see the module doc)."""
         self.caches = ModelCaches()
         self.compute = ComputeThread()  # the forwards it runs, on one thread (`compute`)
-        self.batcher = MicroBatcher(max_batch=max_batch, compute=self.compute.run)
+        self.batcher = MicroBatcher(max_batch=max_batch, compute=self.compute)
         self.search = corpus_search.IndexCache()
         self.search_stops = corpus_search.StopRequests()
         self.onnx = onnx is not False and onnx_engine.available()

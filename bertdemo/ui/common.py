@@ -15,7 +15,7 @@ _SERVER_PATH = re.compile(r"""(?<![\w.:/~-])(?:/[^\s'"`/<>]+){2,}/?""")
 
 
 def friendly_errors(fn):
-    """Run a handler (plain or generator); a ValueError becomes `gr.Error` with its message,
+    """Run a handler (plain, generator or async); a ValueError becomes `gr.Error` with its message,
     anything else a short generic message (details go to the server log, never to the visitor).
 
     The server log gets one line for bad input (it is answered, nothing failed) and the traceback
@@ -26,6 +26,12 @@ def friendly_errors(fn):
             with _errors_as_messages(fn):
                 yield from fn(*args, **kwargs)
         return stream
+    if inspect.iscoroutinefunction(fn):
+        @functools.wraps(fn)
+        async def awaited(*args, **kwargs):
+            with _errors_as_messages(fn):
+                return await fn(*args, **kwargs)
+        return awaited
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):

@@ -73,8 +73,8 @@ def handler(ctx: AppContext, fn):
     Gradio finds `request` and event data (`evt: gr.SelectData`, a click's cell) by their
     annotations and `progress` by its default, and names the API's parameters after the signature:
     the wrapper shows `fn`'s parameters without `visitor`, with each form parameter (annotated with
-    a dataclass) replaced by the form's fields, plus `request`. Works for plain and generator
-    handlers alike.
+    a dataclass) replaced by the form's fields, plus `request`. Works for plain, generator and
+    async handlers alike.
     """
     params, forms = _expand_forms(fn)
     events = {name: hint for name, hint in typing.get_type_hints(fn).items()
@@ -95,6 +95,9 @@ def handler(ctx: AppContext, fn):
     if inspect.isgeneratorfunction(fn):
         def wired(*args, **kwargs):
             yield from call(args, kwargs)
+    elif inspect.iscoroutinefunction(fn):  # run on the server's event loop, no worker thread
+        async def wired(*args, **kwargs):
+            return await call(args, kwargs)
     else:
         def wired(*args, **kwargs):
             return call(args, kwargs)

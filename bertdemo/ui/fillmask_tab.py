@@ -139,7 +139,7 @@ def create_demo(store=None, settings: Settings | None = None) -> gr.Blocks:
 
 # ---------------------------------------------------------------- handlers
 
-def on_predict(visitor: Visitor, sentence, top_k):
+async def on_predict(visitor: Visitor, sentence, top_k):
     """BERT's top-k predictions for every [MASK] in a sentence, each filled on its own.
 
     Args:
@@ -150,8 +150,23 @@ def on_predict(visitor: Visitor, sentence, top_k):
         a bar chart (plotly), the predictions (one list per mask, best first, of {"token", "token_id", "score"} where score is the probability), and the model line (it warns when the model's MLM head is untrained, and when the sentence is in a script or words the model cannot read).
     """
     settings = visitor.settings
+    # awaited on the server's event loop: a crowd's requests cost it no hand-off to a worker thread
+    predictions = await visitor.engine.batcher.fill_mask_async(visitor.lm, sentence, top_k, max_masks=settings.max_masks,
+                                                               max_top_k=settings.max_top_k)
+    return predicted(visitor, sentence, predictions)
+
+
+def predict_now(visitor: Visitor, sentence, top_k):
+    """`on_predict` for a caller in a thread (an example's click): waits for the micro-batcher."""
+    settings = visitor.settings
     predictions = visitor.engine.batcher.fill_mask(visitor.lm, sentence, top_k, max_masks=settings.max_masks,
                                                    max_top_k=settings.max_top_k)
+    return predicted(visitor, sentence, predictions)
+
+
+def predicted(visitor: Visitor, sentence: str, predictions: list[list[dict]]):
+    """Predict's outputs for `predictions`: the bar chart, the predictions, the model line (with
+    the reading notice when the model cannot read the sentence)."""
     notice = reading.reading_notice(visitor.lm, sentence)
     line = on_show(visitor) + (f"\n\n{reading_words(notice, visitor.lm.name)}" if notice else "")
     return plotly_chart(plots.prediction_bars_json(predictions)), predictions, line
@@ -169,7 +184,7 @@ def reading_words(notice: reading.ReadingNotice, model: str) -> str:
 
 def on_example(visitor: Visitor, sentence, top_k, beam_size):
     """An example's predictions and joint completions, as Predict shows them (cached per model)."""
-    return (*on_predict(visitor, sentence, top_k), on_joint(visitor, sentence, beam_size))
+    return (*predict_now(visitor, sentence, top_k), on_joint(visitor, sentence, beam_size))
 
 
 def on_joint(visitor: Visitor, sentence, beam_size) -> pd.DataFrame:
