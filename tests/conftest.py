@@ -1,5 +1,7 @@
+import asyncio
 import os
 import sys
+import threading
 import tempfile
 from pathlib import Path
 
@@ -60,6 +62,26 @@ def tiny_distilbert(engine, tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_roberta(engine, tmp_path_factory):
     return engine.load(str(tiny_models.save_tiny_roberta(tmp_path_factory.mktemp("roberta"))))
+
+
+def awaited(coroutine):
+    """Run `coroutine` to its end on an event loop of its own, in a thread of its own (the browser
+    tests' Playwright keeps a loop running in the main thread, where `asyncio.run` refuses): its
+    result, or what it raised."""
+    out = {}
+
+    def run():
+        try:
+            out["result"] = asyncio.run(coroutine)
+        except BaseException as err:  # noqa: BLE001 - raised again in the caller
+            out["error"] = err
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    if "error" in out:
+        raise out["error"]
+    return out["result"]
 
 
 def launch(demo):

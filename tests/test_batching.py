@@ -8,6 +8,7 @@ import pytest
 import bertdemo
 from bertdemo.views import fillmask
 from bertdemo.serving.batching import MicroBatcher
+from conftest import awaited
 
 TEXTS = ["Paris is the [MASK] of France.", "The [MASK] tower is a famous [MASK].",
          "[MASK] is the capital of germany and berlin is a big [MASK] with a river .",
@@ -315,7 +316,7 @@ def test_requests_arriving_during_a_forward_for_its_sentence_take_its_answer(tin
 def _gather_async(*calls):
     async def together():
         return await asyncio.gather(*calls, return_exceptions=True)
-    return asyncio.run(together())
+    return awaited(together())
 
 
 def test_callers_on_an_event_loop_share_forwards_run_on_the_compute_thread(tiny_bert, monkeypatch):
@@ -382,7 +383,7 @@ def test_a_caller_that_goes_away_is_left_out_of_the_next_forward(tiny_bert, monk
         release.set()
         return await first, await stays, await asyncio.gather(gone, return_exceptions=True)
 
-    first, stays, (gone,) = asyncio.run(scenario())
+    first, stays, (gone,) = awaited(scenario())
     assert isinstance(gone, asyncio.CancelledError)
     keys = {fillmask.encode(tiny_bert, t).key: t for t in TEXTS}
     assert [[keys[k] for k in batch] for batch in batches] == [[TEXTS[0]], [TEXTS[2]]]
@@ -399,7 +400,7 @@ def test_a_caller_on_an_event_loop_gives_up_after_the_timeout(tiny_bert, monkeyp
     assert entered.wait(10)
     started = time.perf_counter()
     with pytest.raises(TimeoutError, match="busy"):
-        asyncio.run(batcher.fill_mask_async(tiny_bert, TEXTS[1]))
+        awaited(batcher.fill_mask_async(tiny_bert, TEXTS[1]))
     assert time.perf_counter() - started < 5
     assert not batcher._pending  # the dropped request will not be computed for nobody
     release.set()

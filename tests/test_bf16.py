@@ -5,7 +5,6 @@ prediction's probabilities move by well under 0.02 on the tiny model (measured 0
 may flip only where float32's two best candidates are that close. The tiny model's peaked
 distributions (init range 0.2) make such near-ties rare: measured 43 of 45 masks agree.
 """
-import asyncio
 import math
 
 import pytest
@@ -15,6 +14,7 @@ import bertdemo
 import tiny_models
 from bertdemo.views import fillmask
 from bertdemo.model.loading import pick_dtype
+from conftest import awaited
 
 MAX_PROB_DIFF = 0.02  # 5x the measured 0.004
 
@@ -92,7 +92,7 @@ def test_dtype_flag_reaches_the_model_and_the_page(engine, tiny_bert_dir):
     assert next(store.base.model.parameters()).dtype == torch.bfloat16
     assert model_line(store, "s1") == f"Model: **{store.base.name}** on `cpu`, in bfloat16"
     assert model_line(store, None, "banner").startswith(f"### Using {store.base.name}, in bfloat16")
-    _, raw, line = asyncio.run(fillmask_tab.on_predict(Visitor(store, settings, "s1", engine), "Paris is the [MASK].", 3))
+    _, raw, line = awaited(fillmask_tab.on_predict(Visitor(store, settings, "s1", engine), "Paris is the [MASK].", 3))
     assert len(raw[0]) == 3 and line.endswith("in bfloat16")
 
 

