@@ -16,6 +16,7 @@ from bertdemo.forward import onnx_engine
 from bertdemo.config import DEFAULT_MODEL, Settings
 from bertdemo.serving.engine import Engine
 from bertdemo.sessions import SessionStore
+from bertdemo.ui.common import refuse_non_finite_numbers
 from bertdemo.ui.context import AppContext, handler
 from conftest import launch
 
@@ -42,6 +43,9 @@ def echo_url():
         box, out = gr.Textbox(), gr.Textbox()
         gr.Button().click(handler(ctx, on_echo), box, out, api_name="echo")
         gr.Button().click(handler(ctx, on_echo_async), box, out, api_name="echo_async")
+        top_k = gr.Slider(1, 10, step=1, label="Top-k")
+        gr.Button().click(handler(ctx, lambda visitor, k: str(k)), top_k, out, api_name="top_k")
+    refuse_non_finite_numbers(demo)
     url = launch(demo)
     yield url
     demo.close()
@@ -53,7 +57,7 @@ def sent(echo_url, caplog, capfd):
     Gradio printed to stderr meanwhile, and the message the visitor got."""
     client = Client(echo_url, verbose=False)
 
-    def send(text: str, api: str) -> tuple[list[logging.LogRecord], str, str]:
+    def send(text, api: str) -> tuple[list[logging.LogRecord], str, str]:
         capfd.readouterr()
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="bertdemo"), pytest.raises(AppError) as refused:
@@ -84,6 +88,16 @@ def test_a_real_fault_logs_its_traceback_once(sent, api):
     assert len(records) == 1 and records[0].levelno == logging.ERROR
     assert records[0].exc_info and records[0].exc_info[0] is RuntimeError  # the traceback, in our log
     assert "Traceback" not in stderr  # and not a second time from Gradio
+
+
+@pytest.mark.parametrize("value, said", [(0, "Value 0 is less than minimum value 1."),
+                                          (11, "Value 11 is greater than maximum value 10.")])
+def test_a_number_out_of_range_is_one_log_line_and_no_traceback(sent, value, said):
+    """A script can send a slider any number: Gradio's range check answers, the log says so once."""
+    records, stderr, message = sent(value, "/top_k")
+    assert said in message
+    assert len(records) == 1 and records[0].levelno == logging.INFO and said in records[0].getMessage()
+    assert "Traceback" not in stderr
 
 
 @pytest.mark.skipif(not bundled.available(), reason="the bundled model's files are not there")

@@ -65,7 +65,8 @@ def refuse_non_finite_numbers(demo: gr.Blocks) -> None:
     """Make every Number and Slider of `demo` refuse anything but a finite number with a message
     naming the control. The page never sends NaN, inf or text there, but a script can (JSON
     allows NaN and Infinity); Gradio would then fail with no message (a whole-number box rounds
-    NaN) or hand NaN to the handler (a slider's range check lets it through)."""
+    NaN) or hand NaN to the handler (a slider's range check lets it through). Gradio's own range
+    check keeps its message, logged as one line instead of a traceback."""
     for block in demo.blocks.values():
         if isinstance(block, (gr.Number, gr.Slider)):
             block.preprocess = _finite_first(block.preprocess, block.label or "This number")
@@ -82,7 +83,10 @@ def _finite_first(preprocess, label: str):
             raise refuse(f"{label}: give a number, not {str(payload)[:40]!r}.")
         if isinstance(payload, float) and not math.isfinite(payload):
             raise refuse(f"{label}: give a finite number, not {payload}.")
-        return preprocess(payload)
+        try:
+            return preprocess(payload)
+        except gr.Error as err:  # Gradio's range check: its message, one log line, no traceback
+            raise refuse(err.message) from None
     return checked
 
 
