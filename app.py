@@ -1,10 +1,13 @@
 """bertdemo's web app: parse flags/env, build the demo from the tabs, launch."""
 from __future__ import annotations
 
-if __name__ == "__main__":  # first of all, before torch: run under jemalloc (bertdemo/memory.py)
+if __name__ == "__main__":  # first of all, before torch: OpenMP's spin, then jemalloc (bertdemo/memory.py)
     import sys as _sys
 
     from bertdemo import memory as _memory  # the package loads its modules lazily: this loads no torch
+    from bertdemo.serving import compute as _compute  # nor this
+
+    _compute.short_openmp_spin()  # read by torch's OpenMP when torch loads, here or after the re-exec
     _memory.exec_with_jemalloc(_sys.argv)
 
 import atexit

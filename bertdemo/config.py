@@ -128,6 +128,10 @@ OTHER_ENV = {
                        "jemalloc where it is installed (docs/operations.md)",
     "BERTDEMO_REEXECED": "set by `python app.py` itself when it re-executes under jemalloc: never set it",
     "MALLOC_ARENA_MAX": "glibc's malloc arenas when jemalloc is not there; the app caps them at 2 unless set",
+    "GOMP_SPINCOUNT": "how long torch's OpenMP workers spin after an operation before they sleep; "
+                      "`python app.py` sets 30000 (~0.3 ms; libgomp's default ~3 ms) unless set: a shorter "
+                      "spin after a forward leaves the core to the web server and ONNX Runtime "
+                      "(bertdemo/serving/compute.py)",
     "GRADIO_SERVER_NAME": "the address to serve on when `BERTDEMO_HOST` is not set (the Docker image "
                           "sets `0.0.0.0`)",
     "GRADIO_SERVER_PORT": "the port when `BERTDEMO_PORT` is not set",

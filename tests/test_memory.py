@@ -2,10 +2,12 @@
 libjemalloc2; CI installs it), which keeps its memory level as fine-tunes and traffic overlap
 (bench/soak.py), and keeps glibc's malloc when asked or when jemalloc is missing."""
 import os
+from pathlib import Path
 
 import pytest
 
 from bertdemo import memory
+from bertdemo.serving import compute
 from test_hub import start_app, stop
 
 JEMALLOC = memory.jemalloc_library()
@@ -31,11 +33,24 @@ def test_the_app_runs_under_jemalloc_in_the_same_process(tiny_bert_dir, tmp_path
     env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1"}
     env.pop("LD_PRELOAD", None)
     env.pop("BERTDEMO_MALLOC", None)
+    env.pop("GOMP_SPINCOUNT", None)
     proc, _ = start_app(["--model", str(tiny_bert_dir), "--device", "cpu"], env)
     try:
         assert "libjemalloc" in mapped_libraries(proc.pid)  # the pid we started: exec'd, not forked
+        # and exec'd with torch's OpenMP told to spin briefly (bertdemo/serving/compute.py)
+        environ = Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
+        assert f"GOMP_SPINCOUNT={compute.OPENMP_SPIN}".encode() in environ
     finally:
         stop(proc)
+
+
+def test_torchs_openmp_is_told_to_spin_briefly_unless_the_environment_says_otherwise():
+    environ = {}
+    compute.short_openmp_spin(environ)
+    assert environ == {"GOMP_SPINCOUNT": compute.OPENMP_SPIN}
+    mine = {"GOMP_SPINCOUNT": "300000"}
+    compute.short_openmp_spin(mine)
+    assert mine == {"GOMP_SPINCOUNT": "300000"}
 
 
 @pytest.mark.slow
