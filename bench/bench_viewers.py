@@ -11,10 +11,14 @@ ask each sentence, which the server computes once. Each is also run with batchin
 (`--max-batch 1`), and with `--no-onnx` (torch serves every batch: the app's default picks ONNX
 Runtime or torch per shape by measuring both, and its crowd should never be slower than torch
 alone), and the CPU seconds of server and client per round are printed, so a ratio can be read
-for what it is. The first line names the CPU: the figures hold for it.
+for what it is. The three servers run at once and their rounds take turns, call by call: these
+machines are noisy, and a slower minute then hits all three alike (measured one after the other,
+one run in three had the first server's every figure 13-19% slower, the client's own CPU too).
+The first line names the CPU: the figures hold for it.
 Run: python bench/bench_viewers.py
 """
 import asyncio
+import contextlib
 import json
 import os
 import resource
@@ -105,12 +109,13 @@ def own_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def timed(pid: int, rounds: dict) -> dict:
-    """Median wall seconds of ROUNDS calls of each of `rounds` (name -> fn), the names taking
-    turns so that the machine's drift over a minute hits all alike; CPU seconds per call."""
+def timed(rounds: dict) -> dict:
+    """Median wall seconds of ROUNDS calls of each of `rounds` (name -> (server pid, fn)), the names
+    taking turns, call by call, so that the machine's drift over a minute hits all alike; the
+    CPU seconds per call of the server that answered and of this client."""
     stats = {name: {"walls": [], "server_cpu": 0.0, "client_cpu": 0.0} for name in rounds}
     for _ in range(ROUNDS):
-        for name, run_round in rounds.items():
+        for name, (pid, run_round) in rounds.items():
             server, client = cpu_seconds(pid), own_cpu_seconds()
             seconds, stats[name]["results"] = run_round()
             stats[name]["server_cpu"] += (cpu_seconds(pid) - server) / ROUNDS
@@ -121,28 +126,39 @@ def timed(pid: int, rounds: dict) -> dict:
     return stats
 
 
-def measure(max_batch: int, folder: str, onnx: bool = True) -> dict:
-    """Serve the app in its own process (as in production), once its ONNX Runtime forward is
-    built and measured (or with `--no-onnx`); time one request vs a crowd with each client."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/"
-    flags = [] if onnx else ["--no-onnx"]
-    with serve_app(["--model", folder, "--device", "cpu", "--port", str(port), "--max-batch", str(max_batch), *flags],
-                   log_line=ONNX_READY if onnx and onnx_engine.available() else None) as proc:
-        clients = [Client(url, verbose=False) for _ in range(CROWD)]
-        crowd_seconds(clients[:1]), crowd_seconds(clients)  # warm-up
-        got = timed(proc.pid, {"one": lambda: crowd_seconds(clients[:1]),
-                               "crowd": lambda: crowd_seconds(clients)})
-        out = {"gradio_client": (got["one"], got["crowd"])}
+VARIANTS = {"batched": (16, True), "unbatched": (1, True), "torch": (16, False)}  # name -> (--max-batch, ONNX on)
+
+
+def measure(folder: str) -> dict:
+    """Serve the app three times at once in processes of its own (as in production: batched,
+    `--max-batch 1`, `--no-onnx`), each once its ONNX Runtime forward is built and measured; time
+    one request vs a crowd with each client, the three servers' rounds taking turns."""
+    with contextlib.ExitStack() as stack:
+        servers = {}
+        for name, (max_batch, onnx) in VARIANTS.items():
+            port = free_port()
+            flags = [] if onnx else ["--no-onnx"]
+            proc = stack.enter_context(serve_app(
+                ["--model", folder, "--device", "cpu", "--port", str(port), "--max-batch", str(max_batch), *flags],
+                log_line=ONNX_READY if onnx and onnx_engine.available() else None))
+            servers[name] = (proc.pid, f"http://127.0.0.1:{port}/")
+        clients = {name: [Client(url, verbose=False) for _ in range(CROWD)] for name, (_, url) in servers.items()}
+        for crowd in clients.values():
+            crowd_seconds(crowd[:1]), crowd_seconds(crowd)  # warm-up
+        got = timed({(name, kind): (pid, lambda c=clients[name], n=n: crowd_seconds(c[:n]))
+                     for name, (pid, _) in servers.items() for kind, n in (("one", 1), ("crowd", CROWD))})
+        out = {name: {"gradio_client": (got[name, "one"], got[name, "crowd"])} for name in servers}
         asyncio.set_event_loop(asyncio.new_event_loop())
         limits = httpx.Limits(max_connections=2 * CROWD, max_keepalive_connections=2 * CROWD)
         http = httpx.AsyncClient(timeout=120, limits=limits)
-        light_crowd_seconds(http, url, 1), light_crowd_seconds(http, url, CROWD, DIFFERENT)  # warm-up
-        got = timed(proc.pid, {"one": lambda: light_crowd_seconds(http, url, 1),
-                               "crowd": lambda: light_crowd_seconds(http, url, CROWD),
-                               "different": lambda: light_crowd_seconds(http, url, CROWD, DIFFERENT)})
-        out["light"] = (got["one"], got["crowd"])
-        out["light, all different"] = (got["one"], got["different"])
+        for _, url in servers.values():
+            light_crowd_seconds(http, url, 1), light_crowd_seconds(http, url, CROWD, DIFFERENT)  # warm-up
+        kinds = {"one": (1, TEXTS), "crowd": (CROWD, TEXTS), "different": (CROWD, DIFFERENT)}
+        got = timed({(name, kind): (pid, lambda url=url, n=n, texts=texts: light_crowd_seconds(http, url, n, texts))
+                     for name, (pid, url) in servers.items() for kind, (n, texts) in kinds.items()})
+        for name in servers:
+            out[name]["light"] = (got[name, "one"], got[name, "crowd"])
+            out[name]["light, all different"] = (got[name, "one"], got[name, "different"])
         loop = asyncio.get_event_loop()
         loop.run_until_complete(http.aclose())
         loop.run_until_complete(loop.shutdown_asyncgens())
@@ -158,7 +174,8 @@ def line(name: str, one: dict, crowd: dict) -> str:
 
 def main() -> None:
     folder = str(bert_base_folder())
-    batched, unbatched, torch_only = measure(16, folder), measure(1, folder), measure(16, folder, onnx=False)
+    measured = measure(folder)
+    batched, unbatched, torch_only = measured["batched"], measured["unbatched"], measured["torch"]
     print(f"{machine()}\nbert-base-sized model, {CROWD} simultaneous /fill_mask requests vs one (goal <= 4x)")
     for client in ("gradio_client", "light", "light, all different"):
         print(line(f"{client}, batched:", *batched[client]))
