@@ -270,20 +270,27 @@ def test_a_crowd_still_tokenizing_joins_the_same_forward(tiny_bert, monkeypatch)
         _assert_same_predictions(result, reference)
 
 
-def test_requests_arriving_during_a_forward_for_its_sentence_take_its_answer(tiny_bert, monkeypatch):
-    """A crowd asking the page's example: those arriving while the forward runs are answered
-    from it; another sentence gets a forward of its own; the answers go with the leader's run."""
-    batcher, entered, release, sizes = MicroBatcher(max_wait_s=0), threading.Event(), threading.Event(), []
+def _held(monkeypatch, batcher):
+    """Hold the first forward until released; returns (entered, release, batches run: keys)."""
+    entered, release, batches = threading.Event(), threading.Event(), []
     real_run = MicroBatcher._run
 
     def held_first(batch):
-        sizes.append([item[1].key for item in batch])
-        if len(sizes) == 1:
+        batches.append([item[1].key for item in batch])
+        if len(batches) == 1:
             entered.set()
             release.wait(10)
         return real_run(batch)
 
     monkeypatch.setattr(batcher, "_run", held_first)
+    return entered, release, batches
+
+
+def test_requests_arriving_during_a_forward_for_its_sentence_take_its_answer(tiny_bert, monkeypatch):
+    """A crowd asking the page's example: those arriving while the forward runs are answered
+    from it; another sentence gets a forward of its own; the answers go with the leader's run."""
+    batcher = MicroBatcher(max_wait_s=0)
+    entered, release, sizes = _held(monkeypatch, batcher)
     texts = [TEXTS[0], TEXTS[0], TEXTS[0], TEXTS[1]]
     results = [None] * len(texts)
 
@@ -348,22 +355,6 @@ def test_bad_input_on_an_event_loop_fails_only_its_own_request(tiny_bert):
     assert isinstance(results[0], ValueError) and "[MASK]" in str(results[0])
     assert isinstance(results[2], ValueError) and "top-k" in str(results[2])
     _assert_same_predictions(results[1], bertdemo.fill_mask(tiny_bert, TEXTS[0]))
-
-
-def _held(monkeypatch, batcher):
-    """Hold the first forward until released; returns (entered, release, batches run: keys)."""
-    entered, release, batches = threading.Event(), threading.Event(), []
-    real_run = MicroBatcher._run
-
-    def held_first(batch):
-        batches.append([item[1].key for item in batch])
-        if len(batches) == 1:
-            entered.set()
-            release.wait(10)
-        return real_run(batch)
-
-    monkeypatch.setattr(batcher, "_run", held_first)
-    return entered, release, batches
 
 
 def test_a_caller_that_goes_away_is_left_out_of_the_next_forward(tiny_bert, monkeypatch):
