@@ -185,27 +185,25 @@ def test_waiting_callers_get_the_leaders_error_instead_of_hanging(tiny_bert, mon
     assert not batcher._leader_active and not batcher._pending
 
 
-def test_a_follower_gives_up_after_the_timeout(tiny_bert, monkeypatch):
-    batcher, entered, release = MicroBatcher(max_wait_s=0, timeout_s=0.3), threading.Event(), threading.Event()
-    real_run = MicroBatcher._run
-
-    def slow(batch):
-        entered.set()
-        release.wait(10)
-        return real_run(batch)
-
-    monkeypatch.setattr(batcher, "_run", slow)
+@pytest.mark.parametrize("ask", [
+    lambda batcher, lm, text: batcher.fill_mask(lm, text),  # a caller in a thread
+    lambda batcher, lm, text: awaited(batcher.fill_mask_async(lm, text)),  # on an event loop (Predict)
+], ids=["thread", "event loop"])
+def test_a_follower_gives_up_after_the_timeout(tiny_bert, monkeypatch, ask):
+    batcher = MicroBatcher(max_wait_s=0, timeout_s=0.3)
+    entered, release, batches = _held(monkeypatch, batcher)
     out = {}
     leader = threading.Thread(target=lambda: out.setdefault("leader", batcher.fill_mask(tiny_bert, TEXTS[0])))
     leader.start()
     assert entered.wait(10)
     start = time.perf_counter()
     with pytest.raises(TimeoutError, match="busy"):
-        batcher.fill_mask(tiny_bert, TEXTS[1])
+        ask(batcher, tiny_bert, TEXTS[1])
     assert time.perf_counter() - start < 5
     assert not batcher._pending  # the dropped request will not be computed for nobody
     release.set()
     leader.join(timeout=20)
+    assert len(batches) == 1
     _assert_same_predictions(out["leader"], bertdemo.fill_mask(tiny_bert, TEXTS[0]))
 
 
@@ -380,21 +378,3 @@ def test_a_caller_that_goes_away_is_left_out_of_the_next_forward(tiny_bert, monk
     assert [[keys[k] for k in batch] for batch in batches] == [[TEXTS[0]], [TEXTS[2]]]
     _assert_same_predictions(first, bertdemo.fill_mask(tiny_bert, TEXTS[0]))
     _assert_same_predictions(stays, bertdemo.fill_mask(tiny_bert, TEXTS[2]))
-
-
-def test_a_caller_on_an_event_loop_gives_up_after_the_timeout(tiny_bert, monkeypatch):
-    batcher = MicroBatcher(max_wait_s=0, timeout_s=0.3)
-    entered, release, batches = _held(monkeypatch, batcher)
-    out = {}
-    leader = threading.Thread(target=lambda: out.setdefault("leader", batcher.fill_mask(tiny_bert, TEXTS[0])))
-    leader.start()
-    assert entered.wait(10)
-    started = time.perf_counter()
-    with pytest.raises(TimeoutError, match="busy"):
-        awaited(batcher.fill_mask_async(tiny_bert, TEXTS[1]))
-    assert time.perf_counter() - started < 5
-    assert not batcher._pending  # the dropped request will not be computed for nobody
-    release.set()
-    leader.join(timeout=20)
-    assert len(batches) == 1
-    _assert_same_predictions(out["leader"], bertdemo.fill_mask(tiny_bert, TEXTS[0]))
