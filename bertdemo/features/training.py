@@ -1,0 +1,204 @@
+"""Training dictionaries: a plain loop around sparsify's `SparseCoder`, fed activations computed here.
+
+sparsify's own `Trainer` hooks `model.base_model`'s layers and runs unpadded chunks of a token
+stream with no attention mask, as a causal LM can; an encoder reads its whole padded sentence, so
+its activations come from our padded batches (`data.hidden_at`, through the model anatomy's splice
+point). The step is sparsify's, unchanged: the coder's forward (TopK, FVU, AuxK against dead
+latents), unit-norm decoder rows with the gradient parallel to them removed, and its default
+optimizer, sign-SGD under schedule-free averaging with its learning rate for the width
+(5e-3 / sqrt(latents / 2^14)). Differences, and why:
+- dead latents: a latent that has not fired for `dead_tokens` tokens (100k by default, not
+  sparsify's 10M: a live run here sees one to a few million tokens, and AuxK revives only latents
+  counted dead) gets AuxK's gradient at `auxk_alpha` 1/32;
+- several layers can train from one forward (`train(lm, [1, 2, 3], ...)`): the forward is most of
+  a small model's cost;
+- a run stops where it stands (`should_stop` before each step; the token and time limits) and
+  returns what it trained so far, which can be resumed (`start_from`).
+
+    dictionaries, history = train(lm, [3], lines, FeatureSettings(max_tokens=2_000_000))
+"""
+from __future__ import annotations
+
+import math
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import torch
+from schedulefree import ScheduleFreeWrapper
+
+from ..forward import splice
+from ..model.loading import LoadedModel
+from .data import Lines, hidden_at
+from .dictionary import K, Dictionary, SignSGD, new_coder  # sparsify through dictionary: its decoder switch
+
+STOP_REASONS = ("stopped", "time limit", "shutdown", "closed")
+
+
+@dataclass(frozen=True)
+class FeatureSettings:
+    """How a dictionary is trained. `latents` None: 8 x the hidden size."""
+
+    latents: int | None = None
+    k: int = K
+    max_tokens: int = 2_000_000  # kept positions seen, summed over steps
+    max_seconds: float = 120.0
+    batch_tokens: int = 4096  # padded tokens per forward; the step sees the kept ones
+    auxk_alpha: float = 1 / 32
+    dead_tokens: int = 100_000
+    learning_rate: float | None = None  # None: sparsify's for the width
+    seed: int = 0
+    pause: float = 0.002  # seconds between steps: a served page's forwards get the cores meanwhile
+
+
+@dataclass(frozen=True)
+class FeatureStep:
+    """One step done, for every layer trained: FVU and dead share per layer (same order as the
+    run's layers), tokens so far, and where the time went."""
+
+    step: int
+    tokens: int  # kept positions seen so far
+    fvu: tuple[float, ...]
+    dead: tuple[float, ...]  # share of latents not fired for `dead_tokens` tokens
+    elapsed: float
+    forward_seconds: float  # this step's model forward
+    coder_seconds: float  # this step's coder forward, backward and update, all layers
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.elapsed if self.elapsed > 0 else 0.0
+
+
+@dataclass
+class FeatureHistory:
+    """What a training run did: its layers, every step, and why it ended (None: its token limit)."""
+
+    layers: list[int]
+    steps: list[FeatureStep] = field(default_factory=list)
+    stopped: str | None = None
+
+    @property
+    def tokens(self) -> int:
+        return self.steps[-1].tokens if self.steps else 0
+
+    @property
+    def seconds(self) -> float:
+        return self.steps[-1].elapsed if self.steps else 0.0
+
+
+class _Layer:
+    """One layer's coder in training: its optimizer and its dead-latent counts."""
+
+    def __init__(self, width: int, settings: FeatureSettings, start: Dictionary | None):
+        self.coder = new_coder(width, settings.latents, settings.k)
+        if start is not None:
+            self.coder.load_state_dict(start.coder.state_dict())
+        self.coder.requires_grad_(True).train()
+        rate = settings.learning_rate or 5e-3 / math.sqrt(self.coder.num_latents / 2 ** 14)
+        self.optimizer = ScheduleFreeWrapper(SignSGD([{"params": self.coder.parameters(), "lr": rate}]), momentum=0.95)
+        self.optimizer.train()
+        self.since_fired = torch.zeros(self.coder.num_latents, dtype=torch.long)
+        self.started = start is not None
+
+    def step(self, x: torch.Tensor, settings: FeatureSettings) -> tuple[float, float]:
+        """One optimizer step on activations x (N, H); returns (FVU, dead share)."""
+        coder = self.coder
+        if not self.started:  # centre the preactivations: b_dec starts at the data's mean (as sparsify)
+            coder.b_dec.data = x.mean(0)
+            self.started = True
+        coder.set_decoder_norm_to_unit_norm()
+        dead = self.since_fired > settings.dead_tokens
+        out = coder(x, dead_mask=dead if settings.auxk_alpha > 0 else None)
+        loss = out.fvu + settings.auxk_alpha * out.auxk_loss
+        loss.backward()
+        coder.remove_gradient_parallel_to_decoder_directions()
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        fired = torch.zeros_like(dead)
+        fired[out.latent_indices[out.latent_acts > 0]] = True
+        self.since_fired += x.shape[0]
+        self.since_fired[fired] = 0
+        return out.fvu.item(), dead.float().mean().item()
+
+    def finished(self) -> torch.nn.Module:
+        """The coder at schedule-free's averaged weights (what it evaluates with), frozen."""
+        self.optimizer.eval()
+        self.coder.set_decoder_norm_to_unit_norm()
+        return self.coder.eval().requires_grad_(False)
+
+
+def train(lm: LoadedModel, layers: list[int], lines: Lines, settings: FeatureSettings = FeatureSettings(), *,
+          on_event: Callable[[FeatureStep], None] | None = None, should_stop: Callable[[], bool] | None = None,
+          start_from: dict[int, Dictionary] | None = None) -> tuple[dict[int, Dictionary], FeatureHistory]:
+    """Train one dictionary per layer in `layers` on `lines` until `settings.max_tokens` kept
+    positions or `settings.max_seconds`, or `should_stop()` (asked before each step; its reason, when
+    it has one, is the history's `stopped`). `start_from`: {layer: Dictionary} to resume from.
+    Returns ({layer: Dictionary}, history); the dictionaries carry a training record and no
+    statistics yet (`stats.compute`)."""
+    layers = [splice.check_layer(lm.model, layer) for layer in layers]
+    width = lm.model.config.hidden_size
+    torch.manual_seed(settings.seed)
+    coders = {layer: _Layer(width, settings, (start_from or {}).get(layer)) for layer in layers}
+    history = FeatureHistory(layers)
+    tokens, started = 0, time.perf_counter()
+    for step, batch in enumerate(lines.batches(lm, batch_tokens=settings.batch_tokens, seed=settings.seed), 1):
+        stopped = _stop_reason(should_stop, started, settings, tokens)
+        if stopped is not None:
+            history.stopped = None if stopped == "tokens" else stopped
+            break
+        t0 = time.perf_counter()
+        states = hidden_at(lm, batch, layers)
+        t1 = time.perf_counter()
+        if settings.pause:
+            time.sleep(settings.pause)
+        results = [coders[layer].step(states[layer], settings) for layer in layers]
+        tokens += batch.tokens
+        event = FeatureStep(step, tokens, tuple(r[0] for r in results), tuple(r[1] for r in results),
+                            time.perf_counter() - started, t1 - t0, time.perf_counter() - t1)
+        history.steps.append(event)
+        if on_event is not None:
+            on_event(event)
+    return {layer: _dictionary(lm, layer, coders[layer], settings, history, start_from) for layer in layers}, history
+
+
+def _stop_reason(should_stop, started: float, settings: FeatureSettings, tokens: int) -> str | None:
+    if should_stop is not None and should_stop():
+        return getattr(should_stop, "reason", None) or "stopped"
+    if tokens >= settings.max_tokens:
+        return "tokens"
+    if time.perf_counter() - started >= settings.max_seconds:
+        return "time limit"
+    return None
+
+
+def _dictionary(lm: LoadedModel, layer: int, trained: _Layer, settings: FeatureSettings, history: FeatureHistory,
+                start_from: dict[int, Dictionary] | None) -> Dictionary:
+    before = (start_from or {}).get(layer)
+    earlier = before.record.get("training", {}) if before is not None else {}
+    record = {"model": lm.name, "layer": layer, "training": {
+        "tokens": history.tokens + earlier.get("tokens", 0),
+        "minutes": round(history.seconds / 60 + earlier.get("minutes", 0.0), 3),
+        "steps": len(history.steps) + earlier.get("steps", 0),
+        "stopped": history.stopped, "machine": machine(),
+        "settings": asdict(settings),
+        "final_fvu": history.steps[-1].fvu[history.layers.index(layer)] if history.steps else None}}
+    return Dictionary(trained.finished(), layer, None, record)
+
+
+def machine() -> str:
+    """e.g. "2 CPU threads (AMD EPYC 7B13)" or "NVIDIA H100 80GB HBM3"."""
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    return f"{torch.get_num_threads()} CPU threads ({cpu_model()})"
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

@@ -1,0 +1,490 @@
+"""What the page shows of a layer's features: a sentence's features, a feature's card, a feature
+switched off or turned up in fill-mask, the features behind a prediction, two uses of a word
+contrasted, a dictionary's quality, and what a fine-tune changed.
+
+Every function takes a `LoadedModel` and finds its dictionary in a `FeatureStore` (the default
+one when none is given); hidden states come from the anatomy's splice point (`forward.splice`),
+never from a family's modules. A layer is counted as the rest of the page counts: 0 is the
+embeddings, N the N-th layer's output.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .. import validate
+from ..forward import splice
+from ..model.loading import USER_MASK, LoadedModel
+from ..views.fillmask import DEFAULT_MAX_MASKS, encode, prediction
+from .data import kept_positions
+from .dictionary import Dictionary
+from .quality import logits_at
+from .store import FeatureStore
+
+MAX_SCALE = 10.0  # a feature's contribution times at most this (0 = off, 1 = as it is)
+MAX_ADD = 10.0  # added where it did not fire: at most this many times its mean activation
+MAX_TOP = 50
+MAX_CANDIDATES = 64
+MAX_CONTRAST_LINES = 200
+HEATMAP_FEATURES = 30
+# A feature's effect on the output is measured at the [MASK] of these sentences, averaged.
+EFFECT_CONTEXTS = ("The [MASK] was on the table.", "She said that [MASK] would come tomorrow.",
+                   "It was a very [MASK] day.", "They went to the [MASK] after school.",
+                   "He [MASK] the door and left.", "I think the [MASK] is right.",
+                   "We saw [MASK] in the park.", "The old man [MASK] slowly.")
+SENSES = Path(__file__).resolve().parents[2] / "assets" / "corpus" / "senses.txt"
+_STORE: FeatureStore | None = None
+
+
+def default_store() -> FeatureStore:
+    """The store every call without one uses (shipped dictionaries, the default cache folder)."""
+    global _STORE
+    if _STORE is None:
+        _STORE = FeatureStore()
+    return _STORE
+
+
+def load_features(lm: LoadedModel, layer: int, store: FeatureStore | None = None) -> Dictionary:
+    """`lm`'s dictionary of `layer`; ValueError saying how to get one when it has none."""
+    layer = splice.check_layer(lm.model, layer)
+    found = (store or default_store()).get(lm, layer)
+    if found is None:
+        raise validate.InputError("layer", f"{lm.name} has no feature dictionary for layer {layer} yet: "
+                                           f"train one (Features tab, 'Train features for layer {layer}', "
+                                           "or bertdemo.train_features).")
+    return found
+
+
+# ---------------------------------------------------------------- labels
+
+def label(lm: LoadedModel, dictionary: Dictionary, feature: int) -> str:
+    """A feature in words, from its statistics: the tokens it fires on most and, where measured,
+    the tokens it promotes, e.g. "bank, banks, shore → river, water"; "feature 12" without them."""
+    stats = dictionary.stats
+    if stats is None:
+        return f"feature {feature}"
+    fires = _tokens(lm, [t for t in stats["top_tokens"][feature].tolist() if t >= 0][:3])
+    if not fires:
+        return f"feature {feature} (never fired on the statistics' corpus)"
+    promoted = stats.tensors.get("promoted")
+    raised = _tokens(lm, [t for t in promoted[feature].tolist() if t >= 0]) if promoted is not None else []
+    return ", ".join(fires) + (f" → {', '.join(raised)}" if raised else "")
+
+
+def _tokens(lm: LoadedModel, ids: list[int]) -> list[str]:
+    return [lm.tokenizer.convert_ids_to_tokens(i) for i in ids]
+
+
+# ---------------------------------------------------------------- a sentence's features
+
+@torch.no_grad()
+def sentence_features(lm: LoadedModel, text: str, layer: int, top: int = 5,
+                      store: FeatureStore | None = None) -> dict:
+    """Each token's strongest features at `layer`, and a token x feature grid of those features.
+
+    Returns {"layer", "tokens": every token, "per_token": [{"position", "token", "features":
+    [{"feature", "activation", "label"}] strongest first}] for each counted token (not [CLS],
+    [SEP]), "heatmap": {"features", "labels", "activations": (tokens counted, features)}}."""
+    dictionary = load_features(lm, layer, store)
+    top = validate.whole_number(top, "number of features per token", 1, MAX_TOP, field="top")
+    inputs = _tokenized(lm, text)
+    keep = kept_positions(lm, inputs["input_ids"], inputs["attention_mask"])[0]
+    hidden = splice.read(lm.model, inputs, [dictionary.layer])[dictionary.layer][0]  # (T, H)
+    positions = keep.nonzero().flatten().tolist()
+    acts, indices = dictionary.encode(hidden[positions].float())  # (N, k)
+    tokens = lm.tokenizer.convert_ids_to_tokens(inputs["input_ids"][0].tolist())
+    labels: dict[int, str] = {}
+
+    def named(feature: int) -> str:
+        if feature not in labels:
+            labels[feature] = label(lm, dictionary, feature)
+        return labels[feature]
+    per_token = []
+    for row, position in enumerate(positions):
+        order = acts[row].argsort(descending=True)[:top]
+        per_token.append({"position": position, "token": tokens[position], "features": [
+            {"feature": int(indices[row, i]), "activation": float(acts[row, i]), "label": named(int(indices[row, i]))}
+            for i in order.tolist() if acts[row, i] > 0]})
+    return {"layer": dictionary.layer, "tokens": tokens, "per_token": per_token,
+            "heatmap": _heatmap(dictionary, acts, indices, per_token, named)}
+
+
+def _heatmap(dictionary: Dictionary, acts, indices, per_token: list[dict], named) -> dict:
+    shown = {f["feature"] for t in per_token for f in t["features"]}
+    dense = torch.zeros(acts.shape[0], dictionary.latents).scatter_(1, indices, acts)
+    chosen = sorted(shown, key=lambda f: -float(dense[:, f].max()))[:HEATMAP_FEATURES]
+    return {"features": chosen, "labels": [named(f) for f in chosen],
+            "activations": dense[:, chosen].tolist() if chosen else [[] for _ in per_token]}
+
+
+def _tokenized(lm: LoadedModel, text: str) -> dict:
+    validate.text(text)
+    inputs = lm.tokenizer(lm.to_model_text(text), return_tensors="pt")
+    validate.tokens_at_most(inputs["input_ids"].shape[1], lm.max_length, lm.name)
+    return {k: v.to(lm.device) for k, v in inputs.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+
+
+# ---------------------------------------------------------------- a feature's card
+
+def feature_card(lm: LoadedModel, layer: int, feature: int, store: FeatureStore | None = None,
+                 outputs: int = 10) -> dict:
+    """Everything known of one feature: {"layer", "feature", "label", "density", "mean", "max",
+    "histogram": {"edges", "shares"}, "contexts": [{"text", "token", "start", "end", "activation",
+    "position"}] strongest first (start/end: the firing token's characters in text), "promoted" and
+    "suppressed": [{"token", "token_id", "logit_change"}] measured through the model's MLM head,
+    "cofiring": [{"feature", "share", "label"}], "statistics_tokens": tokens its statistics count}."""
+    dictionary = load_features(lm, layer, store)
+    feature = dictionary.check_feature(feature)
+    stats = dictionary.stats
+    if stats is None:
+        raise ValueError(f"The dictionary of layer {dictionary.layer} has no statistics yet: train it again.")
+    edges, shares = stats.histogram(feature)
+    change = output_effects(lm, dictionary, [feature])[0]  # (V,)
+    up, down = change.topk(outputs), (-change).topk(outputs)
+    cofiring = [(f, s) for f, s in zip(stats["cofiring"][feature].tolist(), stats["cofiring_share"][feature].tolist())
+                if f >= 0]
+    return {"layer": dictionary.layer, "feature": feature, "label": label(lm, dictionary, feature),
+            "density": float(stats["density"][feature]), "mean": float(stats["mean"][feature]),
+            "max": float(stats["max"][feature]), "statistics_tokens": stats.tokens,
+            "histogram": {"edges": edges, "shares": shares},
+            "contexts": [_context(lm, stats.contexts[line], position, activation)
+                         for line, position, activation in stats.context_rows(feature)],
+            "promoted": _changes(lm, up.indices, up.values),
+            "suppressed": _changes(lm, down.indices, -down.values),
+            "cofiring": [{"feature": f, "share": float(s), "label": label(lm, dictionary, f)} for f, s in cofiring]}
+
+
+def _context(lm: LoadedModel, text: str, position: int, activation: float) -> dict:
+    """A context line with the character span of its token at `position` (with special tokens, as
+    the statistics' pass tokenized it)."""
+    encoding = lm.tokenizer(text, return_offsets_mapping=True)
+    start, end = encoding["offset_mapping"][position] if position < len(encoding["offset_mapping"]) else (0, 0)
+    token = lm.tokenizer.convert_ids_to_tokens(encoding["input_ids"][position]) if position < len(encoding["input_ids"]) else ""
+    return {"text": text, "token": token, "position": position, "start": int(start), "end": int(end),
+            "activation": float(activation)}
+
+
+def _changes(lm: LoadedModel, ids: torch.Tensor, values: torch.Tensor) -> list[dict]:
+    return [{"token": lm.tokenizer.decode([i]), "token_id": i, "logit_change": v}
+            for i, v in zip(ids.tolist(), values.tolist())]
+
+
+@torch.no_grad()
+def output_effects(lm: LoadedModel, dictionary: Dictionary, features: list[int], chunk: int = 64) -> torch.Tensor:
+    """(len(features), V): the change in the MLM head's logits at a [MASK] when each feature's
+    decoder direction, times its mean activation, is added there at the dictionary's layer, averaged
+    over EFFECT_CONTEXTS. Measured by running the rest of the model and its own head (transform,
+    LayerNorm, decoder), not by a product of matrices that skips them."""
+    contexts = [encode(lm, text) for text in EFFECT_CONTEXTS]
+    inputs, masks = _stacked(lm, contexts)
+    count = len(contexts)
+    rows = torch.arange(count, device=lm.device)
+    clean = logits_at(lm, inputs, rows, masks, {}).float()  # (C, V)
+    mean = dictionary.stats["mean"] if dictionary.stats is not None else None
+    out = []
+    for start in range(0, len(features), chunk):
+        part = features[start:start + chunk]
+        strength = torch.tensor([float(mean[f]) if mean is not None and mean[f] > 0 else 1.0 for f in part])
+        added = (dictionary.coder.W_dec[part] * strength[:, None]).to(lm.device)  # (S, H)
+        batch = {k: v.repeat(len(part), 1) for k, v in inputs.items()}
+        all_rows = torch.arange(count * len(part), device=lm.device)
+        cols = masks.repeat(len(part))
+
+        def add(hidden, added=added, n=len(part)):
+            hidden = hidden.clone()
+            hidden[all_rows, cols] += added.repeat_interleave(count, dim=0).to(hidden.dtype)
+            return hidden
+        steered = logits_at(lm, batch, all_rows, cols, {dictionary.layer: add}).float()
+        out.append((steered.view(len(part), count, -1) - clean[None]).mean(1))
+    return torch.cat(out)
+
+
+def _stacked(lm: LoadedModel, encs) -> tuple[dict, torch.Tensor]:
+    """One-mask sentences padded into one batch; (inputs, each row's mask column)."""
+    longest = max(e.input_ids.shape[1] for e in encs)
+    pad = lm.tokenizer.pad_token_id or 0
+    ids = torch.full((len(encs), longest), pad, dtype=torch.long)
+    attention = torch.zeros((len(encs), longest), dtype=torch.long)
+    for row, e in enumerate(encs):
+        ids[row, :e.input_ids.shape[1]] = e.input_ids[0]
+        attention[row, :e.input_ids.shape[1]] = 1
+    return ({"input_ids": ids.to(lm.device), "attention_mask": attention.to(lm.device)},
+            torch.tensor([e.mask_positions[0] for e in encs], device=lm.device))
+
+
+def promoted_ids(lm: LoadedModel, dictionary: Dictionary, keep: int = 3, chunk: int = 64) -> torch.Tensor:
+    """(F, keep) the token ids each feature raises most at a [MASK] (`output_effects`), for every
+    feature: a corpus-scale pass, done once for shipped dictionaries."""
+    rows = []
+    for start in range(0, dictionary.latents, chunk):
+        features = list(range(start, min(start + chunk, dictionary.latents)))
+        rows.append(output_effects(lm, dictionary, features, chunk).topk(keep, dim=-1).indices.int())
+    return torch.cat(rows)
+
+
+# ---------------------------------------------------------------- switched off, turned up
+
+def steering_edit(dictionary: Dictionary, feature: int, scale: float, add: float, add_at: torch.Tensor | None):
+    """The edit of layer (B, T, H) that scales `feature`'s contribution by `scale` where it fires
+    (its activation x decoder row; the rest, the coder's error included, untouched) and adds `add`
+    x its mean activation x its decoder row at the positions `add_at` (B, T) where it does not fire.
+    With scale 1 and add 0 the layer is returned exactly as it was."""
+    direction = dictionary.direction(feature)
+    typical = float(dictionary.stats["mean"][feature]) if dictionary.stats is not None else 1.0
+
+    def edit(hidden):
+        if scale == 1.0 and add == 0.0:
+            return None
+        flat = hidden.reshape(-1, hidden.shape[-1]).float()
+        activation = dictionary.dense(flat)[:, feature].view(hidden.shape[:-1])  # (B, T)
+        change = (scale - 1.0) * activation
+        if add and add_at is not None:
+            change = change + add * typical * (add_at & (activation == 0)).float()
+        return hidden + (change[..., None] * direction.to(hidden.device)).to(hidden.dtype)
+    return edit
+
+
+@torch.no_grad()
+def steer(lm: LoadedModel, text: str, layer: int, feature: int, scale: float = 0.0, add: float = 0.0,
+          top_k: int = 5, store: FeatureStore | None = None, max_masks: int = DEFAULT_MAX_MASKS) -> dict:
+    """Fill-mask before and after `feature`'s contribution at `layer` is scaled by `scale` (0 = off,
+    2 = doubled) and `add` x its mean activation is added at the [MASK]s where it does not fire.
+    The coder's error term is kept, so with scale 1 and add 0 every probability equals the clean
+    model's. Returns {"layer", "feature", "label", "scale", "add", "fired": [{"position", "token",
+    "activation"}], "masks": [{"mask", "position", "before": top-k, "after": top-k, "tokens":
+    [{"token", "token_id", "before", "after"}] (the union of both top-k)}]}."""
+    dictionary = load_features(lm, layer, store)
+    feature = dictionary.check_feature(feature)
+    scale = validate.number(scale, "scale", 0.0, MAX_SCALE, field="scale")
+    add = validate.number(add, "amount added", 0.0, MAX_ADD, field="add")
+    top_k = validate.whole_number(top_k, "top_k", 1, MAX_TOP, field="top_k")
+    enc = encode(lm, text, max_masks=max_masks)
+    masks = torch.tensor(enc.mask_positions, device=lm.device)
+    rows = torch.zeros_like(masks)
+    at_masks = torch.zeros_like(enc.input_ids, dtype=torch.bool)
+    at_masks[0, masks] = True
+    inputs = dict(enc.inputs)
+    before = logits_at(lm, inputs, rows, masks, {}).float().softmax(-1)
+    edit = steering_edit(dictionary, feature, scale, add, at_masks)
+    after = logits_at(lm, inputs, rows, masks, {dictionary.layer: edit}).float().softmax(-1)
+    hidden = splice.read(lm.model, inputs, [dictionary.layer])[dictionary.layer][0]
+    fired = dictionary.dense(hidden.float())[:, feature]
+    tokens = lm.tokenizer.convert_ids_to_tokens(enc.input_ids[0].tolist())
+    return {"layer": dictionary.layer, "feature": feature, "label": label(lm, dictionary, feature),
+            "scale": scale, "add": add,
+            "fired": [{"position": p, "token": tokens[p], "activation": float(fired[p])}
+                      for p in fired.nonzero().flatten().tolist()],
+            "masks": [_before_after(lm, m, int(position), before[m], after[m], top_k)
+                      for m, position in enumerate(enc.mask_positions)]}
+
+
+def _before_after(lm: LoadedModel, m: int, position: int, before: torch.Tensor, after: torch.Tensor, top_k: int) -> dict:
+    top_before, top_after = before.topk(top_k), after.topk(top_k)
+    union = list(dict.fromkeys(top_before.indices.tolist() + top_after.indices.tolist()))
+    return {"mask": m + 1, "position": position,
+            "before": [prediction(lm, i, s) for i, s in zip(top_before.indices.tolist(), top_before.values.tolist())],
+            "after": [prediction(lm, i, s) for i, s in zip(top_after.indices.tolist(), top_after.values.tolist())],
+            "tokens": [{"token": lm.tokenizer.decode([i]), "token_id": i, "before": float(before[i]),
+                        "after": float(after[i])} for i in union]}
+
+
+# ---------------------------------------------------------------- the features behind a prediction
+
+def prediction_features(lm: LoadedModel, text: str, layer: int, top: int = 10, candidates: int = 20,
+                        store: FeatureStore | None = None, max_masks: int = DEFAULT_MAX_MASKS) -> dict:
+    """For each [MASK]'s top word: the features active at `layer` (over all tokens) that most lower
+    its log-probability when switched off. A first-order estimate (the gradient of the word's
+    log-probability at the layer, dotted with each feature's contribution) picks `candidates`; each
+    is then switched off for real (its activation x decoder row removed at every position, the
+    coder's error kept), and the number shown is that measured change.
+
+    Returns {"layer", "masks": [{"mask", "position", "word", "token_id", "log_prob", "features":
+    [{"feature", "label", "drop", "estimate", "activation"}] largest drop first}]}."""
+    dictionary = load_features(lm, layer, store)
+    top = validate.whole_number(top, "number of features", 1, MAX_TOP, field="top")
+    candidates = validate.whole_number(candidates, "number of candidates", 1, MAX_CANDIDATES, field="candidates")
+    enc = encode(lm, text, max_masks=max_masks)
+    inputs = dict(enc.inputs)
+    masks = torch.tensor(enc.mask_positions, device=lm.device)
+    keep = kept_positions(lm, inputs["input_ids"], inputs["attention_mask"])[0]
+    words, estimates, dense = _estimates(lm, dictionary, inputs, masks, keep)  # (M,), (M, F), (T, F)
+    out = []
+    for m, position in enumerate(enc.mask_positions):
+        active = (dense.sum(0) > 0).nonzero().flatten()
+        picked = active[estimates[m, active].argsort(descending=True)[:candidates]].tolist()
+        drops = _measured_drops(lm, dictionary, inputs, int(position), int(words[m]), picked, dense)
+        clean = drops.pop("clean")
+        ranked = sorted(picked, key=lambda f: -drops[f])[:top]
+        out.append({"mask": m + 1, "position": int(position), "word": lm.tokenizer.decode([int(words[m])]),
+                    "token_id": int(words[m]), "log_prob": clean,
+                    "features": [{"feature": f, "label": label(lm, dictionary, f), "drop": drops[f],
+                                  "estimate": float(estimates[m, f]), "activation": float(dense[:, f].sum())}
+                                 for f in ranked]})
+    return {"layer": dictionary.layer, "masks": out}
+
+
+def _estimates(lm, dictionary: Dictionary, inputs: dict, masks: torch.Tensor, keep: torch.Tensor):
+    """(top word per mask (M,), first-order drop of its log-prob per feature (M, F), the features'
+    activations at every position (T, F), zero at [CLS]/[SEP])."""
+    held = {}
+
+    def grab(hidden):
+        held["h"] = hidden.detach().requires_grad_(True)
+        return held["h"]
+    with torch.enable_grad():
+        logits = logits_at(lm, inputs, torch.zeros_like(masks), masks, {dictionary.layer: grab}).float()
+        log_probs = logits.log_softmax(-1)
+        words = log_probs.argmax(-1)
+        chosen = log_probs.gather(-1, words[:, None])[:, 0]  # (M,)
+        grads = [torch.autograd.grad(chosen[m], held["h"], retain_graph=m + 1 < len(chosen))[0][0]
+                 for m in range(len(chosen))]  # each (T, H)
+    hidden = held["h"].detach()[0].float()
+    dense = dictionary.dense(hidden) * keep[:, None].float().cpu()  # (T, F)
+    W = dictionary.coder.W_dec  # (F, H)
+    estimates = torch.stack([(dense * (g.float().cpu() @ W.T)).sum(0) for g in grads])  # (M, F)
+    return words.cpu(), estimates, dense
+
+
+@torch.no_grad()
+def _measured_drops(lm, dictionary: Dictionary, inputs: dict, position: int, word: int, features: list[int],
+                    dense: torch.Tensor) -> dict:
+    """{"clean": log p(word), feature: log p(word) clean - with that feature switched off}."""
+    count = len(features) + 1  # row 0: nothing switched off
+    batch = {k: v.repeat(count, 1) for k, v in inputs.items()}
+    removed = torch.zeros(count, dense.shape[0], dictionary.width)  # (rows, T, H)
+    for row, feature in enumerate(features, 1):
+        removed[row] = dense[:, feature:feature + 1] * dictionary.direction(feature)[None]
+
+    def switch_off(hidden):
+        return hidden - removed.to(hidden.device, hidden.dtype)
+    rows = torch.arange(count, device=lm.device)
+    cols = torch.full((count,), position, device=lm.device)
+    log_p = logits_at(lm, batch, rows, cols, {dictionary.layer: switch_off}).float().log_softmax(-1)[:, word]
+    return {"clean": float(log_p[0]), **{f: float(log_p[0] - log_p[row]) for row, f in enumerate(features, 1)}}
+
+
+# ---------------------------------------------------------------- two uses of a word
+
+@torch.no_grad()
+def contrast_features(lm: LoadedModel, texts_a: list[str], texts_b: list[str], word: str, layer: int,
+                      top: int = 10, store: FeatureStore | None = None) -> dict:
+    """The features that separate two uses of `word`: for each, the share of list A's occurrences
+    of the word it fires on (on any of the word's pieces) and list B's.
+
+    Returns {"layer", "word", "occurrences": {"a", "b"}, "a": [{"feature", "label", "share_a",
+    "share_b", "separation"}] (features of A's use, separation = share_a - share_b, largest
+    first), "b": likewise for B's use}."""
+    dictionary = load_features(lm, layer, store)
+    word = validate.text(word, "word", example="bank").strip()
+    if not re.fullmatch(r"[\w'’-]+", word):
+        raise validate.InputError("word", f"Type one word to contrast (letters only), got {validate.shown(word)}.")
+    top = validate.whole_number(top, "number of features", 1, MAX_TOP, field="top")
+    fired_a, fired_b = (_fired_on_word(lm, dictionary, _lines(texts, name), word, name)
+                        for texts, name in ((texts_a, "texts_a"), (texts_b, "texts_b")))
+    share_a, share_b = fired_a.float().mean(0), fired_b.float().mean(0)
+    separation = share_a - share_b
+
+    def ranked(sign: float) -> list[dict]:
+        order = (sign * separation).argsort(descending=True)[:top]
+        return [{"feature": f, "label": label(lm, dictionary, f), "share_a": float(share_a[f]),
+                 "share_b": float(share_b[f]), "separation": float(separation[f])}
+                for f in order.tolist() if sign * separation[f] > 0]
+    return {"layer": dictionary.layer, "word": word, "occurrences": {"a": len(fired_a), "b": len(fired_b)},
+            "a": ranked(1.0), "b": ranked(-1.0)}
+
+
+def _lines(texts, name: str) -> list[str]:
+    if isinstance(texts, str):
+        texts = texts.splitlines()
+    lines = [t.strip() for t in texts or [] if isinstance(t, str) and t.strip()]
+    if not lines:
+        raise validate.InputError(name, "Each list needs at least one sentence using the word, one per line.")
+    validate.length_at_most(len(lines), MAX_CONTRAST_LINES, "list", "sentences", field=name)
+    return lines
+
+
+def _fired_on_word(lm, dictionary: Dictionary, lines: list[str], word: str, name: str) -> torch.Tensor:
+    """(occurrences, F) bool: which features fire on each occurrence of `word` in `lines`."""
+    pattern = re.compile(rf"(?<!\w){re.escape(word)}(?!\w)", re.IGNORECASE)
+    rows = []
+    for line in lines:
+        spans = [m.span() for m in pattern.finditer(line)]
+        if not spans:
+            continue
+        encoding = lm.tokenizer(line, return_offsets_mapping=True, return_tensors="pt")
+        validate.tokens_at_most(encoding["input_ids"].shape[1], lm.max_length, lm.name, field=name)
+        offsets = encoding.pop("offset_mapping")[0].tolist()
+        inputs = {k: v.to(lm.device) for k, v in encoding.items() if k in ("input_ids", "attention_mask")}
+        dense = dictionary.dense(splice.read(lm.model, inputs, [dictionary.layer])[dictionary.layer][0].float())
+        for start, end in spans:
+            pieces = [i for i, (s, e) in enumerate(offsets) if e > s and s < end and e > start]
+            if pieces:
+                rows.append((dense[pieces] > 0).any(0))
+    if not rows:
+        raise validate.InputError(name, f"No sentence in this list uses the word {word!r}: each should.")
+    return torch.stack(rows)
+
+
+def sense_lists(word: str = "bank") -> tuple[list[str], list[str]]:
+    """Two uses of `word` from assets/corpus/senses.txt, for the contrast's example: its lines
+    using the word, split where the first use's run of lines ends (the river bank, then the money
+    bank)."""
+    lines = [line for line in SENSES.read_text(encoding="utf-8").splitlines() if re.search(rf"\b{word}\b", line)]
+    half = len(lines) // 2
+    return lines[:half], lines[half:]
+
+
+# ---------------------------------------------------------------- how far to trust it; after a fine-tune
+
+def feature_quality(lm: LoadedModel, layer: int, store: FeatureStore | None = None) -> dict:
+    """The dictionary's quality figures as measured when it was made (`quality.measure`: FVU, dead,
+    L0, cross-entropies, loss recovered) and its training record (tokens, minutes, machine)."""
+    dictionary = load_features(lm, layer, store)
+    return {"layer": dictionary.layer, "folder": str(dictionary.folder) if dictionary.folder else None,
+            "latents": dictionary.latents, "k": dictionary.k, **dictionary.record.get("quality", {}),
+            "training": dictionary.record.get("training", {})}
+
+
+@torch.no_grad()
+def tuning_drift(base: LoadedModel, tuned: LoadedModel, text: str | list[str], layer: int, top: int = 10,
+                 store: FeatureStore | None = None) -> dict:
+    """What a fine-tune changed at `layer`, seen through the base model's dictionary: per feature,
+    how often (density) and how strongly (mean activation where it fires) it fires on `text` in the
+    base and the tuned model, the features that changed most, and the base dictionary's FVU on
+    each model's activations.
+
+    Returns {"layer", "tokens", "fvu": {"base", "tuned"}, "features": [{"feature", "label",
+    "density_base", "density_tuned", "mean_base", "mean_tuned", "change"}] largest change first}."""
+    from .data import Lines, hidden_at
+
+    dictionary = load_features(base, layer, store)
+    top = validate.whole_number(top, "number of features", 1, MAX_TOP, field="top")
+    lines = Lines(base, text.splitlines() if isinstance(text, str) else list(text))
+    counts, sums, fvu = {}, {}, {}
+    for name, lm in (("base", base), ("tuned", tuned)):
+        fired = torch.zeros(dictionary.latents)
+        total = torch.zeros(dictionary.latents)
+        error = squared = 0.0
+        mean_sum, n = torch.zeros(dictionary.width, dtype=torch.float64), 0
+        for batch in lines.batches(lm, seed=0, masked_share=0.0, order=np.arange(len(lines)), endless=False):
+            x = hidden_at(lm, batch, [dictionary.layer])[dictionary.layer]
+            dense = dictionary.dense(x)
+            fired += (dense > 0).float().sum(0)
+            total += dense.sum(0)
+            error += float((x - dictionary.decode(*dictionary.encode(x))).pow(2).sum())
+            squared += float(x.double().pow(2).sum())
+            mean_sum += x.double().sum(0)
+            n += x.shape[0]
+        counts[name], sums[name] = fired, total
+        fvu[name] = error / (squared - n * float((mean_sum / n).pow(2).sum()))
+    density = {k: v / n for k, v in counts.items()}
+    mean = {k: sums[k] / counts[k].clamp(min=1) for k in sums}
+    change = (density["tuned"] - density["base"]).abs() + (sums["tuned"] - sums["base"]).abs() / max(n, 1)
+    order = change.argsort(descending=True)[:top].tolist()
+    return {"layer": dictionary.layer, "tokens": n, "fvu": fvu, "features": [
+        {"feature": f, "label": label(base, dictionary, f), "density_base": float(density["base"][f]),
+         "density_tuned": float(density["tuned"][f]), "mean_base": float(mean["base"][f]),
+         "mean_tuned": float(mean["tuned"][f]), "change": float(change[f])} for f in order]}
