@@ -109,8 +109,10 @@ class _Layer:
             self.started = True
         coder.set_decoder_norm_to_unit_norm()
         dead = self.since_fired > settings.dead_tokens
-        out = coder(x, dead_mask=dead if settings.auxk_alpha > 0 else None)
-        loss = out.fvu + settings.auxk_alpha * out.auxk_loss
+        out = coder(x)
+        loss = out.fvu
+        if settings.auxk_alpha > 0 and dead.any():
+            loss = loss + settings.auxk_alpha * auxk_loss(coder, x, out.sae_out, dead)
         loss.backward()
         coder.remove_gradient_parallel_to_decoder_directions()
         self.optimizer.step()
@@ -126,6 +128,28 @@ class _Layer:
         self.optimizer.eval()
         self.coder.set_decoder_norm_to_unit_norm()
         return self.coder.eval().requires_grad_(False)
+
+
+def auxk_loss(coder, x: torch.Tensor, reconstruction: torch.Tensor, dead: torch.Tensor) -> torch.Tensor:
+    """sparsify's AuxK loss (`SparseCoder.forward` with a `dead_mask`; Gao et al., appendix B.1): the
+    top k_aux = min(H / 2, dead) dead latents are asked to reconstruct the residual the live ones
+    leave, scaled by min(dead / k_aux, 1), over the batch's total variance. Computed here on the
+    dead latents' columns only: sparsify's own call ranks all F latents per token with the live ones
+    at -inf and decodes through a sparse gather whose backward sorts N x k_aux indices, which on a
+    CPU doubled the step's time. Same loss, same gradient on the decoder; unlike sparsify's, whose
+    fused encoder drops the gradient of its pre-activations, the dead latents' encoder rows get
+    theirs too, as in the paper: that is what makes a dead latent fire again."""
+    columns = dead.nonzero().flatten()  # (D,)
+    k_aux = min(x.shape[-1] // 2, len(columns))
+    scale = min(len(columns) / (x.shape[-1] // 2), 1.0)
+    pre = torch.relu(torch.nn.functional.linear(x - coder.b_dec.detach(), coder.encoder.weight[columns],
+                                                coder.encoder.bias[columns]))  # (N, D)
+    acts, picked = pre.topk(k_aux, sorted=False)  # (N, k_aux)
+    chosen = torch.zeros_like(pre).scatter(1, picked, acts)  # (N, D): the rest zero
+    estimate = chosen @ coder.W_dec[columns]  # (N, H)
+    residual = (x - reconstruction).detach()
+    total_variance = (x - x.mean(0)).pow(2).sum()
+    return scale * (estimate - residual).pow(2).sum() / total_variance
 
 
 def train(lm: LoadedModel, layers: list[int], lines: Lines, settings: FeatureSettings = FeatureSettings(), *,
