@@ -122,13 +122,13 @@ def _padded(rows: list[list[int]], value: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def hidden_at(lm: LoadedModel, batch: TokenBatch, layers: list[int]) -> dict[int, torch.Tensor]:
-    """{layer: (N, H) float32}: the residual stream at each layer's output at the batch's kept
-    positions, from one forward that stops after the deepest layer asked."""
+def hidden_at(lm: LoadedModel, batch: TokenBatch, layers: list[int], device: torch.device | str = "cpu") -> dict[int, torch.Tensor]:
+    """{layer: (N, H) float32 on `device`}: the residual stream at each layer's output at the
+    batch's kept positions, from one forward that stops after the deepest layer asked."""
     inputs = {k: v.to(lm.device) for k, v in batch.inputs.items()}
     states = splice.read(lm.model, inputs, layers)
     keep = batch.keep.to(lm.device)
-    return {layer: states[layer][keep].float().cpu() for layer in layers}
+    return {layer: states[layer][keep].float().to(device) for layer in layers}
 
 
 def kept_positions(lm: LoadedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

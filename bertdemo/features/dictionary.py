@@ -68,9 +68,9 @@ class Dictionary:
 
     @torch.no_grad()
     def encode(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """hidden (N, H) -> (activations (N, k), feature indices (N, k)); an activation may be 0
-        where fewer than k latents pass the ReLU."""
-        out = self.coder.encode(hidden.to(self.coder.dtype))
+        """hidden (N, H) -> (activations (N, k), feature indices (N, k)) on the coder's device; an
+        activation may be 0 where fewer than k latents pass the ReLU."""
+        out = self.coder.encode(hidden.to(self.coder.device, self.coder.dtype))
         return out.top_acts, out.top_indices
 
     @torch.no_grad()
@@ -96,10 +96,10 @@ class Dictionary:
                                      field="feature")
 
 
-def new_coder(width: int, latents: int | None = None, k: int = K) -> SparseCoder:
+def new_coder(width: int, latents: int | None = None, k: int = K, device: torch.device | str = "cpu") -> SparseCoder:
     """An untrained TopK coder for a hidden size `width`: `latents` (default 8 x width), `k` kept."""
     config = SparseCoderConfig(activation="topk", num_latents=latents or EXPANSION * width, k=k)
-    return SparseCoder(width, config, device="cpu", dtype=torch.float32)
+    return SparseCoder(width, config, device=device, dtype=torch.float32)
 
 
 def save(dictionary: Dictionary, folder: Path | str, half: bool = False, contexts: str = CONTEXTS) -> Dictionary:

@@ -91,7 +91,7 @@ def replacement(variant: str, dictionary: Dictionary, mean: torch.Tensor, keep: 
         hidden = hidden.clone()
         if variant == "spliced":
             x = hidden[keep].float()
-            hidden[keep] = dictionary.decode(*dictionary.encode(x)).to(hidden.dtype)
+            hidden[keep] = dictionary.decode(*dictionary.encode(x)).to(hidden.device, hidden.dtype)
         elif variant == "zero":
             hidden[keep] = 0
         else:

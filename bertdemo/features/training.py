@@ -90,15 +90,15 @@ class FeatureHistory:
 class _Layer:
     """One layer's coder in training: its optimizer and its dead-latent counts."""
 
-    def __init__(self, width: int, settings: FeatureSettings, start: Dictionary | None):
-        self.coder = new_coder(width, settings.latents, settings.k)
+    def __init__(self, width: int, settings: FeatureSettings, start: Dictionary | None, device: torch.device):
+        self.coder = new_coder(width, settings.latents, settings.k, device)  # on the model's device: a GPU's when lent
         if start is not None:
             self.coder.load_state_dict(start.coder.state_dict())
         self.coder.requires_grad_(True).train()
         rate = settings.learning_rate or 5e-3 / math.sqrt(self.coder.num_latents / 2 ** 14)
         self.optimizer = ScheduleFreeWrapper(SignSGD([{"params": self.coder.parameters(), "lr": rate}]), momentum=0.95)
         self.optimizer.train()
-        self.since_fired = torch.zeros(self.coder.num_latents, dtype=torch.long)
+        self.since_fired = torch.zeros(self.coder.num_latents, dtype=torch.long, device=device)
         self.started = start is not None
 
     def step(self, x: torch.Tensor, settings: FeatureSettings) -> tuple[float, float]:
@@ -124,10 +124,11 @@ class _Layer:
         return out.fvu.item(), dead.float().mean().item()
 
     def finished(self) -> torch.nn.Module:
-        """The coder at schedule-free's averaged weights (what it evaluates with), frozen."""
+        """The coder at schedule-free's averaged weights (what it evaluates with), frozen, on the CPU
+        (where the views encode: a sentence's codes are a few rows)."""
         self.optimizer.eval()
         self.coder.set_decoder_norm_to_unit_norm()
-        return self.coder.eval().requires_grad_(False)
+        return self.coder.cpu().eval().requires_grad_(False)
 
 
 def auxk_loss(coder, x: torch.Tensor, reconstruction: torch.Tensor, dead: torch.Tensor) -> torch.Tensor:
@@ -163,7 +164,7 @@ def train(lm: LoadedModel, layers: list[int], lines: Lines, settings: FeatureSet
     layers = [splice.check_layer(lm.model, layer) for layer in layers]
     width = lm.model.config.hidden_size
     torch.manual_seed(settings.seed)
-    coders = {layer: _Layer(width, settings, (start_from or {}).get(layer)) for layer in layers}
+    coders = {layer: _Layer(width, settings, (start_from or {}).get(layer), lm.device) for layer in layers}
     history = FeatureHistory(layers)
     tokens, started = 0, time.perf_counter()
     for step, batch in enumerate(lines.batches(lm, batch_tokens=settings.batch_tokens, seed=settings.seed), 1):
@@ -172,7 +173,7 @@ def train(lm: LoadedModel, layers: list[int], lines: Lines, settings: FeatureSet
             history.stopped = None if stopped == "tokens" else stopped
             break
         t0 = time.perf_counter()
-        states = hidden_at(lm, batch, layers)
+        states = hidden_at(lm, batch, layers, lm.device)
         t1 = time.perf_counter()
         if settings.pause:
             time.sleep(settings.pause)

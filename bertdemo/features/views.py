@@ -177,28 +177,33 @@ def output_effects(lm: LoadedModel, dictionary: Dictionary, features: list[int],
     """(len(features), V): the change in the MLM head's logits at a [MASK] when each feature's
     decoder direction, times its mean activation, is added there at the dictionary's layer, averaged
     over EFFECT_CONTEXTS. Measured by running the rest of the model and its own head (transform,
-    LayerNorm, decoder), not by a product of matrices that skips them."""
+    LayerNorm, decoder), not by a product of matrices that skips them; the clean rows ride in the
+    same batch as the first chunk's."""
     contexts = [encode(lm, text) for text in EFFECT_CONTEXTS]
     inputs, masks = _stacked(lm, contexts)
     count = len(contexts)
-    rows = torch.arange(count, device=lm.device)
-    clean = logits_at(lm, inputs, rows, masks, {}).float()  # (C, V)
     mean = dictionary.stats["mean"] if dictionary.stats is not None else None
-    out = []
+    clean, out = None, []
     for start in range(0, len(features), chunk):
         part = features[start:start + chunk]
         strength = torch.tensor([float(mean[f]) if mean is not None and mean[f] > 0 else 1.0 for f in part])
-        added = (dictionary.coder.W_dec[part] * strength[:, None]).to(lm.device)  # (S, H)
-        batch = {k: v.repeat(len(part), 1) for k, v in inputs.items()}
-        all_rows = torch.arange(count * len(part), device=lm.device)
-        cols = masks.repeat(len(part))
+        added = (dictionary.coder.W_dec[part] * strength[:, None]).repeat_interleave(count, dim=0)  # (S * C, H)
+        if clean is None:  # the first chunk also runs the contexts as they are
+            added = torch.cat([torch.zeros(count, added.shape[1]), added])
+        rows = added.shape[0] // count
+        batch = {k: v.repeat(rows, 1) for k, v in inputs.items()}
+        all_rows = torch.arange(rows * count, device=lm.device)
+        cols = masks.repeat(rows)
+        added = added.to(lm.device)
 
-        def add(hidden, added=added, n=len(part)):
+        def add(hidden, added=added, all_rows=all_rows, cols=cols):
             hidden = hidden.clone()
-            hidden[all_rows, cols] += added.repeat_interleave(count, dim=0).to(hidden.dtype)
+            hidden[all_rows, cols] += added.to(hidden.dtype)
             return hidden
-        steered = logits_at(lm, batch, all_rows, cols, {dictionary.layer: add}).float()
-        out.append((steered.view(len(part), count, -1) - clean[None]).mean(1))
+        logits = logits_at(lm, batch, all_rows, cols, {dictionary.layer: add}).float().view(rows, count, -1)
+        if clean is None:
+            clean, logits = logits[0], logits[1:]
+        out.append((logits - clean[None]).mean(1))
     return torch.cat(out)
 
 
@@ -239,10 +244,10 @@ def steering_edit(dictionary: Dictionary, feature: int, scale: float, add: float
         if scale == 1.0 and add == 0.0:
             return None
         flat = hidden.reshape(-1, hidden.shape[-1]).float()
-        activation = dictionary.dense(flat)[:, feature].view(hidden.shape[:-1])  # (B, T)
+        activation = dictionary.dense(flat)[:, feature].view(hidden.shape[:-1]).to(hidden.device)  # (B, T)
         change = (scale - 1.0) * activation
         if add and add_at is not None:
-            change = change + add * typical * (add_at & (activation == 0)).float()
+            change = change + add * typical * (add_at.to(hidden.device) & (activation == 0)).float()
         return hidden + (change[..., None] * direction.to(hidden.device)).to(hidden.dtype)
     return edit
 
@@ -253,7 +258,9 @@ def steer(lm: LoadedModel, text: str, layer: int, feature: int, scale: float = 0
     """Fill-mask before and after `feature`'s contribution at `layer` is scaled by `scale` (0 = off,
     2 = doubled) and `add` x its mean activation is added at the [MASK]s where it does not fire.
     The coder's error term is kept, so with scale 1 and add 0 every probability equals the clean
-    model's. Returns {"layer", "feature", "label", "scale", "add", "fired": [{"position", "token",
+    model's. One forward of two rows: the sentence as it is, and edited.
+
+    Returns {"layer", "feature", "label", "scale", "add", "fired": [{"position", "token",
     "activation"}], "masks": [{"mask", "position", "before": top-k, "after": top-k, "tokens":
     [{"token", "token_id", "before", "after"}] (the union of both top-k)}]}."""
     dictionary = load_features(lm, layer, store)
@@ -263,15 +270,20 @@ def steer(lm: LoadedModel, text: str, layer: int, feature: int, scale: float = 0
     top_k = validate.whole_number(top_k, "top_k", 1, MAX_TOP, field="top_k")
     enc = encode(lm, text, max_masks=max_masks)
     masks = torch.tensor(enc.mask_positions, device=lm.device)
-    rows = torch.zeros_like(masks)
     at_masks = torch.zeros_like(enc.input_ids, dtype=torch.bool)
     at_masks[0, masks] = True
-    inputs = dict(enc.inputs)
-    before = logits_at(lm, inputs, rows, masks, {}).float().softmax(-1)
     edit = steering_edit(dictionary, feature, scale, add, at_masks)
-    after = logits_at(lm, inputs, rows, masks, {dictionary.layer: edit}).float().softmax(-1)
-    hidden = splice.read(lm.model, inputs, [dictionary.layer])[dictionary.layer][0]
-    fired = dictionary.dense(hidden.float())[:, feature]
+    seen = {}
+
+    def second_row(hidden):  # (2, T, H): row 0 stays as it is
+        seen["activation"] = dictionary.dense(hidden[0].float())[:, feature]
+        edited = edit(hidden[1:])
+        return None if edited is None else torch.cat([hidden[:1], edited])
+    batch = {k: v.repeat(2, 1) for k, v in enc.inputs.items()}
+    rows = torch.arange(2, device=lm.device).repeat_interleave(len(masks))
+    probs = logits_at(lm, batch, rows, masks.repeat(2), {dictionary.layer: second_row}).float().softmax(-1)
+    before, after = probs[:len(masks)], probs[len(masks):]
+    fired = seen["activation"]
     tokens = lm.tokenizer.convert_ids_to_tokens(enc.input_ids[0].tolist())
     return {"layer": dictionary.layer, "feature": feature, "label": label(lm, dictionary, feature),
             "scale": scale, "add": add,
