@@ -93,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     features.add_argument("--latents", type=int, help="features per layer (default: 8 x the hidden size)")
     features.add_argument("--out", help="folder to save in (default: assets/bundled/features)")
     features.add_argument("--corpus", help="the bundled corpus (built if missing; default ~/.cache/bertdemo-bundled/corpus)")
+    features.add_argument("--statistics-only", action="store_true", help="keep the coders in --out, make their "
+                          "statistics and quality figures again")
     commands.add_parser("config-doc", help="print docs/configuration.md: every flag and environment "
                         "variable, from bertdemo.config.Settings")
     args = parser.parse_args(argv)
@@ -135,7 +137,7 @@ def train_bundled(args) -> int:
 
 def train_features(args) -> int:
     from .build.bundled_corpus import build
-    from .features.making import make_shipped
+    from .features.making import finish_shipped, make_shipped
     from .features.store import SHIPPED
     from .features.training import FeatureSettings
     from .model.bundled import FOLDER, load_bundled
@@ -143,8 +145,12 @@ def train_features(args) -> int:
     corpus = Path(args.corpus) if args.corpus else Path.home() / ".cache" / "bertdemo-bundled" / "corpus"
     if not (corpus / "train.txt").is_file():
         build(corpus, corpus.parent / "packages", tokenizer_file=FOLDER / "tokenizer.json")
+    out = Path(args.out) if args.out else SHIPPED
+    if args.statistics_only:
+        finish_shipped(load_bundled(device="cpu"), corpus, out)
+        return 0
     settings = FeatureSettings(latents=args.latents, max_tokens=args.tokens, max_seconds=args.minutes * 60, pause=0.0)
-    make_shipped(load_bundled(device="cpu"), corpus, Path(args.out) if args.out else SHIPPED, settings)
+    make_shipped(load_bundled(device="cpu"), corpus, out, settings)
     return 0
 
 

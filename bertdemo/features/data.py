@@ -52,8 +52,12 @@ class Lines:
             raise ValueError("The corpus has no text: paste some sentences, one per line.")
         self.prefix, self.suffix = special_tokens_around(lm.tokenizer)
         room = max(1, min(max_length, lm.max_length) - len(self.prefix) - len(self.suffix))
-        ids = lm.tokenizer(self.texts, add_special_tokens=False, truncation=False)["input_ids"]
-        self.ids = [row[:room] for row in ids]
+        fast = getattr(lm.tokenizer, "is_fast", False)
+        encoded = lm.tokenizer(self.texts, add_special_tokens=False, truncation=False, return_offsets_mapping=fast)
+        self.ids = [row[:room] for row in encoded["input_ids"]]
+        if fast:  # a cut line is kept as far as the model reads it: what a card shows is what it read
+            self.texts = [text if len(row) <= room else text[:offsets[room - 1][1]]
+                          for text, row, offsets in zip(self.texts, encoded["input_ids"], encoded["offset_mapping"])]
         self.lengths = np.array([len(row) for row in self.ids])
 
     def __len__(self) -> int:

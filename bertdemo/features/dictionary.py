@@ -120,6 +120,8 @@ def save(dictionary: Dictionary, folder: Path | str, half: bool = False, context
     write_json(staging / RECORD, record)
     if dictionary.stats is not None:
         dictionary.stats.save(staging / STATS, staging / contexts)
+    for written in staging.iterdir():  # safetensors writes 0600: a server running as another user reads them
+        written.chmod(0o644)
     shutil.rmtree(folder, ignore_errors=True)
     os.replace(staging, folder)
     return Dictionary(dictionary.coder, dictionary.layer, folder, record, dictionary.stats)

@@ -25,7 +25,7 @@ from . import dictionary as files
 from .data import Lines
 from .dictionary import Dictionary
 from .quality import measure
-from .stats import corpus_codes, from_codes
+from .stats import corpus_codes, from_codes, keep_used_lines
 from .store import FeatureStore, weights_digest
 from .training import FeatureHistory, FeatureSettings, machine, train
 from .views import default_store, promoted_ids
@@ -90,9 +90,11 @@ def finish(lm: LoadedModel, trained: dict[int, Dictionary], lines: Lines, held_o
     """Each trained dictionary with its statistics (over `lines`, plain; with the promoted tokens
     of every feature when `effects`) and its quality figures (over `held_out`) in its record."""
     codes = corpus_codes(lm, trained, lines)
+    stats_of = {layer: from_codes(codes[layer], lines.texts, d.latents) for layer, d in trained.items()}
+    keep_used_lines(list(stats_of.values()))
     done = {}
     for layer, dictionary in trained.items():
-        stats = from_codes(codes[layer], lines.texts, dictionary.latents)
+        stats = stats_of[layer]
         with_stats = Dictionary(dictionary.coder, layer, None, dictionary.record, stats)
         if effects:
             stats.tensors["promoted"] = promoted_ids(lm, with_stats)
@@ -106,14 +108,9 @@ def finish(lm: LoadedModel, trained: dict[int, Dictionary], lines: Lines, held_o
 def make_shipped(lm: LoadedModel, corpus: Path, out: Path, settings: FeatureSettings, *, layers: list[int] | None = None,
                  statistics_lines: int = 6000, held_out_lines: int = 4000, echo: Callable[[str], None] = print) -> dict:
     """The dictionaries of `layers` (default: every layer's output, 1..L) of `lm`, trained on
-    `corpus`/train.txt from one forward per batch, statistics over the first `statistics_lines` of
-    heldout.txt, quality over the next `held_out_lines`, saved in float16 under `out`/layer_N with
-    one contexts.txt and a training.json. Returns training.json."""
+    `corpus`/train.txt from one forward per batch, then `finish_shipped`. Returns training.json."""
     layers = layers or list(range(1, lm.model.config.num_hidden_layers + 1))
     lines = Lines(lm, (corpus / "train.txt").read_text(encoding="utf-8").splitlines())
-    held = (corpus / "heldout.txt").read_text(encoding="utf-8").splitlines()
-    stats_lines = Lines(lm, held[:statistics_lines])
-    held_out = Lines(lm, held[statistics_lines:statistics_lines + held_out_lines])
     echo(f"training {len(layers)} dictionaries on {lines.tokens:,} tokens a pass ({len(lines):,} lines), "
          f"{settings.max_tokens:,} tokens or {settings.max_seconds:.0f} s")
     started = time.perf_counter()
@@ -123,20 +120,43 @@ def make_shipped(lm: LoadedModel, corpus: Path, out: Path, settings: FeatureSett
             echo(f"step {step.step}: {step.tokens:,} tokens, {step.tokens_per_s:,.0f}/s; FVU "
                  + " ".join(f"{f:.3f}" for f in step.fvu) + "; dead " + " ".join(f"{d:.1%}" for d in step.dead))
     trained, history = train(lm, layers, lines, settings, on_event=report)
-    training_seconds = time.perf_counter() - started
-    done = finish(lm, trained, stats_lines, held_out, effects=True)
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
+    for layer, dictionary in trained.items():  # the coders first (float16, as shipped): the rest is made from them
+        files.save(dictionary, out / f"layer_{layer}", half=True, contexts=f"../{files.CONTEXTS}")
+    files.write_json(out / "training.json", {
+        "weights": weights_digest(lm.model), "model": lm.name, "layers": layers, "tokens": history.tokens,
+        "minutes": round((time.perf_counter() - started) / 60, 2), "machine": machine(),
+        "corpus": corpus.name, "settings": trained[layers[0]].record["training"]["settings"]})
+    return finish_shipped(lm, corpus, out, statistics_lines=statistics_lines, held_out_lines=held_out_lines, echo=echo)
+
+
+def finish_shipped(lm: LoadedModel, corpus: Path, out: Path, *, statistics_lines: int = 6000, held_out_lines: int = 4000,
+                   echo: Callable[[str], None] = print) -> dict:
+    """The shipped coders in `out` (as stored, float16) with their statistics over the first
+    `statistics_lines` of `corpus`/heldout.txt (one contexts.txt for all), the promoted tokens of
+    every feature, and their quality over the next `held_out_lines`; training.json gets the figures."""
+    started = time.perf_counter()
+    record = json.loads((out / "training.json").read_text(encoding="utf-8"))
+    trained = {layer: files.load(out / f"layer_{layer}") for layer in record["layers"]}
+    trained = {layer: Dictionary(d.coder, layer, None, d.record) for layer, d in trained.items()}
+    held = (corpus / "heldout.txt").read_text(encoding="utf-8").splitlines()
+    stats_lines = Lines(lm, held[:statistics_lines])
+    held_out = Lines(lm, held[statistics_lines:statistics_lines + held_out_lines])
+    done = finish(lm, trained, stats_lines, held_out, effects=True)
+    (out / files.CONTEXTS).unlink(missing_ok=True)
     for layer, dictionary in done.items():
         files.save(dictionary, out / f"layer_{layer}", half=True, contexts=f"../{files.CONTEXTS}")
         q = dictionary.record["quality"]
         echo(f"layer {layer}: FVU {q['fvu']:.3f}, dead {q['dead']:.1%}, L0 {q['l0']:.1f}, loss recovered "
-             f"{q['loss_recovered']['zero']:.3f} (zero) {q['loss_recovered']['mean']:.3f} (mean)")
-    record = {"weights": weights_digest(lm.model), "model": lm.name, "layers": layers,
-              "tokens": history.tokens, "minutes": round(training_seconds / 60, 2),
-              "minutes_with_statistics": round((time.perf_counter() - started) / 60, 2), "machine": machine(),
-              "corpus": str(corpus.name), "settings": done[layers[0]].record["training"]["settings"],
-              "quality": {layer: d.record["quality"] for layer, d in done.items()}}
+             f"{_figure(q['loss_recovered']['zero'])} (zero) {_figure(q['loss_recovered']['mean'])} (mean)")
+    record.update(minutes_statistics=round((time.perf_counter() - started) / 60, 2),
+                  statistics={"lines": len(stats_lines), "held_out_lines": len(held_out)},
+                  quality={layer: d.record["quality"] for layer, d in done.items()})
     files.write_json(out / "training.json", record)
     return record
+
+
+def _figure(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"

@@ -116,8 +116,8 @@ class FeatureStats:
 
 
 def from_codes(codes: Codes, texts: list[str], latents: int) -> FeatureStats:
-    """The statistics of `latents` features from a corpus pass's codes over `texts`; the context
-    lines kept are those the top contexts point into, renumbered."""
+    """The statistics of `latents` features from a corpus pass's codes over `texts`, their contexts
+    pointing into all of `texts` (`keep_used_lines` cuts them down)."""
     flat_f = codes.indices.reshape(-1).long()
     flat_a = codes.acts.reshape(-1).float()
     fired = flat_a > 0
@@ -131,12 +131,20 @@ def from_codes(codes: Codes, texts: list[str], latents: int) -> FeatureStats:
     tensors.update(_top_contexts(f, a, token_of.numpy(), codes, latents))
     tensors.update(_top_tokens(f, codes.token[token_of.numpy()], fires, latents))
     tensors.update(_cofiring(f, token_of.numpy(), codes.tokens, fires, latents))
-    used = np.unique(tensors["context_line"][tensors["context_line"] >= 0].numpy())
+    return FeatureStats(tensors, list(texts))
+
+
+def keep_used_lines(stats: list[FeatureStats]) -> None:
+    """Cut the context lines of statistics computed over the same corpus down to those their top
+    contexts point into, renumbered alike: one contexts file serves them all."""
+    texts = stats[0].contexts
+    used = np.unique(np.concatenate([s["context_line"][s["context_line"] >= 0].numpy() for s in stats]))
     renumber = np.full(len(texts), -1, dtype=np.int64)
     renumber[used] = np.arange(len(used))
-    line = tensors["context_line"].numpy()
-    tensors["context_line"] = torch.from_numpy(np.where(line >= 0, renumber[np.maximum(line, 0)], -1).astype(np.int32))
-    return FeatureStats(tensors, [texts[i] for i in used])
+    for s in stats:
+        line = s["context_line"].numpy()
+        s.tensors["context_line"] = torch.from_numpy(np.where(line >= 0, renumber[np.maximum(line, 0)], -1).astype(np.int32))
+        s.contexts = [texts[i] for i in used]
 
 
 def _histogram(f, a, top, fires, latents: int) -> torch.Tensor:

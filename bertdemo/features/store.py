@@ -11,6 +11,7 @@ being written is a `.part` folder until whole (a start removes any a killed proc
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -89,16 +90,22 @@ class FeatureStore:
         key = (weights_digest(lm.model), layer)
         with self._lock:
             found = self._loaded.get(key)
-        if found is not None:
-            return found
-        folder = self.folder_for(lm, layer)
-        if not (folder / "cfg.json").is_file():
-            return None
-        found = files.load(folder)
-        os.utime(folder)  # recently used: the budget keeps it longer
-        with self._lock:
-            self._loaded[key] = found
+        if found is None:
+            folder = self.folder_for(lm, layer)
+            if not (folder / "cfg.json").is_file():
+                return None
+            found = files.load(folder)
+            with self._lock:
+                self._loaded[key] = found
+        self._used(found.folder)
         return found
+
+    def _used(self, folder: Path | None) -> None:
+        """Mark a cached folder recently used (the budget keeps it longer); never the shipped ones,
+        whose folder may be read-only (a Docker image's)."""
+        if folder is not None and self.folder in folder.parents:
+            with contextlib.suppress(OSError):
+                os.utime(folder)
 
     def layers(self, lm: LoadedModel) -> list[int]:
         """The layers `lm` has a dictionary of."""

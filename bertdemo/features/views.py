@@ -321,8 +321,7 @@ def prediction_features(lm: LoadedModel, text: str, layer: int, top: int = 10, c
     enc = encode(lm, text, max_masks=max_masks)
     inputs = dict(enc.inputs)
     masks = torch.tensor(enc.mask_positions, device=lm.device)
-    keep = kept_positions(lm, inputs["input_ids"], inputs["attention_mask"])[0]
-    words, estimates, dense = _estimates(lm, dictionary, inputs, masks, keep)  # (M,), (M, F), (T, F)
+    words, estimates, dense = _estimates(lm, dictionary, inputs, masks)  # (M,), (M, F), (T, F)
     out = []
     for m, position in enumerate(enc.mask_positions):
         active = (dense.sum(0) > 0).nonzero().flatten()
@@ -338,9 +337,9 @@ def prediction_features(lm: LoadedModel, text: str, layer: int, top: int = 10, c
     return {"layer": dictionary.layer, "masks": out}
 
 
-def _estimates(lm, dictionary: Dictionary, inputs: dict, masks: torch.Tensor, keep: torch.Tensor):
+def _estimates(lm, dictionary: Dictionary, inputs: dict, masks: torch.Tensor):
     """(top word per mask (M,), first-order drop of its log-prob per feature (M, F), the features'
-    activations at every position (T, F), zero at [CLS]/[SEP])."""
+    activations at every position (T, F): switched off where they fire, as `steer` does)."""
     held = {}
 
     def grab(hidden):
@@ -354,7 +353,7 @@ def _estimates(lm, dictionary: Dictionary, inputs: dict, masks: torch.Tensor, ke
         grads = [torch.autograd.grad(chosen[m], held["h"], retain_graph=m + 1 < len(chosen))[0][0]
                  for m in range(len(chosen))]  # each (T, H)
     hidden = held["h"].detach()[0].float()
-    dense = dictionary.dense(hidden) * keep[:, None].float().cpu()  # (T, F)
+    dense = dictionary.dense(hidden)  # (T, F)
     W = dictionary.coder.W_dec  # (F, H)
     estimates = torch.stack([(dense * (g.float().cpu() @ W.T)).sum(0) for g in grads])  # (M, F)
     return words.cpu(), estimates, dense
@@ -408,13 +407,17 @@ def contrast_features(lm: LoadedModel, texts_a: list[str], texts_b: list[str], w
             "a": ranked(1.0), "b": ranked(-1.0)}
 
 
+_LIST_NAMES = {"texts_a": "list A (texts_a)", "texts_b": "list B (texts_b)"}
+
+
 def _lines(texts, name: str) -> list[str]:
     if isinstance(texts, str):
         texts = texts.splitlines()
     lines = [t.strip() for t in texts or [] if isinstance(t, str) and t.strip()]
     if not lines:
-        raise validate.InputError(name, "Each list needs at least one sentence using the word, one per line.")
-    validate.length_at_most(len(lines), MAX_CONTRAST_LINES, "list", "sentences", field=name)
+        raise validate.InputError(name, f"{_LIST_NAMES[name]} is empty: each list needs at least one sentence "
+                                        "using the word, one per line.")
+    validate.length_at_most(len(lines), MAX_CONTRAST_LINES, _LIST_NAMES[name], "sentences", field=name)
     return lines
 
 
@@ -436,7 +439,8 @@ def _fired_on_word(lm, dictionary: Dictionary, lines: list[str], word: str, name
             if pieces:
                 rows.append((dense[pieces] > 0).any(0))
     if not rows:
-        raise validate.InputError(name, f"No sentence in this list uses the word {word!r}: each should.")
+        raise validate.InputError(name, f"No sentence in {_LIST_NAMES[name]} uses the word {word!r}: each "
+                                        "sentence should, in the sense that list stands for.")
     return torch.stack(rows)
 
 
