@@ -9,7 +9,11 @@ optimizer, sign-SGD under schedule-free averaging with its learning rate for the
 (5e-3 / sqrt(latents / 2^14)). Differences, and why:
 - dead latents: a latent that has not fired for `dead_tokens` tokens (100k by default, not
   sparsify's 10M: a live run here sees one to a few million tokens, and AuxK revives only latents
-  counted dead) gets AuxK's gradient at `auxk_alpha` 1/32;
+  counted dead) gets AuxK's gradient at `auxk_alpha` 1/32, computed on the dead latents alone
+  (`auxk_loss`);
+- the coder's step runs in chunks of `chunk_tokens` with one optimizer step, each chunk's loss over
+  the whole batch's variance, as sparsify's `micro_acc_steps` does: its fused encoder's backward
+  holds tokens x k x hidden floats;
 - several layers can train from one forward (`train(lm, [1, 2, 3], ...)`): the forward is most of
   a small model's cost;
 - a run stops where it stands (`should_stop` before each step; the token and time limits) and
@@ -45,6 +49,7 @@ class FeatureSettings:
     max_tokens: int = 2_000_000  # kept positions seen, summed over steps
     max_seconds: float = 120.0
     batch_tokens: int = 4096  # padded tokens per forward; the step sees the kept ones
+    chunk_tokens: int = 1024  # the coder's forward and backward in chunks (one optimizer step): bounds memory
     auxk_alpha: float = 1 / 32
     dead_tokens: int = 100_000
     learning_rate: float | None = None  # None: sparsify's for the width
@@ -109,19 +114,23 @@ class _Layer:
             self.started = True
         coder.set_decoder_norm_to_unit_norm()
         dead = self.since_fired > settings.dead_tokens
-        out = coder(x)
-        loss = out.fvu
-        if settings.auxk_alpha > 0 and dead.any():
-            loss = loss + settings.auxk_alpha * auxk_loss(coder, x, out.sae_out, dead)
-        loss.backward()
+        fired = torch.zeros_like(dead)
+        total_variance = (x - x.mean(0)).pow(2).sum()  # every chunk's loss is over the whole batch's
+        fvu = 0.0
+        for chunk in x.split(settings.chunk_tokens):  # sparsify's micro-batches: its backward holds N x k x H
+            out = coder(chunk, total_variance=total_variance)
+            loss = out.fvu
+            if settings.auxk_alpha > 0 and dead.any():
+                loss = loss + settings.auxk_alpha * auxk_loss(coder, chunk, out.sae_out, dead, total_variance)
+            loss.backward()
+            fvu += out.fvu.item()
+            fired[out.latent_indices[out.latent_acts > 0]] = True
         coder.remove_gradient_parallel_to_decoder_directions()
         self.optimizer.step()
         self.optimizer.zero_grad()
-        fired = torch.zeros_like(dead)
-        fired[out.latent_indices[out.latent_acts > 0]] = True
         self.since_fired += x.shape[0]
         self.since_fired[fired] = 0
-        return out.fvu.item(), dead.float().mean().item()
+        return fvu, dead.float().mean().item()
 
     def finished(self) -> torch.nn.Module:
         """The coder at schedule-free's averaged weights (what it evaluates with), frozen, on the CPU
@@ -131,7 +140,8 @@ class _Layer:
         return self.coder.cpu().eval().requires_grad_(False)
 
 
-def auxk_loss(coder, x: torch.Tensor, reconstruction: torch.Tensor, dead: torch.Tensor) -> torch.Tensor:
+def auxk_loss(coder, x: torch.Tensor, reconstruction: torch.Tensor, dead: torch.Tensor,
+              total_variance: torch.Tensor | None = None) -> torch.Tensor:
     """sparsify's AuxK loss (`SparseCoder.forward` with a `dead_mask`; Gao et al., appendix B.1): the
     top k_aux = min(H / 2, dead) dead latents are asked to reconstruct the residual the live ones
     leave, scaled by min(dead / k_aux, 1), over the batch's total variance. Computed here on the
@@ -149,7 +159,8 @@ def auxk_loss(coder, x: torch.Tensor, reconstruction: torch.Tensor, dead: torch.
     chosen = torch.zeros_like(pre).scatter(1, picked, acts)  # (N, D): the rest zero
     estimate = chosen @ coder.W_dec[columns]  # (N, H)
     residual = (x - reconstruction).detach()
-    total_variance = (x - x.mean(0)).pow(2).sum()
+    if total_variance is None:
+        total_variance = (x - x.mean(0)).pow(2).sum()
     return scale * (estimate - residual).pow(2).sum() / total_variance
 
 
