@@ -9,6 +9,7 @@ for the bundled model; training, the store and the shipped file layout on tiny r
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import json
 import os
@@ -717,3 +718,34 @@ def test_make_shipped_writes_what_the_store_and_sparsify_read(tiny, tmp_path):
         assert reference_coder(out / f"layer_{layer}").num_latents == 8 * 32
         chosen = densest_features(out / f"layer_{layer}", 4) + [on_the_longest_line(lm, out / f"layer_{layer}")]
         assert check_cards(lm, out, shipped, layer, chosen) > 0
+
+
+@pytest.mark.slow
+def test_after_a_fine_tune_the_base_dictionary_shows_what_changed(tiny, tmp_path):
+    """`tuning_drift`: the base model against itself changes nothing; against a copy whose last
+    layer moved, its dictionary explains less (FVU up) and the features it names did change
+    (densities recomputed here from sparsify's coder on each model's own activations)."""
+    _, lm = tiny("bert")
+    feature_store = store.FeatureStore(tmp_path, shipped=None)
+    made, _ = making.train_features(lm, 2, tiny_corpus(400), SMALL, store=feature_store)
+    text = tiny_corpus(60, seed=3)
+    same = views.tuning_drift(lm, lm, text, 2, store=feature_store)
+    assert same["fvu"]["base"] == same["fvu"]["tuned"]
+    assert all(row["change"] == 0 for row in same["features"])
+    tuned_model = copy.deepcopy(lm.model)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for parameter in layer_module(bertdemo.LoadedModel("t", lm.tokenizer, tuned_model, lm.device), 2).parameters():
+            parameter.add_(0.05 * torch.randn_like(parameter))
+    tuned = bertdemo.LoadedModel("tuned", lm.tokenizer, tuned_model, lm.device)
+    drift = views.tuning_drift(lm, tuned, text, 2, store=feature_store)
+    assert drift["fvu"]["tuned"] > drift["fvu"]["base"]
+    coder = reference_coder(made.folder)
+    lines = Lines(lm, text)
+    for name, model in (("base", lm), ("tuned", tuned)):
+        codes = torch.cat([dense_codes(coder, hidden_states(model, b.inputs, 2)[b.keep])
+                           for b in lines.batches(model, order=np.arange(len(lines)), masked_share=0.0, endless=False)])
+        for row in drift["features"]:
+            assert row[f"density_{name}"] == pytest.approx(float((codes[:, row["feature"]] > 0).float().mean()), abs=1e-6)
+    changes = [row["change"] for row in drift["features"]]
+    assert changes == sorted(changes, reverse=True) and changes[0] > 0
