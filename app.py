@@ -28,12 +28,13 @@ from starlette.middleware import Middleware
 
 from bertdemo import memory
 from bertdemo.config import DEFAULT_MODEL, Settings, parse_auth
+from bertdemo.features.run import app_store
 from bertdemo.model import bundled
 from bertdemo.serving.engine import Engine
 from bertdemo.sessions import SessionStore
-from bertdemo.ui import (about_tab, attention_tab, classify_tab, embeddings_tab, explain_tab, fillmask_tab,
-                         finetune_tab, masking_tab, mcp_tools, model_banner, model_picker, queue_watch,
-                         search_tab, sent_values)
+from bertdemo.ui import (about_tab, attention_tab, classify_tab, embeddings_tab, explain_tab, features_tab,
+                         fillmask_tab, finetune_tab, masking_tab, mcp_tools, model_banner, model_picker,
+                         queue_watch, search_tab, sent_values)
 from bertdemo.ui.common import hide_paths, refuse_non_finite_numbers
 from bertdemo.ui.context import AppContext, forget_session, handler
 from bertdemo.ui.health import Health
@@ -46,8 +47,9 @@ RUNS_STOP_WITHIN_S = 6.0  # of which the running runs get this long to end their
 
 
 TABS = [("Fill mask", fillmask_tab), ("Attention", attention_tab), ("Inside a prediction", explain_tab),
-        ("Embeddings", embeddings_tab), ("Corpus search", search_tab), ("Mask sampling", masking_tab),
-        ("Fine-tune", finetune_tab), ("Classify", classify_tab), ("About", about_tab)]
+        ("Embeddings", embeddings_tab), ("Corpus search", search_tab), ("Features", features_tab),
+        ("Mask sampling", masking_tab), ("Fine-tune", finetune_tab), ("Classify", classify_tab),
+        ("About", about_tab)]
 
 
 def parse_args(argv: list[str] | None = None) -> Settings:
@@ -87,12 +89,14 @@ def served_settings(settings: Settings, store: SessionStore) -> Settings:
 
 
 def build_demo(settings: Settings, store: SessionStore | None = None,
-               engine: Engine | None = None) -> gr.Blocks:
+               engine: Engine | None = None, features=None) -> gr.Blocks:
     """Compose the tabs into one Blocks app called `demo`. The engine holds every model served and
-    what their requests share; `store`, what each visitor holds (both made here when not given)."""
+    what their requests share; `store`, what each visitor holds; `features`, the feature
+    dictionaries offered (a `FeatureStore`; all three made here when not given)."""
     engine = engine or Engine(max_batch=settings.max_batch, onnx=settings.onnx)
     store = store or load_store(settings, engine)
-    ctx = AppContext(store, served_settings(settings, store), engine)
+    features = features if features is not None else app_store(settings)
+    ctx = AppContext(store, served_settings(settings, store), engine, features=features)
     age = settings.download_max_age  # Gradio's copies of downloads: checked every minute or so
     with gr.Blocks(title="bertdemo: BERT masked-language modelling",
                    delete_cache=(max(1, min(60, age)), age)) as demo:

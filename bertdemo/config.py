@@ -51,6 +51,14 @@ class Settings:
     search_max_chars: int = option(100_000, "most characters of a visitor's own corpus to search")
     classify_max_examples: int = option(2000, "most labelled examples per classifier run (its other "
                                               "caps are the fine-tune's)")
+    features_max_tokens: int = option(2_000_000, "most tokens a feature dictionary trained from the page "
+                                                 "sees (Features tab, 'Train features for layer N')")
+    features_max_seconds: int = option(120, "wall-clock seconds of a feature dictionary's training from "
+                                             "the page, at most --finetune-max-seconds (every run's limit); "
+                                             "its statistics and quality are measured after")
+    features_cache_mb: int = option(1024, "megabytes of feature dictionaries trained here kept on disk, in "
+                                          "$BERTDEMO_FEATURES_CACHE or ~/.cache/bertdemo/features (least "
+                                          "recently used deleted first)")
     queue_size: int = option(64, "most requests waiting in the queue")
     max_sessions: int = option(1000, "sessions whose page state is kept in memory, tens of KB each "
                                      "(the oldest are forgotten)")
@@ -77,7 +85,9 @@ class Settings:
     def limits(self) -> "Limits":
         """The caps on each run a visitor starts (fine-tunes, classifiers, experiments)."""
         return Limits(max_chars=self.finetune_max_chars, max_steps=self.finetune_max_steps,
-                      max_seconds=float(self.finetune_max_seconds), max_examples=self.classify_max_examples)
+                      max_seconds=float(self.finetune_max_seconds), max_examples=self.classify_max_examples,
+                      features_max_tokens=self.features_max_tokens,
+                      features_max_seconds=float(min(self.features_max_seconds, self.finetune_max_seconds)))
 
     @property
     def allowed_models(self) -> list[str]:
@@ -115,6 +125,8 @@ class Limits:
     max_batch_size: int = 64
     max_learning_rate: float = 1e-2
     max_examples: int = 2_000  # labelled examples per classifier run
+    features_max_tokens: int = 2_000_000  # tokens a feature dictionary's training sees
+    features_max_seconds: float = 120.0  # its training's wall clock (within max_seconds: the run's)
 
 
 # What else the app reads from its environment (not settings: where files go, the allocator, the
@@ -124,6 +136,10 @@ OTHER_ENV = {
                            "(default `~/.cache/bertdemo/onnx`)",
     "BERTDEMO_SEARCH_CACHE": "folder where the corpus search keeps its indexes, one per model and corpus "
                              "(default `~/.cache/bertdemo/search`)",
+    "BERTDEMO_FEATURES_CACHE": "folder where feature dictionaries trained here are kept, one folder per "
+                               "model's weights and layer (default `~/.cache/bertdemo/features`)",
+    "SPARSIFY_DISABLE_TRITON": "sparsify's decoder without Triton; bertdemo sets `1` where there is no CUDA "
+                               "device, unless set (bertdemo/features/dictionary.py)",
     "BERTDEMO_MALLOC": "`glibc` keeps glibc's malloc; by default `python app.py` re-executes itself under "
                        "jemalloc where it is installed (docs/operations.md)",
     "BERTDEMO_REEXECED": "set by `python app.py` itself when it re-executes under jemalloc: never set it",

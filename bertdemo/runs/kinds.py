@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from ..features.run import FeaturesPlan, FeaturesRequest, run_features
 from ..training import export
 from ..training.classification import ClassifierForm, SweepForm, run_adaptation, run_classifier, run_sweep
 from ..training.experiments import LabellingForm, run_labelling
@@ -45,6 +46,21 @@ def planned_on(model_of: Callable) -> Callable:
     return lambda caller, request: request.plan(model_of(caller), caller.limits)
 
 
+def check_features(caller, request: FeaturesRequest) -> FeaturesPlan:
+    """Planned on the session's model (its tuned model when switched on: a dictionary belongs to
+    the weights it was trained on), kept in the app's feature store."""
+    return request.plan(session_model(caller), caller.limits, caller.features)
+
+
+def keep_features(caller, plan: FeaturesPlan, result) -> Kept:
+    """Nothing of the session's: the job has already kept the dictionary in the app's store (or
+    not, for a stopped run without `keep_partial`). The facts, for the page: kept or not, why the
+    run ended early, its steps."""
+    dictionary, history = result
+    return Kept(kind="features", kept=dictionary is not None, stopped=history.stopped,
+                steps_done=len(history.steps))
+
+
 def check_adaptation(caller, form: ClassifierForm):
     """From the base body and from the session's tuned one (or one tuned on the examples first)."""
     return form.adaptation(base_model(caller), caller.store.tuned(caller.session), caller.limits)
@@ -57,4 +73,5 @@ RUNS: dict[str, RunSpec] = {spec.api_name: spec for spec in (
     RunSpec("train_classifier", ClassifierForm, planned_on(session_model), run_classifier, keep_classifier),
     RunSpec("forgetting_sweep", SweepForm, planned_on(session_model), run_sweep, trainings=3),
     RunSpec("adapt_then_classify", ClassifierForm, check_adaptation, run_adaptation, trainings=3),
+    RunSpec("train_features", FeaturesRequest, check_features, run_features, keep_features),
 )}

@@ -58,7 +58,7 @@ class RunSlots:
             self._refuse_if_closing()
             held = self._tickets.get(session)
             if held is not None and not held.abandoned():
-                raise ValueError("A run of yours (fine-tune, comparison or classifier) is already running "
+                raise ValueError("A run of yours (fine-tune, comparison, classifier or features) is already running "
                                  "or waiting in the queue: wait for it to finish, or press Stop.")
             self._tickets[session] = Ticket(kind, plan, waiting)
             return self._tickets[session]

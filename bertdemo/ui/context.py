@@ -15,7 +15,7 @@ import functools
 import inspect
 import typing
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import gradio as gr
 
@@ -25,6 +25,9 @@ from ..serving.engine import Engine
 from ..sessions import SessionStore
 from .common import friendly_errors, session_id
 from .queue_watch import QueueWatch, keep_live_sessions
+
+if TYPE_CHECKING:  # the store's module loads sparsify: only the tabs that use it import it
+    from ..features.store import FeatureStore
 
 
 @dataclass(frozen=True)
@@ -37,9 +40,10 @@ class AppContext:
     settings: Settings
     engine: Engine  # built by whoever composes the app (app.py, `standalone_demo`, a test)
     queue: QueueWatch = field(default_factory=QueueWatch)
+    features: "FeatureStore | None" = None  # the feature dictionaries offered (None: the service's default store)
 
     def visitor(self, request: gr.Request | None) -> "Visitor":
-        return Visitor(self.store, self.settings, session_id(request), self.engine, self.queue)
+        return Visitor(self.store, self.settings, session_id(request), self.engine, self.queue, self.features)
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,7 @@ class Visitor:
     session: str | None
     engine: Engine  # the app's (a test passes its own)
     queue: QueueWatch | None = None  # None: no queue to ask (a handler called directly)
+    features: "FeatureStore | None" = None  # the app's feature dictionaries (None: the service's default store)
 
     @property
     def lm(self) -> LoadedModel:

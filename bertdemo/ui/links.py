@@ -3,12 +3,13 @@ that sentence, layer 3 and head 7, and draws it; each tab's "Copy link to this v
 a link for what it shows now.
 
 `tab` is the tab's title in lowercase with hyphens; the other parameters are the names of the tab's
-main endpoint (its API's, e.g. `sentence`, `top_k`, `layer`, `head`, `heatmap`, `mask_number`), plus
-`model` where the model picker offers that model. Opening a link fills the tab's controls and runs
-its main view once, except where that view is a training run (Fine-tune, Classify): a link fills
-their form and the visitor starts the run. A value that is unknown, out of range or not of the
-control's kind falls back to the control's default with a notice naming the parameter; no value
-from a link is shown as markup (a control shows it as text, a notice never repeats it).
+main endpoint (its API's, e.g. `sentence`, `top_k`, `layer`, `head`, `heatmap`, `mask_number`; the
+Features tab's also its card's `feature`), plus `model` where the model picker offers that model.
+Opening a link fills the tab's controls and runs its main view once, except where that view is a
+training run (Fine-tune, Classify): a link fills their form and the visitor starts the run. A
+value that is unknown, out of range or not of the control's kind falls back to the control's
+default with a notice naming the parameter; no value from a link is shown as markup (a control
+shows it as text, a notice never repeats it).
 
 The parsing (`parse_link`, `parse_value`) is plain Python over `Control`s, testable without a
 browser; `Links` wires it into the page: the controls of each tab are found from its main
@@ -36,11 +37,14 @@ TABS = {
     "inside-a-prediction": ("layer_predictions", True),
     "embeddings": ("embedding_map", True),
     "corpus-search": ("search_corpus", True),
+    "features": ("sentence_features", True),  # its event goes on to draw the card of `feature`
     "mask-sampling": ("mask_sample", True),
     "fine-tune": ("finetune", False),  # a training run: the link fills the form only
     "classify": ("train_classifier", False),
     "about": (None, False),
 }
+# tab -> other endpoints whose parameters a link also sets (the main view's event draws them)
+ALSO = {"features": ("feature_card",)}
 MAX_TEXT = 5_000  # characters of one text value in a link (a longer one falls back to the default)
 # Run the linked tab's main view: click its button once the tab is drawn (a tab's content is
 # drawn when it is first selected, after the load event that selects it has returned).
@@ -266,7 +270,8 @@ class Links:
     def wire(self, demo: gr.Blocks, tabs: gr.Tabs) -> None:
         """The copy buttons' clicks and the page load; inside `demo`'s context, after every tab."""
         endpoints = {fn.api_name: fn for fn in demo.fns.values() if getattr(fn, "api_name", None)}
-        inputs = {tab: self._inputs(endpoints.get(api)) for tab, (api, _) in TABS.items()}
+        inputs = {tab: _unique([self._inputs(endpoints.get(name)) for name in (api, *ALSO.get(tab, ()))])
+                  for tab, (api, _) in TABS.items()}
         controls = {tab: [control_of(name, c) for name, c in pairs] for tab, pairs in inputs.items()}
         picker_fn = endpoints.get("choose_model")
         picker, note = (picker_fn.inputs[0], picker_fn.outputs[0]) if picker_fn else (None, None)
@@ -329,6 +334,16 @@ class Links:
         return button.elem_id
 
 
+def _unique(lists: list[list[tuple[str, object]]]) -> list[tuple[str, object]]:
+    """(name, component) pairs of several endpoints, each name once (the first endpoint's)."""
+    seen, pairs = set(), []
+    for name, component in (pair for found in lists for pair in found):
+        if name not in seen:
+            seen.add(name)
+            pairs.append((name, component))
+    return pairs
+
+
 def _with_request(ctx: AppContext, fn):
     """`fn(visitor, request)` as a Gradio handler that also receives the request."""
     def on_open(request: gr.Request):
@@ -351,7 +366,8 @@ def _copy_js(tab: str, controls: list[Control], default_model: str | None) -> st
             params.set("model", text(values[names.length]));
         names.forEach((name, i) => {{
             const value = text(values[i]);
-            const changed = kinds[i] === "number" ? Number(value) !== Number(defaults[i]) : value !== defaults[i];
+            const changed = kinds[i] === "number" && defaults[i] !== "" ? Number(value) !== Number(defaults[i])
+                : value !== defaults[i];
             if (changed || (kinds[i] === "text" && value !== "")) params.set(name, value);
         }});
         const url = window.location.origin + window.location.pathname + "?" + params.toString();

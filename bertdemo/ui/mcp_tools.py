@@ -32,6 +32,11 @@ TOOLS = {
     "head_importance": "how much switching off each attention head changes a [MASK]'s prediction",
     "embedding_map": "a word's hidden states in several sentences at one layer, in 2-D (PCA), with neighbours",
     "search_corpus": "the corpus words nearest (cosine, at one layer) to a word as a sentence uses it",
+    "sentence_features": "each token's strongest sparse-autoencoder features at one layer",
+    "feature_card": "one feature of a layer: label, density, top contexts, tokens it promotes and suppresses",
+    "steer_feature": "fill-mask with one feature switched off, turned up or added at the [MASK]s",
+    "prediction_features": "the features at one layer whose removal most lowers each [MASK]'s top word",
+    "feature_quality": "how well each layer's feature dictionary explains it (FVU, dead, L0, loss recovered)",
 }
 
 

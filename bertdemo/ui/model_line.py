@@ -67,9 +67,10 @@ def details(summary: str, *paragraphs: str) -> str:
                          "</details>"])
 
 
-def model_card(store, session: str | None = None) -> str:
+def model_card(store, session: str | None = None, features=None) -> str:
     """Markdown of the model card of the model `session`'s tabs use: size, precision, device,
-    weights, and what the checkpoint lacked or had in excess."""
+    weights, what the checkpoint lacked or had in excess, and (given the app's `features` store)
+    its feature dictionaries' quality."""
     try:
         lm = store.for_session(session)
     except ValueError as err:
@@ -91,4 +92,10 @@ def model_card(store, session: str | None = None) -> str:
     if card.unused:
         lines.append("In the checkpoint but not used by a masked LM: "
                      + ", ".join(f"`{k}`" for k in card.unused[:8]) + ".")
+    if features is not None:
+        from ..features.views import quality_summary
+
+        summary = quality_summary(lm, features)
+        if summary:
+            lines.append(summary)
     return "\n\n".join(lines)

@@ -26,7 +26,7 @@ def render(ctx: AppContext) -> None:
                              interactive=len(names) > 1, scale=2)
         note = gr.Markdown(scale=3)
     with gr.Accordion("Model card: size, precision, what the checkpoint lacked", open=False):
-        card = gr.Markdown(model_card(ctx.store))
+        card = gr.Markdown(model_card(ctx.store, features=ctx.features))
     # One load at a time: a model the operator listed can be large, and loading it once is enough.
     picker.input(handler(ctx, on_pick), picker, note, api_name="choose_model", concurrency_id="load_model",
                  concurrency_limit=1).then(handler(ctx, on_card), None, card, api_visibility="private",
@@ -35,7 +35,7 @@ def render(ctx: AppContext) -> None:
 
 def on_card(visitor: Visitor) -> str:
     """The model card of the model this session's tabs use."""
-    return model_card(visitor.store, visitor.session)
+    return model_card(visitor.store, visitor.session, visitor.features)
 
 
 def create_demo(store=None, settings: Settings | None = None) -> gr.Blocks:

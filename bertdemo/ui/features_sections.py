@@ -1,0 +1,175 @@
+"""The Features tab's layout, one function per section (the tab's `render` wires them): the
+layer picker, a sentence's features, a feature's card, a prediction feature by feature (steer,
+the features behind it), two uses of a word, the dictionaries' quality, and training one."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gradio as gr
+import pandas as pd
+
+from ..config import Limits
+from ..features.views import MAX_ADD, MAX_SCALE, sense_lists
+from . import view_downloads
+
+SENTENCE = "I sat on the river bank and watched the water."
+MASKED = "The [MASK] was on the table."
+TOKEN_COLUMNS = ("feature", "token", "position", "activation", "label")
+COFIRING_COLUMNS = ("feature", "fires with it (share)", "label")
+PREDICTION_COLUMNS = ("feature", "mask", "word", "rank", "measured drop in log p", "first-order estimate", "label")
+CONTRAST_COLUMNS = ("feature", "share of list A", "share of list B", "separation", "label")
+QUALITY_COLUMNS = ("layer", "features", "k", "FVU", "dead", "L0", "cross-entropy clean", "spliced",
+                   "zero-ablated", "mean-ablated", "loss recovered (zero)", "loss recovered (mean)",
+                   "tokens trained", "minutes", "machine", "ended")
+
+
+def empty(columns) -> pd.DataFrame:
+    """A table with its headers and no rows."""
+    return pd.DataFrame(columns=list(columns))
+
+
+def _table(columns, label: str, elem_id: str, wrap: bool = True) -> gr.Dataframe:
+    return gr.Dataframe(empty(columns), label=label, interactive=False, elem_id=elem_id, wrap=wrap)
+
+
+def layer_picker(n_layers: int, default: int, line: str):
+    """The one layer every section reads, and the line saying which layers have a dictionary."""
+    with gr.Row():
+        layer = gr.Slider(0, n_layers, value=default, step=1, label="Features of layer (0 = embeddings)", scale=1)
+        available = gr.Markdown(line, elem_id="features-available")
+    return layer, available
+
+
+def sentence_section():
+    gr.Markdown("### A sentence's features")
+    with gr.Row():
+        text = gr.Textbox(label="Sentence", value=SENTENCE, lines=2, scale=4, elem_id="features-sentence")
+        top = gr.Slider(1, 20, value=5, step=1, label="Features per token", scale=1)
+    button = gr.Button("Show the sentence's features", variant="primary")
+    heatmap = gr.Plot(label="Tokens x features: activation")
+    table = _table(TOKEN_COLUMNS, "Each token's strongest features (click a row for its card)", "features-tokens")
+    with gr.Accordion("Raw features (JSON)", open=False):
+        raw = gr.JSON()
+    return text, top, button, heatmap, table, raw
+
+
+@dataclass
+class Card:
+    """The card's components: its outputs in the order `on_feature_card` returns them."""
+
+    summary: gr.Markdown
+    histogram: gr.Plot
+    contexts: gr.HTML
+    effects: gr.Plot
+    cofiring: gr.Dataframe
+    raw: gr.JSON
+
+    @property
+    def outputs(self) -> list:
+        return [self.summary, self.histogram, self.contexts, self.effects, self.cofiring, self.raw]
+
+
+def card_section(default: int):
+    gr.Markdown("### A feature's card")
+    with gr.Row():
+        feature = gr.Number(label="Feature", value=default, precision=0, minimum=0, scale=1, elem_id="features-feature",
+                            info="Its number in the layer's dictionary; or click a row of any table here.")
+        button = gr.Button("Open the card", variant="primary", scale=1)
+    summary = gr.Markdown(elem_id="feature-summary")
+    with gr.Row():
+        histogram = gr.Plot(label="How strongly it fires")
+        effects = gr.Plot(label="What it does to the prediction at a [MASK]")
+    contexts = gr.HTML(elem_id="feature-contexts")
+    cofiring = _table(COFIRING_COLUMNS, "Features that fire with it most", "feature-cofiring")
+    with gr.Accordion("Raw card (JSON)", open=False):
+        raw = gr.JSON()
+    export = view_downloads.controls("the feature card")
+    return feature, button, Card(summary, histogram, contexts, effects, cofiring, raw), export
+
+
+def prediction_section():
+    gr.Markdown("### A prediction, feature by feature")
+    masked = gr.Textbox(label="Sentence with [MASK]", value=MASKED, lines=2, elem_id="features-masked")
+    with gr.Row():
+        scale = gr.Slider(0, MAX_SCALE, value=0, step=0.1, label="Scale the feature",
+                          info="0 = switched off, 1 = unchanged, 2 = doubled (where it fires).")
+        add = gr.Slider(0, MAX_ADD, value=0, step=0.1, label="Add it where it does not fire",
+                        info="At the [MASK]s, this many times its mean activation.")
+        top_k = gr.Slider(1, 20, value=5, step=1, label="Predictions per mask")
+    steer_button = gr.Button("Steer: fill the masks with the feature changed", variant="primary")
+    steer_note = gr.Markdown(elem_id="steer-note")
+    steer_plot = gr.Plot(label="Before and after steering")
+    with gr.Accordion("Raw steering (JSON)", open=False):
+        steer_raw = gr.JSON()
+    with gr.Row():
+        top = gr.Slider(1, 20, value=5, step=1, label="Features per mask", scale=1)
+        why_button = gr.Button("Which features made the top word", scale=2)
+    why_table = _table(PREDICTION_COLUMNS, "The features behind each mask's top word, switched off one at a "
+                                           "time (click a row for its card)", "prediction-features")
+    with gr.Accordion("Raw features behind the prediction (JSON)", open=False):
+        why_raw = gr.JSON()
+    return (masked, scale, add, top_k, steer_button, [steer_note, steer_plot, steer_raw],
+            top, why_button, [why_table, why_raw])
+
+
+def contrast_section():
+    gr.Markdown("### Two uses of a word")
+    river, money = sense_lists("bank")
+    with gr.Row():
+        texts_a = gr.Textbox(label="List A, one sentence per line", value="\n".join(river), lines=6, max_lines=12)
+        texts_b = gr.Textbox(label="List B, one sentence per line", value="\n".join(money), lines=6, max_lines=12)
+    with gr.Row():
+        word = gr.Textbox(label="The word both lists use", value="bank", scale=2)
+        top = gr.Slider(1, 20, value=8, step=1, label="Features per list", scale=2)
+        button = gr.Button("Contrast the two uses", scale=1)
+    note = gr.Markdown()
+    with gr.Row():
+        table_a = _table(CONTRAST_COLUMNS, "Features of list A's use", "contrast-a")
+        table_b = _table(CONTRAST_COLUMNS, "Features of list B's use", "contrast-b")
+    return texts_a, texts_b, word, top, button, [note, table_a, table_b]
+
+
+def quality_section():
+    gr.Markdown("### How far to trust them")
+    button = gr.Button("Show every dictionary's quality")
+    table = _table(QUALITY_COLUMNS, "Each layer's dictionary, measured on held-out text", "features-quality",
+                   wrap=False)
+    with gr.Accordion("Raw quality (JSON)", open=False):
+        raw = gr.JSON()
+    return button, [table, raw]
+
+
+DRIFT_COLUMNS = ("feature", "fires on (base)", "fires on (tuned)", "mean activation (base)",
+                 "mean activation (tuned)", "change", "label")
+
+
+def drift_section():
+    gr.Markdown("### After your fine-tune: what changed at this layer")
+    with gr.Row():
+        text = gr.Textbox(label="Text to compare on, one sentence per line (empty: the text your last fine-tune "
+                                "trained on, else the default corpus)", lines=3, max_lines=8, scale=4)
+        top = gr.Slider(1, 30, value=10, step=1, label="Features listed", scale=1)
+    button = gr.Button("Compare the base model's features with your fine-tuned model's")
+    note = gr.Markdown(elem_id="features-drift-note")
+    table = _table(DRIFT_COLUMNS, "The base dictionary's features that changed most (click a row for its card)",
+                   "features-drift")
+    return text, top, button, [note, table]
+
+
+def training_section(limits: Limits, layer: int):
+    gr.Markdown("### Train features for a layer")
+    texts = gr.Textbox(label="Text to train on, one sentence per line (empty: the default corpus)", lines=4,
+                       max_lines=10, info=f"At most {limits.max_chars:,} characters; training stops after "
+                                          f"{limits.features_max_tokens:,} tokens or "
+                                          f"{min(limits.features_max_seconds, limits.max_seconds):.0f} s.")
+    keep_partial = gr.Checkbox(True, label="Keep the dictionary if I press Stop or the time runs out",
+                               info="Off: a stopped run's dictionary is thrown away.")
+    with gr.Row():
+        button = gr.Button(f"Train features for layer {layer}", variant="primary", elem_id="train-features")
+        with gr.Column():
+            stop = gr.Button("Stop", variant="stop")
+            stopping = gr.Markdown(elem_id="features-stopping")  # its own line: the run's status is the run's
+    status = gr.Markdown(elem_id="features-status")
+    curve = gr.Plot(label="FVU and dead latents, live")
+    quality = _table(QUALITY_COLUMNS, "The new dictionary's quality", "features-new-quality", wrap=False)
+    return texts, keep_partial, button, stop, stopping, [status, curve, quality]

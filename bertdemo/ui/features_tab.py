@@ -1,0 +1,484 @@
+"""The Features tab: what a layer represents, as the features of a sparse autoencoder (a
+"dictionary") trained on that layer's output. A sentence's features, one feature's card, a
+prediction with a feature switched off or turned up and the features behind it, two uses of a
+word told apart, how far each dictionary can be trusted, and training one for a layer that has
+none (a run: live curves, Stop).
+
+The views are `bertdemo.features.views`' and the run `bertdemo.features.run`'s (declared in
+`runs.kinds`); this tab lays them out (`features_sections`), wires one line per event and words
+the results. Every view uses the session's model (its tuned model when switched on) and the app's
+`FeatureStore` (`visitor.features`).
+"""
+from __future__ import annotations
+
+import html
+import re
+
+import gradio as gr
+import pandas as pd
+
+from .. import plots, validate
+from ..config import Settings
+from ..features import making
+from ..features import views as features
+from ..features.run import FeatureProgress, FeaturesRequest
+from ..features.store import FeatureStore
+from ..forward import splice
+from ..model.loading import LoadedModel
+from ..training import export
+from ..training.loop import EventLog
+from . import features_sections as sections
+from . import live_run, view_downloads
+from .context import AppContext, Visitor, handler, standalone_demo
+
+INTRO = """**What a layer represents, in features.** A *dictionary* (a sparse autoencoder, EleutherAI's
+sparsify) rewrites a layer's output at each token as a few active *features* out of thousands; each
+feature tends to mean one thing (a word, a sense, a grammatical role), read off the contexts where
+it fires and the words it makes the model predict. Pick a layer, then look at a sentence's features,
+open a feature's card (click a row of any table), switch a feature off or turn it up and watch the
+prediction change, see which features made a prediction, and contrast two uses of a word. A
+dictionary explains most of its layer, not all of it: the quality table says how much."""
+
+
+def render(ctx: AppContext) -> None:
+    """Layout (`features_sections`), then one line per event."""
+    n_layers, start = _layer_count(ctx), default_layer(ctx)
+    gr.Markdown(INTRO)
+    line = availability(ctx.store.base, _store(ctx), start)
+    layer, available = sections.layer_picker(n_layers, start, line)
+    text, top, show, heatmap, tokens, raw = sections.sentence_section()
+    feature, open_card, card, export = sections.card_section(default_feature(ctx, start))
+    masked, scale, add, top_k, steer, steered, why_top, why, why_outputs = sections.prediction_section()
+    texts_a, texts_b, word, contrast_top, contrast, contrasted = sections.contrast_section()
+    quality, quality_outputs = sections.quality_section()
+    drift_text, drift_top, drift, drifted = sections.drift_section()
+    texts, keep_partial, train, stop, stopping, trained = sections.training_section(ctx.settings.limits, start)
+
+    layer.change(handler(ctx, on_layer), layer, [available, train], api_visibility="private",
+                 trigger_mode="always_last")
+    show.click(handler(ctx, on_sentence_features), [text, layer, top], [heatmap, tokens, raw],
+               api_name="sentence_features", concurrency_id="model").success(  # and the chosen feature's card
+        handler(ctx, on_feature_card), [layer, feature], card.outputs, api_visibility="private",
+        concurrency_id="model")
+    open_card.click(handler(ctx, on_feature_card), [layer, feature], card.outputs, api_name="feature_card",
+                    concurrency_id="model")
+    for table in (tokens, card.cofiring, why_outputs[0], contrasted[1], contrasted[2], drifted[1]):  # a row: its card
+        table.select(on_pick_feature, None, feature, api_visibility="private", queue=False).success(
+            handler(ctx, on_feature_card), [layer, feature], card.outputs, api_visibility="private",
+            concurrency_id="model")
+    export[0].click(handler(ctx, on_export_card), [layer, feature], export[1], api_visibility="private",
+                    concurrency_id="model")
+    steer.click(handler(ctx, on_steer), [masked, layer, feature, scale, add, top_k], steered,
+                api_name="steer_feature", concurrency_id="model")
+    why.click(handler(ctx, on_prediction_features), [masked, layer, why_top], why_outputs,
+              api_name="prediction_features", concurrency_id="model")
+    contrast.click(handler(ctx, on_contrast), [texts_a, texts_b, word, layer, contrast_top], contrasted,
+                   api_name="contrast_features", concurrency_id="model")
+    quality.click(handler(ctx, on_quality), None, quality_outputs, api_name="feature_quality",
+                  concurrency_id="model")
+    drift.click(handler(ctx, on_tuning_drift), [drift_text, layer, drift_top], drifted, api_name="features_after_tuning",
+                concurrency_id="model")
+    live_run.wire(ctx, "train_features", train, {"layer": layer, "texts": texts, "keep_partial": keep_partial},
+                  [*trained, available, stopping], on_train_features)
+    stop.click(handler(ctx, on_stop), None, stopping, api_name="stop_features", queue=False)
+
+
+def create_demo(store=None, settings: Settings | None = None) -> gr.Blocks:
+    """The tab on its own, for running or testing it alone."""
+    return standalone_demo("features", render, store, settings)
+
+
+# ---------------------------------------------------------------- handlers: the views
+
+def on_layer(visitor: Visitor, layer):
+    """The line saying which layers have a dictionary, and the train button named for `layer`."""
+    button = gr.update(value=f"Train features for layer {_int(layer)}")
+    return availability(visitor.lm, _store(visitor), layer), button
+
+
+def on_sentence_features(visitor: Visitor, sentence, layer, top):
+    """Each token's strongest sparse-autoencoder features at one layer, and a token x feature grid.
+
+    Args:
+        sentence: any text, e.g. "I sat on the river bank."; at most the model's length (512 tokens for BERT).
+        layer: 0 = the embeddings, N = the N-th layer's output; the layer needs a feature dictionary (the bundled model ships layers 1 to 6).
+        top: features listed per token, 1 to 50.
+
+    Returns:
+        a tokens x features heatmap (plotly), a table with one row per token and feature (feature, token, position, activation, label), and the raw result {"layer", "tokens", "per_token": [{"position", "token", "features": [{"feature", "activation", "label"}]}], "heatmap": {"features", "labels", "activations"}}.
+    """
+    lm = visitor.lm
+    result = features.sentence_features(lm, sentence, layer, top, _store(visitor))
+    title = f"Layer {result['layer']} of {lm.name}: each token's strongest features"
+    return plots.feature_heatmap(result, title), token_frame(result), result
+
+
+def on_feature_card(visitor: Visitor, layer, feature):
+    """Everything known of one feature of a layer's dictionary: what it fires on and what it does.
+
+    Args:
+        layer: 0 = the embeddings, N = the N-th layer's output; the layer needs a feature dictionary.
+        feature: the feature's number, 0 to the dictionary's size - 1 (e.g. 3,072 features for the bundled model's layers).
+
+    Returns:
+        a summary (Markdown: label, density, mean and largest activation), its activations' histogram (plotly), its top contexts with the firing token highlighted (HTML), the tokens it promotes and suppresses at a [MASK] (plotly), the features that fire with it (table), and the raw card {"layer", "feature", "label", "density", "mean", "max", "histogram", "contexts": [{"text", "token", "start", "end", "activation"}], "promoted", "suppressed": [{"token", "token_id", "logit_change"}], "cofiring": [{"feature", "share", "label"}]}.
+    """
+    card = features.feature_card(visitor.lm, layer, feature, _store(visitor))
+    return (card_summary(card, visitor.lm.name), plots.feature_histogram(card), contexts_html(card),
+            plots.feature_effects(card), cofiring_frame(card), card)
+
+
+def on_pick_feature(evt: gr.SelectData):
+    """A click on a row of a features table: its feature (every such table's first column)."""
+    return feature_of_row(getattr(evt, "row_value", None))
+
+
+def feature_of_row(row) -> int:
+    """The feature a table row names (its first cell), or no change for a row without one."""
+    try:
+        return int(row[0])
+    except (TypeError, ValueError, IndexError):
+        return gr.skip()
+
+
+def on_export_card(visitor: Visitor, layer, feature) -> dict:
+    """The feature's card as files: JSON (everything), CSV, and its image (PNG, SVG)."""
+    card = features.feature_card(visitor.lm, layer, feature, _store(visitor))
+    return view_downloads.listed(view_downloads.feature_card_files(card, view_downloads.folder(visitor)))
+
+
+def on_steer(visitor: Visitor, sentence, layer, feature, scale, add, top_k):
+    """Fill-mask before and after one feature is scaled where it fires, or added at the [MASK]s
+    where it does not (the dictionary's error term is kept: scale 1 and add 0 change nothing).
+
+    Args:
+        sentence: text with one or more [MASK] (any case), e.g. "The [MASK] was on the table.".
+        layer: 0 = the embeddings, N = the N-th layer's output; the layer needs a feature dictionary.
+        feature: the feature's number in that layer's dictionary.
+        scale: 0 to 10: its contribution times this where it fires (0 = switched off, 1 = unchanged, 2 = doubled).
+        add: 0 to 10: at each [MASK] where it does not fire, this many times its mean activation added.
+        top_k: predictions per mask before and after, 1 to 50.
+
+    Returns:
+        a sentence saying where the feature fires, before/after bars per mask (plotly), and the raw result {"layer", "feature", "label", "scale", "add", "fired": [{"position", "token", "activation"}], "masks": [{"mask", "before", "after", "tokens": [{"token", "token_id", "before", "after"}]}]}.
+    """
+    result = features.steer(visitor.lm, sentence, layer, feature, scale, add, top_k, _store(visitor),
+                            max_masks=visitor.settings.max_masks)
+    return steer_note(result), plots.steer_bars(result), result
+
+
+def on_prediction_features(visitor: Visitor, sentence, layer, top):
+    """The features at one layer that most lower each [MASK]'s top word when switched off: picked by
+    a first-order estimate, then each switched off for real and the drop in log p measured.
+
+    Args:
+        sentence: text with one or more [MASK] (any case), e.g. "Paris is the [MASK] of France.".
+        layer: 0 = the embeddings, N = the N-th layer's output; the layer needs a feature dictionary.
+        top: features listed per mask, 1 to 50.
+
+    Returns:
+        a table (feature, mask, word, rank, measured drop in log p, first-order estimate, label) and the raw result {"layer", "masks": [{"mask", "word", "token_id", "log_prob", "features": [{"feature", "label", "drop", "estimate", "activation"}]}]}.
+    """
+    top = validate.whole_number(top, "number of features", 1, features.MAX_TOP, field="top")
+    candidates = min(features.MAX_CANDIDATES, max(20, 2 * top))  # measured, of which `top` are shown
+    result = features.prediction_features(visitor.lm, sentence, layer, top, candidates, _store(visitor),
+                                          max_masks=visitor.settings.max_masks)
+    return prediction_frame(result), result
+
+
+def on_contrast(visitor: Visitor, texts_a, texts_b, word, layer, top):
+    """The features that tell two uses of a word apart: for each, the share of each list's
+    occurrences of the word it fires on.
+
+    Args:
+        texts_a: sentences using the word one way, one per line (at most 200).
+        texts_b: sentences using it the other way, one per line.
+        word: the word both lists use, e.g. "bank".
+        layer: 0 = the embeddings, N = the N-th layer's output; the layer needs a feature dictionary.
+        top: features listed per list, 1 to 50.
+
+    Returns:
+        a summary line, list A's features and list B's (tables: feature, shares, separation, label).
+    """
+    result = features.contrast_features(visitor.lm, texts_a, texts_b, word, layer, top, _store(visitor))
+    count = result["occurrences"]
+    note = (f"'{_markdown(result['word'])}' at layer {result['layer']}: {count['a']} occurrence(s) in list A, "
+            f"{count['b']} in list B. Separation = share of A's occurrences it fires on − share of B's.")
+    return note, contrast_frame(result["a"]), contrast_frame(result["b"])
+
+
+def on_quality(visitor: Visitor):
+    """How far to trust each layer's dictionary of the model: measured on held-out text when it was made.
+
+    Returns:
+        a table with one row per layer with a dictionary (FVU, dead share, L0, masked-LM cross-entropy clean, spliced, zero- and mean-ablated, loss recovered, the training's tokens, minutes and machine) and the raw figures, one dict per layer.
+    """
+    lm, store = visitor.lm, _store(visitor)
+    splice.layer_count(lm.model)
+    layers = store.layers(lm)
+    if not layers:
+        raise ValueError(f"{lm.name} has no feature dictionary yet: pick a layer and press "
+                         "'Train features for layer N' (or call bertdemo.train_features).")
+    rows = [_public(features.feature_quality(lm, layer, store)) for layer in layers]
+    return quality_frame(rows), rows
+
+
+def on_tuning_drift(visitor: Visitor, text, layer, top):
+    """What your fine-tune changed at one layer, through the base model's dictionary: which features
+    fire more or less often, or more or less strongly, on the text, and how well the base dictionary
+    still explains the tuned model's layer (FVU).
+
+    Args:
+        text: sentences to compare on, one per line; empty: the text your last fine-tune trained on
+            (else the default corpus).
+        layer: 0 = the embeddings, N = the N-th layer's output; the base model needs a dictionary there.
+        top: features listed, 1 to 50.
+
+    Returns:
+        a summary line (the FVU of the base dictionary on each model) and a table of the features
+        that changed most.
+    """
+    tuned = visitor.store.tuned(visitor.session)
+    if tuned is None:
+        raise ValueError("You have no fine-tuned model yet: run one in the Fine-tune tab, then come back.")
+    base = visitor.store.base_for(visitor.session)
+    if not (isinstance(text, str) and text.strip()):
+        last = visitor.store.result(visitor.session, export.LAST_RUN)
+        text = last.text if last is not None else None
+    result = features.tuning_drift(base, tuned, text if text else making.default_texts(), layer, top,
+                                   _store(visitor))
+    fvu = result["fvu"]
+    note = (f"Layer {result['layer']}, {result['tokens']:,} tokens: the base model's dictionary leaves "
+            f"{fvu['base']:.1%} of the base model's layer unexplained (FVU) and {fvu['tuned']:.1%} of the "
+            "tuned model's. Change = the change in how often a feature fires plus in how strongly, per token.")
+    rows = [[r["feature"], f"{r['density_base']:.1%}", f"{r['density_tuned']:.1%}", round(r["mean_base"], 3),
+             round(r["mean_tuned"], 3), round(r["change"], 4), r["label"]] for r in result["features"]]
+    return note, pd.DataFrame(rows, columns=list(sections.DRIFT_COLUMNS))
+
+
+# ---------------------------------------------------------------- handlers: the run
+
+def on_train_features(visitor: Visitor, request: FeaturesRequest, progress=gr.Progress()):
+    """Train a feature dictionary for one layer of this session's model (a run: one per visitor,
+    /stop_features ends it); kept for every visitor of that model. Parameters: `layer` (one without
+    a dictionary), `texts` (one sentence per line; empty: the default corpus), `keep_partial` (keep
+    a run stopped early). Yields the status, the live FVU and dead-latent curves, the new
+    dictionary's quality table, the layers line and the Stop button's line."""
+    outcome = yield from live_run.stream(
+        visitor, "train_features", request, progress, lambda log: _live_outputs(log, progress),
+        cleared=("Starting: reading the corpus…", None, sections.empty(sections.QUALITY_COLUMNS), gr.skip(), ""))
+    dictionary, history = outcome.result
+    plan = outcome.plan
+    quality = quality_frame([_public(features.feature_quality(plan.lm, plan.layer, plan.store))]) \
+        if dictionary is not None else sections.empty(sections.QUALITY_COLUMNS)
+    yield (final_status(outcome.kept, history, plan), plots.feature_curves(history.steps), quality,
+           availability(plan.lm, plan.store, plan.layer), gr.skip())
+
+
+def _live_outputs(log: EventLog, progress) -> tuple:
+    events = [e for e in log.latest.evals if isinstance(e, FeatureProgress)]
+    if not events:
+        return (gr.skip(),) * 5
+    last = events[-1].step
+    progress(events[-1].done, desc=f"training features: {last.tokens:,} tokens")
+    status = (f"Step {last.step}: {last.tokens:,} tokens, FVU {last.fvu[0]:.3f}, {last.dead[0]:.1%} dead, "
+              f"{last.tokens_per_s:,.0f} tokens/s. When training ends, its statistics and quality are "
+              "measured before it is kept.")
+    return status, plots.feature_curves([e.step for e in events]), gr.skip(), gr.skip(), gr.skip()
+
+
+def on_stop(visitor: Visitor) -> str:
+    if live_run.stop(visitor):
+        return "Stop asked: the run ends after its current step."
+    return "Nothing is running: there is no training of yours to stop."
+
+
+def final_status(kept, history, plan) -> str:
+    """What the run did, in the page's words: how it ended, whether its dictionary was kept."""
+    steps, seconds = len(history.steps), history.seconds
+    done = f"{steps} steps, {history.tokens:,} tokens in {seconds:.0f} s"
+    where = f"layer {plan.layer} of **{_markdown(plan.lm.name)}**"
+    if history.stopped is None:
+        head = f"**Done**: {done}."
+    else:
+        why = live_run.ENDED_BECAUSE.get(history.stopped, history.stopped).format(
+            seconds=int(plan.settings.max_seconds))
+        head = f"**Ended early** because {why}, after {done}."
+    if kept is not None and kept.kept:
+        partial = (" (“Keep the dictionary if I press Stop…” was ticked: it has trained on fewer tokens, as its "
+                   "figures show)" if history.stopped is not None else "")
+        return (f"{head} Its dictionary is **kept** as the one of {where}{partial}: every visitor of this model "
+                f"can use it now. {quality_line(plan.lm, plan.store, plan.layer)}")
+    if not steps:
+        return f"{head} No step ran, so there is no dictionary to keep."
+    return (f"{head} Its dictionary was **not kept** (tick “Keep the dictionary if I press Stop…” to keep a "
+            f"stopped run's): {where} still has none.")
+
+
+# ---------------------------------------------------------------- what the page shows
+
+def availability(lm: LoadedModel | None, store: FeatureStore, layer) -> str:
+    """Which layers of `lm` have a dictionary, and for `layer`: its quality, or how to get one."""
+    if lm is None:
+        return ""
+    try:
+        splice.layer_count(lm.model)
+    except ValueError as err:
+        return f"⚠️ {_markdown(str(err))}."
+    layers = store.layers(lm)
+    name = _markdown(lm.name)
+    line = (f"Feature dictionaries of **{name}**: layers {', '.join(map(str, layers))}." if layers
+            else f"**{name}** has no feature dictionary yet.")
+    layer = _int(layer)
+    if layer in layers:
+        return f"{line} {quality_line(lm, store, layer)}"
+    return (f"{line} **Layer {layer} has none**: press **Train features for layer {layer}** below (a few minutes "
+            "at most; then every visitor of this model can use it), or pick a layer listed here.")
+
+
+def quality_line(lm: LoadedModel, store: FeatureStore, layer: int) -> str:
+    """One line of a layer's dictionary's quality, e.g. for the model card: "Layer 3: 3,072
+    features, FVU 0.45, loss recovered 89% (zero-ablated)"."""
+    q = features.feature_quality(lm, layer, store)
+    recovered = (q.get("loss_recovered") or {}).get("zero")
+    shown = f", loss recovered {recovered:.0%} (zero-ablated)" if recovered is not None else ""
+    fvu = f", FVU {q['fvu']:.2f}" if "fvu" in q else ""
+    return f"Layer {q['layer']}: {q['latents']:,} features, {q['k']} active per token{fvu}{shown}."
+
+
+def card_summary(card: dict, model: str) -> str:
+    return (f"**Feature {card['feature']}** of layer {card['layer']} ({_markdown(model)}): "
+            f"*{_markdown(card['label'])}*  \nFires on {card['density']:.2%} of the {card['statistics_tokens']:,} "
+            f"tokens its statistics counted; mean activation {card['mean']:.3f} where it fires, largest "
+            f"{card['max']:.3f}. Promoted and suppressed: its direction, times its mean activation, added at a "
+            "[MASK] of a few sentences, through the rest of the model and its MLM head.")
+
+
+def contexts_html(card: dict, width: int = 70) -> str:
+    """The feature's top contexts: the text around the firing token, the token highlighted, its
+    activation. Every piece of text is HTML-escaped."""
+    rows = []
+    for context in card["contexts"]:
+        text, start, end = context["text"], context["start"], context["end"]
+        left = ("…" if start > width else "") + text[max(0, start - width):start]
+        right = text[end:end + width] + ("…" if end + width < len(text) else "")
+        rows.append(f"<tr><td class='act'>{context['activation']:.2f}</td><td class='left'>{html.escape(left)}</td>"
+                    f"<td class='word'><mark title='{html.escape(context['token'], quote=True)}'>"
+                    f"{html.escape(text[start:end] or context['token'])}</mark></td>"
+                    f"<td class='right'>{html.escape(right)}</td></tr>")
+    if not rows:
+        return "<p>It never fired on the statistics' corpus.</p>"
+    return ("<style>#feature-contexts table{border-collapse:collapse;width:100%;font-size:0.95em}"
+            "#feature-contexts td{padding:2px 6px;border:none}#feature-contexts td.left{text-align:right;width:48%}"
+            "#feature-contexts td.word{width:1%;white-space:nowrap}"
+            "#feature-contexts td.act{color:#6b7280;width:1%}</style><p><b>Top contexts</b> (activation, the firing "
+            "token highlighted)</p><table><tbody>" + "".join(rows) + "</tbody></table>")
+
+
+def steer_note(result: dict) -> str:
+    fired = result["fired"]
+    where = (", ".join(f"{_markdown(f['token'])} ({f['activation']:.2f})" for f in fired[:12])
+             + (" …" if len(fired) > 12 else "")) if fired else "no token of this sentence"
+    what = ("switched off" if result["scale"] == 0 else "unchanged" if result["scale"] == 1
+            else f"times {result['scale']:g}")
+    added = (f"; {result['add']:g} x its mean activation added at the masks where it does not fire"
+             if result["add"] else "")
+    return (f"Feature {result['feature']} (*{_markdown(result['label'])}*) fires on {where}. Where it fires it is "
+            f"{what}{added}.")
+
+
+def token_frame(result: dict) -> pd.DataFrame:
+    rows = [[f["feature"], t["token"], t["position"], round(f["activation"], 4), f["label"]]
+            for t in result["per_token"] for f in t["features"]]
+    return pd.DataFrame(rows, columns=list(sections.TOKEN_COLUMNS))
+
+
+def cofiring_frame(card: dict) -> pd.DataFrame:
+    rows = [[c["feature"], f"{c['share']:.0%}", c["label"]] for c in card["cofiring"]]
+    return pd.DataFrame(rows, columns=list(sections.COFIRING_COLUMNS))
+
+
+def prediction_frame(result: dict) -> pd.DataFrame:
+    rows = [[f["feature"], m["mask"], m["word"], rank, round(f["drop"], 4), round(f["estimate"], 4), f["label"]]
+            for m in result["masks"] for rank, f in enumerate(m["features"], 1)]
+    return pd.DataFrame(rows, columns=list(sections.PREDICTION_COLUMNS))
+
+
+def contrast_frame(rows: list[dict]) -> pd.DataFrame:
+    return pd.DataFrame([[r["feature"], f"{r['share_a']:.0%}", f"{r['share_b']:.0%}", round(r["separation"], 3),
+                          r["label"]] for r in rows], columns=list(sections.CONTRAST_COLUMNS))
+
+
+def quality_frame(rows: list[dict]) -> pd.DataFrame:
+    def number(value, digits=3):
+        return round(value, digits) if isinstance(value, (int, float)) else None
+
+    def recovered(q, ablation):
+        value = (q.get("loss_recovered") or {}).get(ablation)
+        return f"{value:.0%}" if value is not None else "n/a"
+    table = []
+    for q in rows:
+        ce, training = q.get("cross_entropy") or {}, q.get("training") or {}
+        table.append([q["layer"], q["latents"], q["k"], number(q.get("fvu")),
+                      f"{q['dead']:.1%}" if "dead" in q else None, number(q.get("l0"), 1),
+                      *(number(ce.get(v)) for v in ("clean", "spliced", "zero", "mean")),
+                      recovered(q, "zero"), recovered(q, "mean"), training.get("tokens"), training.get("minutes"),
+                      training.get("machine"), training.get("stopped") or "its token limit"])
+    return pd.DataFrame(table, columns=list(sections.QUALITY_COLUMNS))
+
+
+# ---------------------------------------------------------------- helpers
+
+def default_layer(ctx: AppContext) -> int:
+    """The middle one of the layers the app's model has a dictionary of; else its middle layer."""
+    lm = ctx.store.base
+    if lm is None:
+        return 1
+    try:
+        layers = _store(ctx).layers(lm)
+    except ValueError:
+        layers = []
+    return layers[(len(layers) - 1) // 2] if layers else _layer_count(ctx) // 2
+
+
+def default_feature(ctx: AppContext, layer: int) -> int:
+    """The feature the card opens with: the strongest of the example sentence at `layer` (0 where
+    the app's model has no dictionary there)."""
+    lm = ctx.store.base
+    try:
+        found = features.sentence_features(lm, sections.SENTENCE, layer, 1, _store(ctx)) if lm is not None else None
+    except ValueError:
+        found = None
+    fired = [(f["activation"], f["feature"]) for t in (found or {}).get("per_token", []) for f in t["features"]]
+    return max(fired)[1] if fired else 0
+
+
+def _layer_count(ctx: AppContext) -> int:
+    """L of the app's model (layers 0..L); bert-base's 12 without one or where features cannot splice."""
+    lm = ctx.store.base
+    try:
+        return splice.layer_count(lm.model) if lm is not None else 12
+    except ValueError:
+        return 12
+
+
+def _store(holder) -> FeatureStore:
+    """The app's feature store (a Visitor's or the AppContext's), else the service's default."""
+    return holder.features if holder.features is not None else features.default_store()
+
+
+def _public(quality: dict) -> dict:
+    """A quality record without where the server keeps its files."""
+    return {k: v for k, v in quality.items() if k != "folder"}
+
+
+def _int(value) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _markdown(text: str) -> str:
+    """Text shown as itself in Markdown: its markup characters escaped."""
+    return re.sub(r"([\\`*_{}\[\]()#+\-.!|<>~])", r"\\\1", str(text))

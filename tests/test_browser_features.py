@@ -1,0 +1,96 @@
+"""The Features tab in a real browser (Debian's chromium, local requests only), on the whole app
+serving the tiny BERT with a feature store of its own (a temp folder) that holds a dictionary of
+layer 1: a sentence's features, a feature's card, steering, and training a layer with Stop."""
+import re
+from urllib.parse import urlencode
+
+import pytest
+from playwright.sync_api import expect
+
+import app
+import bertdemo
+from bertdemo.config import Settings
+from bertdemo.features.making import train_features
+from bertdemo.features.store import FeatureStore
+from bertdemo.features.training import FeatureSettings
+from conftest import block, launch, set_slider
+from test_features_tab import CORPUS, MASKED, SENTENCE
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture(scope="module")
+def features(tiny_bert, tmp_path_factory):
+    store = FeatureStore(tmp_path_factory.mktemp("browser-features"), shipped=None)
+    train_features(tiny_bert, 1, CORPUS, FeatureSettings(max_tokens=3000, batch_tokens=512), store=store)
+    return store
+
+
+@pytest.fixture(scope="module")
+def features_url(tiny_bert_dir, features):
+    demo = app.build_demo(Settings(model=str(tiny_bert_dir), device="cpu"), features=features)
+    url = launch(demo)
+    yield url
+    demo.close()
+
+
+def open_tab(page, url: str) -> None:
+    page.goto(url)
+    page.get_by_role("tab", name="Features").click()
+    expect(page.locator("#features-available")).to_contain_text("Feature dictionaries of")
+
+
+def test_a_sentences_features_open_a_card_and_a_feature_steers_the_prediction(
+        page, features_url, tiny_bert, features, screenshot):
+    open_tab(page, features_url)
+    expect(page.locator("#features-available")).to_contain_text("layers 1. Layer 1: 256 features")
+    page.locator("#features-sentence textarea").fill(SENTENCE)
+    page.get_by_role("button", name="Show the sentence's features").click()
+    result = bertdemo.sentence_features(tiny_bert, SENTENCE, 1, 5, features)
+    first = result["per_token"][0]["features"][0]
+    rows = page.locator("#features-tokens").get_by_role("row")
+    expect(rows.nth(1).get_by_role("gridcell").first).to_have_text(str(first["feature"]))
+    expect(block(page, "Tokens x features").locator(".ytick text", has_text=result["per_token"][0]["token"]).first
+           ).to_be_visible()
+    chosen = page.locator("#features-feature input").input_value()  # the example's strongest
+    expect(page.locator("#feature-summary")).to_contain_text(f"Feature {chosen} of layer 1")
+
+    second = result["per_token"][0]["features"][1]["feature"]
+    rows.nth(2).get_by_role("gridcell").nth(1).click()  # a row opens its feature's card
+    expect(page.locator("#features-feature input")).to_have_value(str(second))
+    expect(page.locator("#feature-summary")).to_contain_text(f"Feature {second} of layer 1")
+    card = bertdemo.feature_card(tiny_bert, 1, second, features)
+    expect(page.locator("#feature-contexts mark")).to_have_count(len(card["contexts"]))
+    screenshot("features_card")
+
+    page.locator("#features-masked textarea").fill(MASKED)
+    page.get_by_role("button", name=re.compile("^Steer")).click()
+    expect(page.locator("#steer-note")).to_contain_text(f"Feature {second}")
+    expect(page.locator("#steer-note")).to_contain_text("switched off")
+    expect(block(page, "Before and after steering").locator(".legendtext")).to_have_text(["before", "after steering"])
+
+
+def test_training_a_layer_shows_live_curves_and_stops_without_keeping(page, features_url, tiny_bert, features):
+    open_tab(page, features_url)
+    set_slider(page, "Features of layer (0 = embeddings)", 2)
+    expect(page.locator("#features-available")).to_contain_text("Layer 2 has none")
+    page.get_by_label("Keep the dictionary if I press Stop").uncheck()
+    page.get_by_role("button", name="Train features for layer 2").click()
+    status = page.locator("#features-status")
+    expect(status).to_contain_text(re.compile(r"Step \d+: [\d,]+ tokens, FVU"), timeout=60_000)
+    expect(block(page, "FVU and dead latents, live").locator(".legendtext")).to_have_text(
+        ["FVU (lower is better)", "dead latents"])
+    page.get_by_role("button", name="Stop", exact=True).click()
+    expect(page.locator("#features-stopping")).to_contain_text("Stop asked")
+    expect(status).to_contain_text("Ended early because you pressed Stop", timeout=60_000)
+    expect(status).to_contain_text("was not kept")
+    assert features.layers(tiny_bert) == [1]
+
+
+def test_a_link_opens_the_sentences_features_and_the_cards_feature(page, features_url, tiny_bert, features):
+    page.goto(features_url + "?" + urlencode({"tab": "features", "layer": 1, "feature": 5, "sentence": SENTENCE}))
+    expect(page.get_by_role("tab", name="Features", selected=True)).to_be_visible()
+    first = bertdemo.sentence_features(tiny_bert, SENTENCE, 1, 5, features)["per_token"][0]["features"][0]
+    expect(page.locator("#features-tokens").get_by_role("row").nth(1).get_by_role("gridcell").first).to_have_text(
+        str(first["feature"]))
+    expect(page.locator("#feature-summary")).to_contain_text("Feature 5 of layer 1")
