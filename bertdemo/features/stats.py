@@ -134,6 +134,11 @@ def from_codes(codes: Codes, texts: list[str], latents: int) -> FeatureStats:
     return FeatureStats(tensors, list(texts))
 
 
+def index_dtype(count: int) -> np.dtype:
+    """The smallest integer type for indices below `count` (and -1 for none): shipped files stay small."""
+    return np.dtype(np.int16) if count < 2 ** 15 else np.dtype(np.int32)
+
+
 def keep_used_lines(stats: list[FeatureStats]) -> None:
     """Cut the context lines of statistics computed over the same corpus down to those their top
     contexts point into, renumbered alike: one contexts file serves them all."""
@@ -143,7 +148,8 @@ def keep_used_lines(stats: list[FeatureStats]) -> None:
     renumber[used] = np.arange(len(used))
     for s in stats:
         line = s["context_line"].numpy()
-        s.tensors["context_line"] = torch.from_numpy(np.where(line >= 0, renumber[np.maximum(line, 0)], -1).astype(np.int32))
+        kept = np.where(line >= 0, renumber[np.maximum(line, 0)], -1).astype(index_dtype(len(used)))
+        s.tensors["context_line"] = torch.from_numpy(kept)
         s.contexts = [texts[i] for i in used]
 
 
@@ -182,7 +188,7 @@ def _top_tokens(f, token_ids: np.ndarray, fires, latents: int) -> dict[str, torc
     pairs, counts = pairs[:, order], counts[order]
     rank = np.arange(len(counts)) - np.searchsorted(pairs[0], pairs[0])
     keep = rank < TOP_TOKENS
-    ids = np.full((latents, TOP_TOKENS), -1, dtype=np.int32)
+    ids = np.full((latents, TOP_TOKENS), -1, dtype=index_dtype(int(token_ids.max(initial=0)) + 1))
     share = np.zeros((latents, TOP_TOKENS), dtype=np.float16)
     ids[pairs[0][keep], rank[keep]] = pairs[1][keep]
     share[pairs[0][keep], rank[keep]] = counts[keep] / np.maximum(1, fires.numpy()[pairs[0][keep]])
@@ -196,7 +202,7 @@ def _cofiring(f, token_of: np.ndarray, tokens: int, fires, latents: int) -> dict
     together = (fired.T @ fired).tocsr()
     together.setdiag(0)
     together.eliminate_zeros()
-    ids = np.full((latents, COFIRING), -1, dtype=np.int32)
+    ids = np.full((latents, COFIRING), -1, dtype=index_dtype(latents))
     share = np.zeros((latents, COFIRING), dtype=np.float16)
     for feature in np.flatnonzero(np.diff(together.indptr)):
         start, end = together.indptr[feature], together.indptr[feature + 1]

@@ -226,8 +226,10 @@ def promoted_ids(lm: LoadedModel, dictionary: Dictionary, keep: int = 3, chunk: 
     rows = []
     for start in range(0, dictionary.latents, chunk):
         features = list(range(start, min(start + chunk, dictionary.latents)))
-        rows.append(output_effects(lm, dictionary, features, chunk).topk(keep, dim=-1).indices.int())
-    return torch.cat(rows)
+        rows.append(output_effects(lm, dictionary, features, chunk).topk(keep, dim=-1).indices)
+    from .stats import index_dtype
+
+    return torch.from_numpy(torch.cat(rows).numpy().astype(index_dtype(lm.model.config.vocab_size)))
 
 
 # ---------------------------------------------------------------- switched off, turned up
