@@ -19,7 +19,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..forward import anatomy, splice
+from ..forward import lean_forward, splice
+from ..model.logits import mlm_head
 from ..model.loading import LoadedModel
 from .data import Lines, TokenBatch, hidden_at
 from .dictionary import Dictionary
@@ -111,9 +112,15 @@ def batch_loss(lm: LoadedModel, batch: TokenBatch, edits: dict) -> tuple[float, 
 
 def logits_at(lm: LoadedModel, inputs: dict, rows: torch.Tensor, cols: torch.Tensor, edits: dict) -> torch.Tensor:
     """MLM logits (N, V) at positions (rows, cols) of the batch, with `edits` ({layer: edit})
-    spliced in: the base forward and the model's own head at those positions (the whole
-    forward for a model whose head the anatomy does not know)."""
-    head = anatomy.mlm_head(lm.model)
+    spliced in: the lean forward where it serves the model (BERT's layout, no grad, the edits
+    inside it), else the base forward with the edits spliced at the anatomy's splice point; then
+    the model's own head at those positions (the whole forward for a model whose head the anatomy
+    does not know)."""
+    head = mlm_head(lm.model, lm.caches.packed)  # the served head: its decoder fast at a few rows
+    if head is not None:  # BERT's layout, no grad: the lean forward, with the edits in it
+        hidden = lean_forward.hidden_at(lm.model, inputs, rows, cols, lm.caches.packed, edits=edits)
+        if hidden is not None:
+            return head(hidden)
     with splice.spliced(lm.model, edits) if edits else contextlib.nullcontext():
         if head is None:
             return lm.model(**inputs).logits[rows, cols]

@@ -56,11 +56,13 @@ def _runs(model) -> bool:
 
 
 def hidden_at(model, inputs: dict, rows: torch.Tensor, cols: torch.Tensor,
-              packed: "PackedWeights | None" = None) -> torch.Tensor | None:
+              packed: "PackedWeights | None" = None, edits: dict | None = None) -> torch.Tensor | None:
     """Last hidden states (N, H) at the N positions (rows[i], cols[i]) of a (B, T) batch, or None
     when `model` is not `supports`-ed or a position asked for is padding. Linear layers read their
-    weights from `packed` where it applies (`linear`); None: plain `module(x)`."""
-    if not (supports(model) or trains(model)):
+    weights from `packed` where it applies (`linear`); None: plain `module(x)`. `edits`: {layer:
+    edit (B, T, H) -> (B, T, H) or None} as `splice.spliced` takes them, for layers 0..L-1 (the
+    last layer is computed at the asked positions only: None for an edit there)."""
+    if not (supports(model) or trains(model)) or (edits and max(edits) >= len(anatomy.bert_layers(model))):
         return None
     kernel = Kernels(packed)
     ids = inputs["input_ids"]
@@ -73,9 +75,20 @@ def hidden_at(model, inputs: dict, rows: torch.Tensor, cols: torch.Tensor,
     hidden = anatomy.embeddings(model)(input_ids=ids, token_type_ids=inputs.get("token_type_ids"))
     hidden = tokens.real(hidden.reshape(batch * length, -1))  # (real tokens, H)
     layers = anatomy.bert_layers(model)
-    for layer in layers[:-1]:
+    for index, layer in enumerate(layers[:-1]):
+        hidden = _edited(edits, index, hidden, tokens)
         hidden = _layer(layer, hidden, tokens, kernel)
+    hidden = _edited(edits, len(layers) - 1, hidden, tokens)
     return _last_layer(layers[-1], hidden, tokens, rows, cols, kernel)
+
+
+def _edited(edits: dict | None, layer: int, hidden: torch.Tensor, tokens: "_Tokens") -> torch.Tensor:
+    """Layer `layer`'s output (real tokens, H) through `edits[layer]`, seen as (B, T, H)."""
+    edit = (edits or {}).get(layer)
+    if edit is None:
+        return hidden
+    edited = edit(tokens.padded(hidden))
+    return hidden if edited is None else tokens.real(edited.reshape(tokens.batch * tokens.length, -1))
 
 
 class _Tokens:
