@@ -17,7 +17,7 @@ import torch
 
 from .. import validate
 from ..forward import splice
-from ..model.loading import USER_MASK, LoadedModel
+from ..model.loading import LoadedModel
 from ..views.fillmask import DEFAULT_MAX_MASKS, encode, prediction
 from .data import kept_positions
 from .dictionary import Dictionary
