@@ -20,8 +20,12 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError, ValidationError
 
 import app
+import bertdemo
 import tiny_models
 from bertdemo.config import Settings
+from bertdemo.features.making import train_features
+from bertdemo.features.store import FeatureStore
+from bertdemo.features.training import FeatureSettings
 
 SENTENCE = "Paris is the [MASK] of France."
 TEXT = "Paris is the capital of France."
@@ -77,6 +81,18 @@ ENDPOINTS = {
     "/download_classifier": [],
     "/forgetting_sweep": [CLASSIFY_FORM[0], CLASSIFY_FORM[1], CLASSIFY_FORM[3], CLASSIFY_FORM[5]],
     "/adapt_then_classify": CLASSIFY_FORM,
+    # the Features tab: the suite's store has a dictionary of layer 1 (`suite_app`)
+    "/sentence_features": [("text", TEXT), ("number", 1), ("number", 3)],
+    "/feature_card": [("number", 1), ("number", 0)],
+    "/steer_feature": [("text", SENTENCE), ("number", 1), ("number", 0), ("number", 0), ("number", 1),
+                       ("number", 3)],
+    "/prediction_features": [("text", SENTENCE), ("number", 1), ("number", 3)],
+    "/contrast_features": [("text", "I sat on the river bank."), ("text", "The bank lent me money."),
+                           ("text", "bank"), ("number", 1), ("number", 3)],
+    "/feature_quality": [],
+    "/features_after_tuning": [("text", ""), ("number", 1), ("number", 3)],  # after /finetune: its tuned model
+    "/train_features": [("number", 2), ("text", ""), ("flag", True)],
+    "/stop_features": [],
 }
 # Gradio component -> kind of input in the table above.
 KINDS = {"Textbox": "text", "Number": "number", "Slider": "number", "Radio": "choice",
@@ -130,8 +146,11 @@ def suite_app(tmp_path_factory):
     model = tiny_models.save_tiny_bert(root / MODEL)
     other = tiny_models.save_tiny_distilbert(root / "tiny-distilbert")
     settings = Settings(model=str(model), models=str(other), device="cpu", port=None,
-                        finetune_max_steps=20, finetune_max_chars=5_000)
-    demo = app.build_demo(settings)
+                        finetune_max_steps=20, finetune_max_chars=5_000, features_max_tokens=3_000)
+    features = FeatureStore(root / "features", shipped=None)
+    train_features(bertdemo.load(str(model), device="cpu"), 1, None, FeatureSettings(max_tokens=3_000),
+                   store=features)
+    demo = app.build_demo(settings, features=features)
     url, _ = app.serve(demo, settings, block=False)
     yield url, [str(root), str(Path(app.__file__).parent)]
     demo.close()

@@ -162,14 +162,19 @@ def test_bad_input_through_the_page_is_one_log_line_and_a_message(visitor, caplo
 
 # ---------------------------------------------------------------- the run
 
-def test_the_run_is_planned_on_the_session_model_and_checked_field_by_field(visitor, features):
+def test_the_run_is_planned_on_the_session_model_and_checked_field_by_field(visitor, features, tmp_path):
     plan = FeaturesRequest(layer=2, texts="\n".join(CORPUS), keep_partial=False).plan(
         visitor.lm, visitor.limits, features)
     assert plan.layer == 2 and plan.settings.max_tokens == 3000 and plan.keep_partial is False
     settings = visitor.settings
     assert plan.settings.max_seconds == min(settings.features_max_seconds, settings.finetune_max_seconds)
+    again = FeaturesRequest(layer=1, keep_partial=False).plan(visitor.lm, visitor.limits, features)
+    assert again.layer == 1  # a dictionary trained here may be trained again: the latest wins
+    shipped = shipped_store(visitor.lm, features, tmp_path)
+    with pytest.raises(ValueError, match="the one shipped with it") as refused:
+        FeaturesRequest(layer=1).plan(visitor.lm, visitor.limits, shipped)
+    assert refused.value.field == "layer"
     for request, field, message in [
-            (FeaturesRequest(layer=1), "layer", "already has a feature dictionary"),
             (FeaturesRequest(layer=5), "layer", "from 0 to 2"),
             (FeaturesRequest(layer=2, texts="the cat ."), "texts", "needs at least 1,000"),
             (FeaturesRequest(layer=2, texts="x" * 20_001), "texts", "at most 20,000")]:
@@ -177,11 +182,24 @@ def test_the_run_is_planned_on_the_session_model_and_checked_field_by_field(visi
             request.plan(visitor.lm, visitor.limits, features)
         assert refused.value.field == field
 
-    ctx = AppContext(visitor.store, visitor.settings, visitor.engine, features=features)
+    ctx = AppContext(visitor.store, visitor.settings, visitor.engine, features=shipped)
     check = handler(ctx, live_run.validator("train_features"))
     request = type("Request", (), {"session_hash": "s9"})()
     verdicts = check(1, "", True, request=request)
     assert [v["is_valid"] for v in verdicts] == [False, True, True] and "already has" in verdicts[0]["message"]
+
+
+def shipped_store(lm, trained: FeatureStore, tmp_path) -> FeatureStore:
+    """A store that ships `trained`'s dictionary of layer 1 for `lm`, as assets/bundled/features does."""
+    import json
+    import shutil
+
+    from bertdemo.features.store import weights_digest
+
+    shipped = tmp_path / "shipped"
+    shutil.copytree(trained.folder_for(lm, 1), shipped / "layer_1")
+    (shipped / "training.json").write_text(json.dumps({"weights": weights_digest(lm.model)}))
+    return FeatureStore(tmp_path / "cache", shipped=shipped)
 
 
 def run_to_the_end(visitor, request, stop_after_first: bool = False) -> list:

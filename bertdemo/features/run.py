@@ -5,9 +5,10 @@
     dictionary, history = run_features(plan, on_event=..., should_stop=...)
 
 The job is `making.train_features` on the plan; a dictionary it keeps goes into the app's
-`FeatureStore`, so every visitor of that model (its weights) is offered it from then on. For that
-reason a layer that already has a dictionary is not trained again from the page: one visitor's
-short run never replaces what every other visitor reads (the Python API can, `train_features`).
+`FeatureStore`, so every visitor of that model (its weights) is offered it from then on; a later
+run of the same layer replaces it (the latest wins, as with any shared cache). A shipped dictionary
+is never trained again from the page: one visitor's short run never replaces what the demo ships
+(the Python API can, `train_features`).
 A stopped run's dictionary is kept when the request says `keep_partial` (the default: most runs
 end at their time limit, and one minute of training already gives usable features).
 """
@@ -43,9 +44,10 @@ class FeaturesRequest:
         """The run's plan on `lm` within `limits`; InputError naming the field at fault (a layer
         out of range or that already has a dictionary, too much text or too little)."""
         layer = splice.check_layer(lm.model, self.layer)
-        if store.get(lm, layer) is not None:
+        if store.is_shipped(lm, layer):
             raise validate.InputError("layer", f"Layer {layer} of {lm.name} already has a feature dictionary, "
-                                               "shared by every visitor of this model: pick a layer without one.")
+                                               "the one shipped with it, which every visitor reads: pick a layer "
+                                               "without one (bertdemo.train_features can train it in Python).")
         texts = self.texts or ""
         if not isinstance(texts, str):
             raise validate.InputError("texts", "The text must be text, one sentence per line, got "

@@ -78,11 +78,15 @@ class FeatureStore:
             return None
         return self.shipped if json.loads(record.read_text(encoding="utf-8")).get("weights") == weights_digest(lm.model) else None
 
+    def is_shipped(self, lm: LoadedModel, layer: int) -> bool:
+        """Whether `lm`'s dictionary of `layer` is a shipped one (read-only, what every visitor reads)."""
+        shipped = self.shipped_for(lm)
+        return shipped is not None and (shipped / f"layer_{layer}" / "cfg.json").is_file()
+
     def folder_for(self, lm: LoadedModel, layer: int) -> Path:
         """Where `lm`'s dictionary of `layer` is or would be: shipped, else in the cache."""
-        shipped = self.shipped_for(lm)
-        if shipped is not None and (shipped / f"layer_{layer}" / "cfg.json").is_file():
-            return shipped / f"layer_{layer}"
+        if self.is_shipped(lm, layer):
+            return self.shipped_for(lm) / f"layer_{layer}"
         return self.folder / weights_digest(lm.model) / f"layer_{layer}"
 
     def get(self, lm: LoadedModel, layer: int) -> Dictionary | None:

@@ -260,7 +260,7 @@ def steer(lm: LoadedModel, text: str, layer: int, feature: int, scale: float = 0
     """Fill-mask before and after `feature`'s contribution at `layer` is scaled by `scale` (0 = off,
     2 = doubled) and `add` x its mean activation is added at the [MASK]s where it does not fire.
     The coder's error term is kept, so with scale 1 and add 0 every probability equals the clean
-    model's. One forward of two rows: the sentence as it is, and edited.
+    model's. One forward of two rows: the sentence as it is, and edited (one row with no edit).
 
     Returns {"layer", "feature", "label", "scale", "add", "fired": [{"position", "token",
     "activation"}], "masks": [{"mask", "position", "before": top-k, "after": top-k, "tokens":
@@ -277,14 +277,16 @@ def steer(lm: LoadedModel, text: str, layer: int, feature: int, scale: float = 0
     edit = steering_edit(dictionary, feature, scale, add, at_masks)
     seen = {}
 
-    def second_row(hidden):  # (2, T, H): row 0 stays as it is
+    copies = 1 if scale == 1.0 and add == 0.0 else 2  # no edit: one row, and after is before to the bit
+
+    def second_row(hidden):  # (copies, T, H): row 0 stays as it is
         seen["activation"] = dictionary.dense(hidden[0].float())[:, feature]
-        edited = edit(hidden[1:])
+        edited = edit(hidden[1:]) if copies == 2 else None
         return None if edited is None else torch.cat([hidden[:1], edited])
-    batch = {k: v.repeat(2, 1) for k, v in enc.inputs.items()}
-    rows = torch.arange(2, device=lm.device).repeat_interleave(len(masks))
-    probs = logits_at(lm, batch, rows, masks.repeat(2), {dictionary.layer: second_row}).float().softmax(-1)
-    before, after = probs[:len(masks)], probs[len(masks):]
+    batch = {k: v.repeat(copies, 1) for k, v in enc.inputs.items()}
+    rows = torch.arange(copies, device=lm.device).repeat_interleave(len(masks))
+    probs = logits_at(lm, batch, rows, masks.repeat(copies), {dictionary.layer: second_row}).float().softmax(-1)
+    before, after = probs[:len(masks)], probs[-len(masks):]
     fired = seen["activation"]
     tokens = lm.tokenizer.convert_ids_to_tokens(enc.input_ids[0].tolist())
     return {"layer": dictionary.layer, "feature": feature, "label": label(lm, dictionary, feature),
