@@ -28,13 +28,16 @@ COPY bertdemo/ bertdemo/
 RUN python -m bertdemo download bert-base-uncased --dir /models/bert-base-uncased
 
 COPY . .
+# Its ONNX Runtime export made ahead, read at start and never evicted: a container's first request
+# takes the fast path and no export runs at start (docs/operations.md, "A warm start").
+RUN python -m bertdemo warm /models/bert-base-uncased --into /models/warm
 RUN useradd --create-home --uid 1000 bertdemo
 USER bertdemo
 
 # The image needs no hub access; GRADIO_SERVER_NAME/PORT are what the app (and Gradio) read.
 # MALLOC_ARENA_MAX: for anything started in the container without jemalloc (app.py preloads it
 # itself, or caps glibc's arenas where it is missing: bertdemo/memory.py).
-ENV BERTDEMO_MODEL=/models/bert-base-uncased HF_HUB_OFFLINE=1 \
+ENV BERTDEMO_MODEL=/models/bert-base-uncased BERTDEMO_WARM_DIR=/models/warm HF_HUB_OFFLINE=1 \
     GRADIO_SERVER_NAME=0.0.0.0 GRADIO_SERVER_PORT=7860 MALLOC_ARENA_MAX=2
 EXPOSE 7860
 # /healthz: 200 once the model is loaded, 503 and why if it could not be

@@ -19,22 +19,22 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 
 import gradio as gr
 from starlette.middleware import Middleware
 
-from bertdemo import memory
+from bertdemo import disk, memory
 from bertdemo.config import DEFAULT_MODEL, Settings, parse_auth
+from bertdemo.disk import DiskCache
 from bertdemo.features.run import app_store
 from bertdemo.model import bundled
 from bertdemo.serving.engine import Engine
 from bertdemo.sessions import SessionStore
 from bertdemo.ui import (about_tab, attention_tab, classify_tab, embeddings_tab, explain_tab, features_tab,
                          fillmask_tab, finetune_tab, masking_tab, mcp_tools, model_banner, model_picker,
-                         queue_watch, search_tab, sent_values)
+                         preload, queue_watch, search_tab, sent_values)
 from bertdemo.ui.common import hide_paths, refuse_non_finite_numbers
 from bertdemo.ui.context import AppContext, forget_session, handler
 from bertdemo.ui.health import Health
@@ -56,6 +56,12 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     """Flags override env vars (BERTDEMO_MODEL, ...), which override the defaults; every flag
     comes from a `Settings` field (`python app.py --help` lists them)."""
     return Settings.from_flags(argv)
+
+
+def make_engine(settings: Settings) -> Engine:
+    """The engine, with the disk caches in the operator's folder and budget (--cache-dir, --cache-mb)."""
+    return Engine(max_batch=settings.max_batch, onnx=settings.onnx,
+                  disk=DiskCache(settings.cache_dir, settings.cache_mb))
 
 
 def load_store(settings: Settings, engine: Engine) -> SessionStore:
@@ -93,9 +99,9 @@ def build_demo(settings: Settings, store: SessionStore | None = None,
     """Compose the tabs into one Blocks app called `demo`. The engine holds every model served and
     what their requests share; `store`, what each visitor holds; `features`, the feature
     dictionaries offered (a `FeatureStore`; all three made here when not given)."""
-    engine = engine or Engine(max_batch=settings.max_batch, onnx=settings.onnx)
+    engine = engine or make_engine(settings)
     store = store or load_store(settings, engine)
-    features = features if features is not None else app_store(settings)
+    features = features if features is not None else app_store(engine.disk)
     ctx = AppContext(store, served_settings(settings, store), engine, features=features)
     age = settings.download_max_age  # Gradio's copies of downloads: checked every minute or so
     with gr.Blocks(title="bertdemo: BERT masked-language modelling",
@@ -111,6 +117,7 @@ def build_demo(settings: Settings, store: SessionStore | None = None,
                     tab.render(ctx)
                     links.button(slug(title))
         links.wire(demo, tabs)  # /?tab=...&...: a link to any view
+        preload.render(demo)  # the chart code fetched while the visitor reads (bertdemo/ui/preload.py)
         demo.unload(handler(ctx, forget_session))
     refuse_non_finite_numbers(demo)
     # After every event Gradio's queue rebuilds a pandas summary of its last 10,000 events, for a
@@ -152,52 +159,80 @@ def main(argv: list[str] | None = None) -> None:
     # repo. Never from this server; from_pretrained has no argument for it, so it is set here, for
     # this process (bertdemo.load itself refuses such a repo without --allow-pickle, per call).
     os.environ.setdefault("DISABLE_SAFETENSORS_CONVERSION", "1")
-    stopping = stop_on_signals()  # before the model loads: a SIGTERM then still exits cleanly
-    engine = Engine(max_batch=settings.max_batch, onnx=settings.onnx)
+    signals = Signals()  # before the model loads: a SIGTERM then still exits cleanly
+    engine = make_engine(settings)
+    signals.disk = engine.disk
     store = load_store(settings, engine)
+    if store.base is not None and settings.index_at_start:
+        engine.build_default_index(store.base)  # in the background: the first search answers at once
     store.start_sweeper()  # the age policy: idle sessions freed every minute (store.close stops it)
     demo = build_demo(settings, store, engine)
-    serve(demo, settings, block=False, store=store)
-    while not stopping.wait(0.5):
+    serve(demo, settings, block=False, store=store, disk=engine.disk)
+    signals.serving = True
+    while not signals.stopping.wait(0.5):
         pass
-    shut_down(demo, store, own_temp)
+    shut_down(demo, store, own_temp, engine)
 
 
-def stop_on_signals() -> threading.Event:
-    """SIGTERM (docker stop, kubectl, systemd) and Ctrl-C set the returned event instead of killing
-    the process mid-run: `shut_down` then ends the runs and removes the files. A second Ctrl-C
-    exits at once."""
-    stopping = threading.Event()
+class Signals:
+    """SIGTERM (docker stop, kubectl, systemd) and Ctrl-C. While the server starts (the model
+    loading, the page being built) the process exits at once, status 0, its temporary files
+    removed; once it serves, they set `stopping` instead of killing the process mid-run, and
+    `shut_down` ends the runs and removes the files. A second Ctrl-C exits at once."""
 
-    def on_signal(signum, frame):
-        if stopping.is_set():
+    def __init__(self):
+        self.stopping = threading.Event()
+        self.serving = False
+        self.disk: DiskCache | None = None  # whose temporary entries a stop while starting removes
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self.on_signal)
+
+    def on_signal(self, signum, frame) -> None:
+        if self.stopping.is_set():
             os._exit(128 + signum)
         log.info("%s: shutting down", signal.Signals(signum).name)
-        stopping.set()
+        self.stopping.set()
+        if not self.serving:  # the main thread was loading or building: nothing to hand over
+            freed = disk.remove_own(self.disk)
+            log.info("stopped while starting; temporary files removed (%.1f MB)", freed / disk.MB)
+            _exit_clean()
 
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, on_signal)
-    return stopping
 
-
-def shut_down(demo: gr.Blocks, store: SessionStore, gradio_temp: str | None = None) -> None:
-    """Stop every run after its current step (its visitor is told why), wait for their handlers
-    to send that (bounded), delete every session's downloads and exports, close the server. If
-    closing hangs on a connection, the process still exits within `EXIT_WITHIN_S`."""
+def shut_down(demo: gr.Blocks, store: SessionStore, gradio_temp: str | None = None,
+              engine: Engine | None = None) -> None:
+    """Stop every run after its current step (its visitor is told why) and every index build at its
+    next batch, wait for their handlers to send that (bounded), delete every session's downloads
+    and exports and this process's temporary cache entries (an ONNX export cut short), close the
+    server and exit 0: the interpreter's own exit would wait for background threads (an export) and
+    abort in their C++ code. If closing hangs on a connection, the process still exits within
+    `EXIT_WITHIN_S`."""
     started = time.monotonic()
     watchdog = threading.Timer(EXIT_WITHIN_S - 1, _exit_now, args=(started,))
     watchdog.daemon = True
     watchdog.start()
+    background = engine.stop_background() if engine is not None else []
     running = store.runs.stop_all("shutdown")
     ended = store.runs.wait_idle(RUNS_STOP_WITHIN_S)
     _wait_for_handlers(demo, RUNS_STOP_WITHIN_S - (time.monotonic() - started))
     store.close()
     if gradio_temp:  # Gradio's copies of the downloads (atexit would too, unless the watchdog fires)
         shutil.rmtree(gradio_temp, ignore_errors=True)
+    freed = disk.remove_own(engine.disk if engine is not None else None)
+    if background:
+        log.info("stopped mid-way: %s (%.1f MB of temporary files removed)", ", ".join(background), freed / disk.MB)
     log.info("stopped %d run(s) after their current step%s; temp files removed in %.1f s", running,
              "" if ended else " (some did not end in time)", time.monotonic() - started)
     demo.close(verbose=False)
     watchdog.cancel()
+    _exit_clean()
+
+
+def _exit_clean() -> None:
+    """Exit 0 now, the log flushed (see `shut_down`)."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _wait_for_handlers(demo: gr.Blocks, seconds: float) -> None:
@@ -212,15 +247,14 @@ def _wait_for_handlers(demo: gr.Blocks, seconds: float) -> None:
 
 def _exit_now(started: float) -> None:
     log.warning("still closing %.0f s after the signal: exiting now", time.monotonic() - started)
-    logging.shutdown()
-    os._exit(0)
+    _exit_clean()
 
 
-def health_check(store: SessionStore | None, settings: Settings) -> dict:
+def health_check(store: SessionStore | None, settings: Settings, disk: DiskCache | None = None) -> dict:
     """The FastAPI arguments that add `/healthz` (and, for a replica, the page's 503)."""
     if store is None:
         return {}
-    return {"middleware": [Middleware(Health, store=store, replica=settings.replica)]}
+    return {"middleware": [Middleware(Health, store=store, replica=settings.replica, disk=disk)]}
 
 
 def use_own_gradio_temp_dir() -> str | None:
@@ -229,14 +263,14 @@ def use_own_gradio_temp_dir() -> str | None:
     Returns the folder made, if one was."""
     if os.environ.get("GRADIO_TEMP_DIR"):
         return None
-    folder = tempfile.mkdtemp(prefix="bertdemo-gradio-")
+    folder = str(disk.process_temp("gradio"))  # named after the process: a start after a kill removes it
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
     os.environ["GRADIO_TEMP_DIR"] = folder
     return folder
 
 
 def serve(demo: gr.Blocks, settings: Settings, block: bool = True,
-          store: SessionStore | None = None) -> tuple[str, str | None]:
+          store: SessionStore | None = None, disk: DiskCache | None = None) -> tuple[str, str | None]:
     """Launch; returns (local URL, public share URL or None). If the share link can't be made
     (no internet, share server down) the demo keeps serving locally and says so in one line.
     With `store`, `/healthz` says whether its model loaded (bertdemo/ui/health.py)."""
@@ -249,7 +283,7 @@ def serve(demo: gr.Blocks, settings: Settings, block: bool = True,
                 auth=parse_auth(settings.auth), auth_message="Log in to use this bertdemo.",
                 max_file_size=MAX_UPLOAD, state_session_capacity=settings.max_sessions,
                 mcp_server=settings.mcp, prevent_thread_lock=True, quiet=True,
-                app_kwargs=health_check(store, settings))
+                app_kwargs=health_check(store, settings, disk))
     except BaseException:
         sys.stdout.write(gradio_says.getvalue())
         raise

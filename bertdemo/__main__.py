@@ -1,6 +1,8 @@
 """`python -m bertdemo download MODEL [--dir DIR]`: fetch a model once, to run the demo offline;
 `python -m bertdemo train-bundled`: make the bundled model (see `bertdemo/build/bundled_training.py`);
 `python -m bertdemo train-features`: make the bundled model's feature dictionaries (`bertdemo/features/making.py`);
+`python -m bertdemo warm MODEL [--into DIR]`: make a model's ONNX Runtime export ahead, so a server
+started on it serves its first request through it with no export (docs/operations.md);
 `python -m bertdemo config-doc`: print docs/configuration.md, every flag and environment variable.
 
 Only what `bertdemo.load` reads is fetched (config, safetensors weights, tokenizer files), and the
@@ -95,6 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     features.add_argument("--corpus", help="the bundled corpus (built if missing; default ~/.cache/bertdemo-bundled/corpus)")
     features.add_argument("--statistics-only", action="store_true", help="keep the coders in --out, make their "
                           "statistics and quality figures again")
+    warm = commands.add_parser("warm", help="make a model's ONNX Runtime export ahead, into a folder the server "
+                               "reads and its disk budget never evicts")
+    warm.add_argument("model", help="hub id, local folder, or `bundled`")
+    warm.add_argument("--into", help="the warm folder (default: $BERTDEMO_WARM_DIR, else <cache dir>/warm; "
+                                     "start the server with BERTDEMO_WARM_DIR set to it)")
     commands.add_parser("config-doc", help="print docs/configuration.md: every flag and environment "
                         "variable, from bertdemo.config.Settings")
     args = parser.parse_args(argv)
@@ -102,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         return train_bundled(args)
     if args.command == "train-features":
         return train_features(args)
+    if args.command == "warm":
+        return warm_model(args, parser)
     if args.command == "config-doc":
         from .config import config_doc
 
@@ -123,6 +132,23 @@ def main(argv: list[str] | None = None) -> int:
     if lm.card.warning:
         print(f"Warning: {lm.card.warning}.")
     print(f"Run: python app.py --model {args.dir or args.model}")
+    return 0
+
+
+def warm_model(args, parser) -> int:
+    import time
+
+    from .serving.engine import Engine
+
+    started = time.perf_counter()
+    engine = Engine(onnx=False)
+    try:
+        lm = engine.load(args.model, device="cpu")
+        path = engine.warm(lm, args.into)
+    except (OSError, ValueError) as err:
+        parser.exit(1, f"Could not warm {args.model!r}: {err}\n")
+    print(f"{args.model}: ONNX Runtime export in {path} ({path.stat().st_size / 1e6:.0f} MB, "
+          f"{time.perf_counter() - started:.0f} s). Start the server with BERTDEMO_WARM_DIR={path.parent.parent}.")
     return 0
 
 

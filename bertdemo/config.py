@@ -35,6 +35,8 @@ class Settings:
                                    "speed and fidelity in docs/benchmarks.md)")
     host: str = option("127.0.0.1", "address to serve on")
     port: int = option(7860, "port")
+    # Each cap is its own field (its own flag, env var and row of docs/configuration.md), so these
+    # lines repeat one shape: a table of data (`duplicates` lists it), no logic to share.
     max_masks: int = option(10, "most [MASK]s per sentence")
     max_top_k: int = option(50, "most predictions shown per mask")
     max_candidates: int = option(10, "most candidate words scored at once")
@@ -56,9 +58,14 @@ class Settings:
     features_max_seconds: int = option(120, "wall-clock seconds of a feature dictionary's training from "
                                              "the page, at most --finetune-max-seconds (every run's limit); "
                                              "its statistics and quality are measured after")
-    features_cache_mb: int = option(1024, "megabytes of feature dictionaries trained here kept on disk, in "
-                                          "$BERTDEMO_FEATURES_CACHE or ~/.cache/bertdemo/features (least "
-                                          "recently used deleted first)")
+    cache_dir: str | None = option(None, "folder of every cache the server writes: search indexes, ONNX "
+                                         "exports, feature dictionaries, examples' results (default "
+                                         "~/.cache/bertdemo)", metavar="FOLDER")
+    cache_mb: int = option(2_000, "megabytes of disk all those caches may use together (least recently "
+                                  "used deleted first; the default corpus' index and the served models' "
+                                  "exports are kept)")
+    index_at_start: bool = option(True, "build the served model's index of the corpus search's default "
+                                        "corpus in the background at start (the first search answers at once)")
     queue_size: int = option(64, "most requests waiting in the queue")
     max_sessions: int = option(1000, "sessions whose page state is kept in memory, tens of KB each "
                                      "(the oldest are forgotten)")
@@ -66,7 +73,7 @@ class Settings:
                                         "sessions' deleted first)")
     download_max_age: int = option(3600, "seconds a download stays available before it is deleted")
     onnx: bool | None = option(None, "fill-mask through ONNX Runtime where installed (each served model "
-                               "exported once, kept in $BERTDEMO_ONNX_CACHE or ~/.cache/bertdemo/onnx). "
+                               "exported once, kept in the disk cache). "
                                "Neither flag: each batch runs on whichever of ONNX Runtime and torch was "
                                "measured faster for its shape when the model was served (logged); on: "
                                "ONNX Runtime for batches under 80 token slots, unmeasured; off: torch only")
@@ -132,12 +139,15 @@ class Limits:
 # What else the app reads from its environment (not settings: where files go, the allocator, the
 # hosting platform's conventions). `config_doc` lists them beside the settings.
 OTHER_ENV = {
-    "BERTDEMO_ONNX_CACHE": "folder where each served model's ONNX export is kept "
-                           "(default `~/.cache/bertdemo/onnx`)",
+    "BERTDEMO_ONNX_CACHE": "folder where each served model's ONNX export is kept (default "
+                           "`<cache dir>/onnx`); counted in the cache budget all the same",
     "BERTDEMO_SEARCH_CACHE": "folder where the corpus search keeps its indexes, one per model and corpus "
-                             "(default `~/.cache/bertdemo/search`)",
+                             "(default `<cache dir>/search`); counted in the cache budget all the same",
     "BERTDEMO_FEATURES_CACHE": "folder where feature dictionaries trained here are kept, one folder per "
-                               "model's weights and layer (default `~/.cache/bertdemo/features`)",
+                               "model's weights and layer (default `<cache dir>/features`); counted in the "
+                               "cache budget all the same",
+    "BERTDEMO_WARM_DIR": "folder of exports made ahead by `python -m bertdemo warm` (default `<cache dir>/warm`): "
+                         "read at start, never evicted (docs/operations.md)",
     "SPARSIFY_DISABLE_TRITON": "sparsify's decoder without Triton; bertdemo sets `1` where there is no CUDA "
                                "device, unless set (bertdemo/features/dictionary.py)",
     "BERTDEMO_MALLOC": "`glibc` keeps glibc's malloc; by default `python app.py` re-executes itself under "

@@ -5,7 +5,8 @@ Pure functions, no model calls.
 The builders on a request's path (predictions, PLL, attention, live fine-tune curves) write the
 figure as plain dicts and skip plotly's per-property validation (`fast_figure`), which cost
 most of a request's time for a crowd; tests/test_fast_figures.py checks each against the
-same chart built through plotly's validated API.
+same chart built through plotly's validated API (tests/reference_plots.py: it repeats each
+builder's signature, docstring and input handling on purpose, and differs in how it builds).
 """
 from __future__ import annotations
 

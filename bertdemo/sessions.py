@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from . import disk
 from .model.loading import LoadedModel
 from .runs.slots import RunSlots
 
@@ -256,7 +257,7 @@ class SessionStore:
     def temp_root(self) -> Path:
         """This store's own temp area: every session's folder is inside it."""
         if self._root is None:
-            self._root = Path(tempfile.mkdtemp(prefix="bertdemo-"))
+            self._root = disk.process_temp("sessions")  # a start after a kill removes it
         return self._root
 
     def download_bytes(self) -> int:

@@ -1,4 +1,5 @@
 import asyncio
+import contextlib
 import os
 import sys
 import threading
@@ -9,10 +10,11 @@ import pytest
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# ONNX exports of the test models (the app's subprocesses make them too) go to a temp dir, not ~/.cache
-os.environ["BERTDEMO_ONNX_CACHE"] = tempfile.mkdtemp(prefix="bertdemo-test-onnx-")
-# and so do the corpus search's indexes
-os.environ["BERTDEMO_SEARCH_CACHE"] = tempfile.mkdtemp(prefix="bertdemo-test-search-")
+# Every disk cache (ONNX exports, search indexes, dictionaries, examples' results; the app's
+# subprocesses write them too) goes to a temp dir, not ~/.cache
+os.environ["BERTDEMO_CACHE_DIR"] = tempfile.mkdtemp(prefix="bertdemo-test-cache-")
+for own_folder in ("BERTDEMO_ONNX_CACHE", "BERTDEMO_SEARCH_CACHE", "BERTDEMO_FEATURES_CACHE"):
+    os.environ.pop(own_folder, None)
 # and the examples' cached results (Gradio's default is .gradio/ in the working directory)
 os.environ["GRADIO_EXAMPLES_CACHE"] = tempfile.mkdtemp(prefix="bertdemo-test-examples-")
 # The app's tests compare its answers with the Python API's to the last bit, so both run torch;
@@ -89,6 +91,29 @@ def launch(demo):
     _, url, _ = demo.launch(server_name="127.0.0.1", server_port=None, prevent_thread_lock=True,
                             quiet=True, share=False)
     return url
+
+
+@contextlib.contextmanager
+def app_without_a_model():
+    """The real app started (offline) with a model that can't be fetched: a gradio_client Client to it."""
+    import app
+    from gradio_client import Client
+
+    from bertdemo.config import Settings
+
+    settings = Settings(model="bertdemo-tests/no-such-model", device="cpu", port=None)
+    demo = app.build_demo(settings)
+    url, _ = app.serve(demo, settings, block=False)
+    try:
+        yield Client(url, verbose=False)
+    finally:
+        demo.close()
+
+
+@pytest.fixture
+def no_model_client():
+    with app_without_a_model() as client:
+        yield client
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,10 @@
 """The hot-path figure builders as they were written with plotly's validated API (make_subplots,
 go.Bar, update_layout), before bertdemo/plots.py built them from dicts: the reference that
-tests/test_fast_figures.py compares the fast builders with. Not used by the app."""
+tests/test_fast_figures.py compares the fast builders with. Not used by the app.
+
+Each keeps its counterpart's signature, docstring and input handling (the lines before the figure
+is built repeat bertdemo/plots.py on purpose): only how the figure is built differs, and that is
+what the test compares. Importing plots' own helpers here would compare plots with itself."""
 from __future__ import annotations
 
 import html

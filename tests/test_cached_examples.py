@@ -9,7 +9,9 @@ import gradio as gr
 import pytest
 import torch
 
+import bertdemo
 from bertdemo.config import Settings
+from bertdemo.disk import DiskCache
 from bertdemo.sessions import SessionStore
 from bertdemo.ui.cached_examples import ModelExamples
 from bertdemo.ui.context import AppContext, Visitor, handler
@@ -35,10 +37,9 @@ def click(examples, n, session):
 
 
 @pytest.fixture
-def ctx(tiny_bert, engine, tmp_path, monkeypatch):
-    monkeypatch.setenv("GRADIO_EXAMPLES_CACHE", str(tmp_path))
+def ctx(tiny_bert, tmp_path):
     CALLS.clear()
-    return AppContext(SessionStore(tiny_bert), Settings(), engine)
+    return AppContext(SessionStore(tiny_bert), Settings(), bertdemo.Engine(disk=DiskCache(tmp_path)))
 
 
 def test_an_example_runs_once_then_everyone_reads_the_cache_even_after_a_restart(ctx):
@@ -48,6 +49,7 @@ def test_an_example_runs_once_then_everyone_reads_the_cache_even_after_a_restart
     assert first == [f"{ctx.store.base.name}:{weight:.6f}:first"]
     assert click(examples, 0, "bob") == first and CALLS == ["alice"]
     assert click(examples, 1, "bob")[0].endswith(":second") and CALLS == ["alice", "bob"]
+    assert [p.name for p in ctx.engine.disk.folder("examples").rglob("log.csv")] == ["log.csv"]  # in the budget
     restarted = make_examples(ctx)  # a new process: the same examples, the same model, files on disk
     assert click(restarted, 0, "carol") == first and CALLS == ["alice", "bob"]
 

@@ -14,9 +14,9 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 import bertdemo
 from bertdemo.config import Limits
 from bertdemo.labelled import check_examples, parse_examples, stratified_split, table_examples
-from bertdemo.training.classification import (ClassifierForm, build_classifier, confusion_matrix, lr_sweep,
-                                              macro_f1, save_classifier_zip)
-from bertdemo.training.forgetting import forgetting_rows, mlm_loss
+from bertdemo.training.classification import (ClassifierForm, build_classifier, confusion_matrix, macro_f1,
+                                              save_classifier_zip)
+from bertdemo.training.forgetting import forgetting_rows, lr_sweep, mlm_loss
 from bertdemo.training.loop import Evaluation, Step
 
 FILLER = "the a is was of in and on at for with big small new old red blue green very".split()

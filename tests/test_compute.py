@@ -89,7 +89,7 @@ def test_the_export_runs_on_a_thread_that_has_ended_before_torch_is_timed(tiny_b
 
     class Encoder:  # stands in for the export's session: only where things ran is tested
         @classmethod
-        def build(cls, model):
+        def build(cls, model, **where):
             seen["export"] = threading.current_thread()
             return cls()
 

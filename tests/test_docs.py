@@ -1,6 +1,8 @@
 """The README and docs/ say what the code is: every `bertdemo.x` name and file path they name
-exists, their links land, the module maps equal the tree, the configuration page is the one
-generated from `Settings`, and the README's first screen installs, runs and tests."""
+exists, their links land, the module maps equal the tree, no two modules import each other (the
+layers run one way), the configuration page is the one generated from `Settings`, and the
+README's first screen installs, runs and tests."""
+import ast
 import importlib
 import re
 import subprocess
@@ -125,6 +127,48 @@ def test_the_architecture_module_list_is_the_tree():
     tree = {"app.py"} | {p.relative_to(ROOT).as_posix() for p in (ROOT / "bertdemo").rglob("*.py")}
     assert listed == tree, (f"docs/architecture.md lacks {sorted(tree - listed)}, "
                             f"and lists {sorted(listed - tree)} that are not there")
+
+
+KNOWN_CIRCLES: set = set()  # import circles known and not cut yet (none)
+
+
+def module_imports() -> dict[str, set[str]]:
+    """{bertdemo module: the bertdemo modules it imports}, at the top, inside a function or for
+    type checking alike: each is a dependency of the module's meaning."""
+    paths = {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
+             for p in (ROOT / "bertdemo").rglob("*.py")}
+    graph = {}
+    for name, path in paths.items():
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: `from ..training import loop`
+                    base = ".".join(package[:len(package) - node.level + 1] + ([base] if base else []))
+                found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in paths else base for a in node.names}
+        graph[name] = (found & paths.keys()) - {name}
+    return graph
+
+
+def test_no_two_modules_import_each_other():
+    graph = module_imports()
+    reach = {}
+    for start in graph:
+        seen, todo = set(), [start]
+        while todo:
+            new = graph[todo.pop()] - seen
+            seen |= new
+            todo += new
+        reach[start] = seen
+    circles = {frozenset(m for m in reach[start] if start in reach[m])
+               for start in graph if start in reach[start]}
+    assert circles == KNOWN_CIRCLES, (
+        f"modules that import each other (directly or around a circle): "
+        f"{[sorted(c) for c in circles - KNOWN_CIRCLES]}; move what they share below them. "
+        f"Cut since (drop from KNOWN_CIRCLES): {[sorted(c) for c in KNOWN_CIRCLES - circles]}")
 
 
 def test_the_readme_code_map_is_the_top_of_the_tree():

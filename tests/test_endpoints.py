@@ -42,8 +42,8 @@ def test_the_apps_endpoints_are_the_committed_list(client):
 
 
 @pytest.mark.slow
-def test_without_a_model_the_app_adds_only_the_bundled_button(no_model_app):
-    assert_same_api(endpoint_list(no_model_app), committed(with_no_model_extras=True))
+def test_without_a_model_the_app_adds_only_the_bundled_button(no_model_client):
+    assert_same_api(endpoint_list(no_model_client), committed(with_no_model_extras=True))
 
 
 def test_a_changed_endpoint_fails_with_a_diff_that_names_it():
@@ -57,34 +57,13 @@ def test_a_changed_endpoint_fails_with_a_diff_that_names_it():
     assert any(line.startswith("+") and '"k: Slider"' in line for line in lines)
 
 
-@pytest.fixture(scope="module")
-def no_model_app():
-    import app
-    from gradio_client import Client
-
-    from bertdemo.config import Settings
-
-    settings = Settings(model="bertdemo-tests/no-such-model", device="cpu", port=None)
-    demo = app.build_demo(settings)
-    url, _ = app.serve(demo, settings, block=False)
-    yield Client(url, verbose=False)
-    demo.close()
-
-
 def write_endpoints() -> None:
     """Regenerate tests/endpoints.json from the app (with no model: that lists every endpoint)."""
     sys.path[:0] = [str(ENDPOINTS.parent), str(ENDPOINTS.parent.parent)]
-    import conftest  # noqa: F401 - offline, no analytics
-    import app
-    from gradio_client import Client
+    import conftest  # offline, no analytics
 
-    from bertdemo.config import Settings
-
-    settings = Settings(model="bertdemo-tests/no-such-model", device="cpu", port=None)
-    demo = app.build_demo(settings)
-    url, _ = app.serve(demo, settings, block=False)
-    ENDPOINTS.write_text(json.dumps(endpoint_list(Client(url, verbose=False)), indent=1) + "\n")
-    demo.close()
+    with conftest.app_without_a_model() as client:
+        ENDPOINTS.write_text(json.dumps(endpoint_list(client), indent=1) + "\n")
 
 
 if __name__ == "__main__":

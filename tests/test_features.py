@@ -16,6 +16,9 @@ import os
 import random
 import re
 import shutil
+import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -28,6 +31,7 @@ from safetensors.torch import load_file
 
 import bertdemo
 import tiny_models
+from bertdemo import disk
 from bertdemo.features import dictionary, making, quality, store, views  # dictionary first: sparsify's decoder switch
 from bertdemo.features.data import Lines
 from bertdemo.features.training import FeatureSettings, train
@@ -618,16 +622,17 @@ def coder_dictionary(layer: int, seed: int) -> dictionary.Dictionary:
 
 def test_a_dictionary_a_killed_process_left_half_written_is_removed_at_start(tmp_path):
     digest = tmp_path / "0123456789abcdef01234567"
-    old, recent, whole = digest / "layer_1.part", digest / "layer_2.part", digest / "layer_3"
-    for folder in (old, recent, whole):
+    killed = subprocess.Popen([sys.executable, "-c", "pass"])
+    killed.wait()  # a process of this host that no longer runs
+    dead = digest / f"{disk.PART}{killed.pid}@{socket.gethostname()}~layer_1-x"
+    alive = digest / f"{disk.PART}{os.getppid()}@{socket.gethostname()}~layer_2-x"  # another replica, writing
+    whole = digest / "layer_3"
+    for folder in (dead, alive, whole):
         folder.mkdir(parents=True)
         (folder / "cfg.json").write_text("{}", encoding="utf-8")
-    long_ago = time.time() - store.LEFTOVER_AGE - 60
-    for folder in (old, whole):
-        os.utime(folder, (long_ago, long_ago))
     store.FeatureStore(tmp_path, shipped=None)
-    assert not old.exists()
-    assert recent.exists() and whole.exists()  # another replica may be writing it; a whole one stays
+    assert not dead.exists()
+    assert alive.exists() and whole.exists()
 
 
 def budget_for(tmp_path: Path, dictionaries: float) -> float:

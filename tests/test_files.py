@@ -35,6 +35,13 @@ def fetch(url: str, path) -> httpx.Response:
     return httpx.get(f"{url}gradio_api/file={path}", timeout=30)
 
 
+def tuned_client(url: str, steps: int) -> Client:
+    """A new visitor of the app at `url` whose fine-tune of FT_TEXT ran `steps` steps."""
+    client = Client(url, verbose=False)
+    client.predict(FT_TEXT, steps, "steps", 5e-5, 2, 16, 0.15, "dynamic", 0, False, "", api_name="/finetune")
+    return client
+
+
 @pytest.mark.slow
 def test_nothing_outside_the_apps_temp_area_can_be_fetched(files_app, tiny_bert_dir):
     url, store = files_app
@@ -54,9 +61,7 @@ def test_nothing_outside_the_apps_temp_area_can_be_fetched(files_app, tiny_bert_
 @pytest.mark.slow
 def test_a_download_is_served_from_gradios_temp_area_then_deleted_after_its_age(files_app):
     url, store = files_app
-    client = Client(url, verbose=False)
-    client.predict(FT_TEXT, 2, "steps", 5e-5, 2, 16, 0.15, "dynamic", 0, False, "",
-                   api_name="/finetune")
+    client = tuned_client(url, steps=2)
     done, data = call_raw_data(url, "/download_tuned", client.session_hash)
     served = data[0]
     assert done and Path(served["path"]).name == "bertdemo-tuned-model.zip"
@@ -149,8 +154,6 @@ def test_the_app_uses_its_own_gradio_temp_folder_unless_the_operator_set_one(mon
 @pytest.mark.slow
 def test_the_tuned_model_zip_holds_the_model(files_app):
     url, _ = files_app
-    client = Client(url, verbose=False)
-    client.predict(FT_TEXT, 1, "steps", 5e-5, 2, 16, 0.15, "dynamic", 0, False, "",
-                   api_name="/finetune")
+    client = tuned_client(url, steps=1)
     with zipfile.ZipFile(client.predict(api_name="/download_tuned")) as archive:
         assert {"config.json", "model.safetensors"} <= set(archive.namelist())

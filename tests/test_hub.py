@@ -101,16 +101,23 @@ def start_app(args: list[str], env: dict, timeout: float = 240) -> tuple[subproc
     port = free_port()
     proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port), *args], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    found, _ = read_until(proc, r"Running on local URL: *(\S+)", timeout)
+    return proc, found.group(1).rstrip("/")
+
+
+def read_until(proc: subprocess.Popen, pattern: str, timeout: float = 180) -> tuple[re.Match, str]:
+    """(the first line of `proc`'s output matching `pattern`, the output so far); kills `proc`
+    and fails, with its last lines, when none comes."""
     lines, deadline = [], time.monotonic() + timeout
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
         if not line and proc.poll() is not None:
             break
         lines.append(line)
-        if match := re.search(r"Running on local URL: *(\S+)", line):
-            return proc, match.group(1).rstrip("/")
+        if found := re.search(pattern, line):
+            return found, "".join(lines)
     proc.kill()
-    raise AssertionError("the app did not start:\n" + "".join(lines[-40:]))
+    raise AssertionError(f"no line matching {pattern!r} (did the app start?):\n" + "".join(lines[-40:]))
 
 
 def stop(proc: subprocess.Popen) -> None:

@@ -133,7 +133,7 @@ def test_a_bad_request_is_refused_before_it_takes_the_slot(tiny_bert):
     store = SessionStore(tiny_bert)
     form = kinds.RUNS["compare_masking"].request(REPEATED, 3, "minutes", 5e-5, 8, 16, 0.15, "dynamic", 0)
     with pytest.raises(ValueError, match="'steps' or 'epochs'") as refused:
-        life.reserve(caller(store), "compare_masking", form)
+        life.reserve(caller(store), kinds.RUNS["compare_masking"], form)
     assert refused.value.field == "length_unit" and store.runs.status("a") is None
 
 
@@ -247,7 +247,7 @@ def test_a_fine_tune_through_runs_alone_is_remembered_for_the_export(tiny_bert, 
     who = SimpleNamespace(store=store, session="a", limits=Limits(),
                           settings=Settings(model=str(tiny_bert_dir), device="cpu"))
     request = TuningRequest(REPEATED, 2, "steps", 1e-2, 8, 16, 0.15, "dynamic", 0, False, "")
-    with life.start(who, "finetune", request) as run:
+    with life.start(who, kinds.RUNS["finetune"], request) as run:
         list(run.updates(every=0.01))
         outcome = run.finish()
     assert outcome.kept.kept and store.tuned("a") is outcome.result[0]

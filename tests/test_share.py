@@ -150,16 +150,6 @@ def test_host_and_port_follow_space_and_gradio_conventions(monkeypatch, env, hos
 
 # --- offline start --------------------------------------------------------------------------
 
-@pytest.fixture
-def no_model_client():
-    """The app started (offline) with a model that can't be fetched."""
-    settings = Settings(model="bertdemo-tests/no-such-model", device="cpu", port=None)
-    demo = app.build_demo(settings)
-    url, _ = app.serve(demo, settings, block=False)
-    yield Client(url, verbose=False)
-    demo.close()
-
-
 @pytest.mark.slow
 def test_without_a_model_the_page_says_how_to_fix_and_offers_the_bundled_model(no_model_client):
     with pytest.raises(AppError, match=r"python -m bertdemo download .* --model .*bundled"):
@@ -297,6 +287,8 @@ def test_dockerfile_installs_requirements_bakes_the_default_model_and_runs_as_a_
                       " ".join(steps["RUN"])).group(1)
     env = dict(re.findall(r"(\w+)=(\S+)", " ".join(steps["ENV"])))
     assert env["BERTDEMO_MODEL"] == baked and env["GRADIO_SERVER_NAME"] == "0.0.0.0"
+    warmed = re.search(rf"python -m bertdemo warm {re.escape(baked)} --into (\S+)", " ".join(steps["RUN"])).group(1)
+    assert env["BERTDEMO_WARM_DIR"] == warmed  # its export made ahead, read at start
     assert steps["EXPOSE"] == ["7860"] and env.get("GRADIO_SERVER_PORT", "7860") == "7860"
     assert steps["USER"] and steps["USER"][-1] not in {"root", "0"}
     check = steps["HEALTHCHECK"][0]  # the health endpoint on the port served (7860, or as run with -e)

@@ -8,7 +8,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from ..views.corpus_search import ASSETS, DEFAULT_CORPUS
-from . import bundled_corpus
+from . import corpus_pypi
 
 
 def write_default_corpus(chatterbot_wheel: Path | str, out: Path | str = DEFAULT_CORPUS) -> int:
@@ -20,7 +20,7 @@ def write_default_corpus(chatterbot_wheel: Path | str, out: Path | str = DEFAULT
     with tempfile.TemporaryDirectory() as cache:
         (Path(cache) / "pypi").mkdir()
         shutil.copy(wheel, Path(cache) / "pypi" / wheel.name)
-        lines = list(bundled_corpus.ex_chatterbot(cache))
+        lines = list(corpus_pypi.chatterbot(cache))
     lines += (ASSETS / "senses.txt").read_text(encoding="utf-8").splitlines()
     kept = list(OrderedDict((line.strip().lower(), line.strip()) for line in lines if line.strip()).values())
     Path(out).write_text("\n".join(kept) + "\n", encoding="utf-8")

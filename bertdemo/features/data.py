@@ -17,7 +17,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from ..forward import splice
+from ..forward import anatomy, splice
 from ..model.loading import LoadedModel
 from ..training.mlm_data import mlm_collator, padded_by_torch, special_tokens_around
 
@@ -85,8 +85,10 @@ class Lines:
         collate = padded_by_torch(mlm_collator(lm, mask_probability, seed=seed))
         while True:
             visit = rng.permutation(len(self.ids)) if order is None else np.asarray(order)
-            for group in _groups(visit, self.lengths + len(self.prefix) + len(self.suffix), batch_tokens):
-                yield self._batch(lm, group, rng.random(len(group)) < masked_share, collate)
+            lengths = self.lengths + len(self.prefix) + len(self.suffix)
+            for group in _groups(visit, lengths, batch_tokens):
+                for part in anatomy.batches(lm.model, lengths[group]):  # one length per batch where padding matters
+                    yield self._batch(lm, group[part], rng.random(len(part)) < masked_share, collate)
             if not endless:
                 return
 

@@ -22,10 +22,13 @@ import io
 import json
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+from .. import disk
 
 # sparsify picks its decoder at import: Triton's kernel where Triton imports, unless this says no.
 # On a CPU there is nothing for Triton to run on, so the eager decoder (torch's embedding_bag) it is.
@@ -104,13 +107,25 @@ def new_coder(width: int, latents: int | None = None, k: int = K, device: torch.
 
 def save(dictionary: Dictionary, folder: Path | str, half: bool = False, contexts: str = CONTEXTS) -> Dictionary:
     """Write `dictionary` as the folder `folder` (sparsify's files, the record, the statistics and
-    their context lines, named `contexts` relative to the folder): written whole as `folder.part`,
-    then renamed over any older one. `half` stores the coder in float16. Returns the dictionary
+    their context lines, named `contexts` relative to the folder): written whole under a temporary
+    name beside it (`disk.DiskCache.temporary`: a start removes it if the writer was killed), then
+    renamed over any older one. `half` stores the coder in float16. Returns the dictionary
     with its folder."""
     folder = Path(folder)
-    staging = folder.with_name(f"{folder.name}.part")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f"{disk.temporary_prefix()}{folder.name}-"))
+    try:
+        record = _write(dictionary, staging, half, contexts)
+        shutil.rmtree(folder, ignore_errors=True)
+        os.replace(staging, folder)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return Dictionary(dictionary.coder, dictionary.layer, folder, record, dictionary.stats)
+
+
+def _write(dictionary: Dictionary, staging: Path, half: bool, contexts: str) -> dict:
+    """`save`'s files into `staging`, readable by every user (safetensors writes 0600 and mkdtemp
+    0700: a server running as another user reads them). Returns the record written."""
     coder = dictionary.coder
     if half:
         coder = SparseCoder(coder.d_in, coder.cfg, dtype=torch.float16)
@@ -120,11 +135,10 @@ def save(dictionary: Dictionary, folder: Path | str, half: bool = False, context
     write_json(staging / RECORD, record)
     if dictionary.stats is not None:
         dictionary.stats.save(staging / STATS, staging / contexts)
-    for written in staging.iterdir():  # safetensors writes 0600: a server running as another user reads them
+    for written in staging.iterdir():
         written.chmod(0o644)
-    shutil.rmtree(folder, ignore_errors=True)
-    os.replace(staging, folder)
-    return Dictionary(dictionary.coder, dictionary.layer, folder, record, dictionary.stats)
+    staging.chmod(0o755)
+    return record
 
 
 def load(folder: Path | str) -> Dictionary:

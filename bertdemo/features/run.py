@@ -18,18 +18,19 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .. import validate
-from ..config import Limits, Settings
+from ..config import Limits
 from ..forward import splice
 from ..model.loading import LoadedModel
 from .making import corpus_lines, train_features
+from ..disk import DiskCache
 from .store import FeatureStore
 from .training import FeatureSettings, FeatureStep
 
 
-def app_store(settings: Settings) -> FeatureStore:
-    """The app's one store: the shipped dictionaries, and those trained here kept within the
-    operator's disk budget (`--features-cache-mb`) in $BERTDEMO_FEATURES_CACHE or ~/.cache."""
-    return FeatureStore(budget_mb=settings.features_cache_mb)
+def app_store(cache: DiskCache) -> FeatureStore:
+    """The app's one store: the shipped dictionaries, and those trained here kept in the server's
+    disk cache (`--cache-dir`, within `--cache-mb` with every other cache)."""
+    return FeatureStore(cache=cache)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import scipy.sparse
@@ -22,7 +23,6 @@ from safetensors.torch import load_file, save_file
 
 from ..model.loading import LoadedModel
 from .data import Lines, hidden_at
-from .dictionary import Dictionary
 
 CONTEXTS_KEPT = 8  # top contexts per feature
 BINS = 16  # histogram bins, from 0 to the feature's largest activation
@@ -46,8 +46,16 @@ class Codes:
         return int(self.acts.shape[0])
 
 
+class Encodes(Protocol):
+    """What the statistics need of a dictionary (`dictionary.Dictionary` is one; named here so the
+    statistics, which a dictionary's files hold, do not import the dictionary)."""
+
+    def encode(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(N, H) states -> their top-k (N, k) activations and (N, k) feature ids."""
+
+
 @torch.no_grad()
-def corpus_codes(lm: LoadedModel, dictionaries: dict[int, Dictionary], lines: Lines, *,
+def corpus_codes(lm: LoadedModel, dictionaries: dict[int, Encodes], lines: Lines, *,
                  masked_share: float = 0.0, seed: int = 0, batch_tokens: int = 4096) -> dict[int, Codes]:
     """One pass over `lines` (plain unless `masked_share`): {layer: Codes} from one forward per
     batch that reads every dictionary's layer."""

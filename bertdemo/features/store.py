@@ -2,39 +2,30 @@
 on disk under the model's weights digest and layer, within a disk budget.
 
     assets/bundled/features/layer_0 ... layer_6     shipped (training.json names the weights digest)
-    ~/.cache/bertdemo/features/<digest>/layer_3     trained here ($BERTDEMO_FEATURES_CACHE moves it)
+    ~/.cache/bertdemo/features/<digest>/layer_3     trained here (`disk.folder_of("features")`)
 
 A model finds its dictionaries by its weights' digest, so a restart finds them, every visitor of
 that model is offered them, and a tuned model (other weights) does not see its base's. The
-store keeps the least recently used folders out when the cache passes its budget; a dictionary
-being written is a `.part` folder until whole (a start removes any a killed process left).
+dictionaries trained here are entries of the server's disk cache (`disk.DiskCache`: one budget for
+every cache, least recently used out first); one being written has a temporary name until whole,
+and a start removes any a killed process left.
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
-import shutil
 import threading
-import time
 import weakref
 from pathlib import Path
 
 import torch
 
+from .. import disk
 from ..model.loading import LoadedModel
 from . import dictionary as files
 from .dictionary import Dictionary
 
 SHIPPED = Path(__file__).resolve().parents[2] / "assets" / "bundled" / "features"
-DEFAULT_BUDGET_MB = 1024
-LEFTOVER_AGE = 600  # seconds: an older .part folder is nobody's
-
-
-def cache_dir() -> Path:
-    """$BERTDEMO_FEATURES_CACHE, else ~/.cache/bertdemo/features."""
-    return Path(os.environ.get("BERTDEMO_FEATURES_CACHE") or Path.home() / ".cache" / "bertdemo" / "features")
 
 
 _DIGESTS: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
@@ -63,13 +54,19 @@ class FeatureStore:
     """The dictionaries a server offers (see the module doc); loaded ones are kept in memory."""
 
     def __init__(self, folder: Path | str | None = None, shipped: Path | str | None = SHIPPED,
-                 budget_mb: float = DEFAULT_BUDGET_MB):
-        self.folder = Path(folder) if folder is not None else cache_dir()
+                 budget_mb: float | None = None, cache: disk.DiskCache | None = None):
+        """`cache`: the server's disk cache (an engine's); else one of its own in `folder` (default
+        the disk cache's features folder) with `budget_mb` (default the disk cache's budget)."""
+        if cache is None:
+            cache = (disk.DiskCache(budget=budget_mb, folders={"features": Path(folder)}) if folder is not None
+                     else disk.DiskCache(budget=budget_mb))
+            cache.remove_leftovers()
+        self.cache = cache
+        self.folder = cache.folder("features")
+        cache.on_evict(self._forget)
         self.shipped = Path(shipped) if shipped is not None else None
-        self.budget_bytes = int(budget_mb * 1e6)
         self._loaded: dict[tuple[str, int], Dictionary] = {}
         self._lock = threading.Lock()
-        self._remove_leftovers()
 
     def shipped_for(self, lm: LoadedModel) -> Path | None:
         """The shipped folder, when its dictionaries belong to `lm`'s weights."""
@@ -108,8 +105,7 @@ class FeatureStore:
         """Mark a cached folder recently used (the budget keeps it longer); never the shipped ones,
         whose folder may be read-only (a Docker image's)."""
         if folder is not None and self.folder in folder.parents:
-            with contextlib.suppress(OSError):
-                os.utime(folder)
+            self.cache.touch(folder)
 
     def layers(self, lm: LoadedModel) -> list[int]:
         """The layers `lm` has a dictionary of."""
@@ -124,27 +120,10 @@ class FeatureStore:
         saved = files.save(dictionary, target)
         with self._lock:
             self._loaded[(weights_digest(lm.model), dictionary.layer)] = saved
-        self._keep_within_budget(keep=target)
+        self.cache.trim(keep=(target,))
         return saved
 
-    def _keep_within_budget(self, keep: Path) -> None:
-        folders = sorted((p for p in self.folder.glob("*/layer_*") if p.is_dir() and not p.name.endswith(".part")),
-                         key=lambda p: p.stat().st_mtime)
-        sizes = {p: sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) for p in folders}
-        total = sum(sizes.values())
-        for folder in folders:
-            if total <= self.budget_bytes:
-                break
-            if folder == keep:
-                continue
-            shutil.rmtree(folder, ignore_errors=True)
-            total -= sizes[folder]
-            with self._lock:
-                self._loaded = {k: v for k, v in self._loaded.items() if v.folder != folder}
-
-    def _remove_leftovers(self) -> None:
-        """Dictionaries a killed process was writing (`.part` folders) are removed at start; one
-        written in the last minutes may be another process's (replicas share the cache) and stays."""
-        for part in self.folder.glob("*/*.part"):
-            if time.time() - part.stat().st_mtime > LEFTOVER_AGE:
-                shutil.rmtree(part, ignore_errors=True)
+    def _forget(self, folder: Path) -> None:
+        """The cache evicted `folder`: drop its loaded dictionary (one in a visitor's hands stays usable)."""
+        with self._lock:
+            self._loaded = {k: v for k, v in self._loaded.items() if v.folder != folder}

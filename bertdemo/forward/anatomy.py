@@ -17,7 +17,9 @@ What an `Anatomy` gives, for a loaded *ForMaskedLM:
 - `final_norm`: the norm a pre-LayerNorm model applies after its last layer (identity elsewhere);
 - `lean`: whether the model has BERT's layer layout (`bert_layer_parts`), so the lean forward and
   the ONNX Runtime export serve it; `padding_sensitive`: whether its output at a token depends on
-  the padding after the sentence (such a model never shares a padded batch).
+  the padding after the sentence (such a model never shares a padded batch: `batches` says which
+  sentences may share a forward); `fixed_length`: the one input length a family's forward takes
+  (Nystromformer's landmarks), its inputs padded to it by `fit_inputs`.
 
 Attention scores are read on the attention views' twin (`attention_twin`): models that dispatch
 through transformers' attention interface run `bertdemo_attention` there (the eager formula,
@@ -190,12 +192,48 @@ class Family:
     scores: ScoreCapture | None = None  # None: through transformers' attention interface
     final_norm: str | None = None
     lean: bool = False  # BERT's own layer layout: the lean forward and ONNX Runtime serve it
-    padding_sensitive: bool = False
+    padding_sensitive: bool = False  # its answer depends on the padding after a sentence (`batches`)
+    fixed_length: Callable | None = None  # config -> the one length its forward takes, or None: any
+    rows_apart: Callable | None = None  # model -> None: where its padded forward mixes a batch's rows, no more
     unroll: Callable | None = None  # model -> the layers in calling order (ALBERT's shared ones)
     head_views: bool = True  # False: its heads are not what the head views can switch or score
     attention_weights: bool = True  # False: it has no attention maps to show (see `notes`)
     residual_stream: bool = True  # False: its layers do not pass one (B, T, H) state on (see `notes`)
     notes: str = ""
+
+
+def _nystromformer_length(config) -> int | None:
+    """Nystromformer's landmarks are means over `segment_means_seq_len // num_landmarks` positions,
+    cut by a fixed reshape (`NystromformerSelfAttention.forward`): with fewer landmarks than
+    `segment_means_seq_len` its forward takes exactly num_landmarks * (segment_means_seq_len //
+    num_landmarks) tokens (the original model pads every input to it); with as many, it runs full
+    attention at any length."""
+    landmarks, length = config.num_landmarks, config.segment_means_seq_len
+    return None if landmarks == length else landmarks * (length // landmarks)
+
+
+def _nystromformer_rows_apart(model) -> None:
+    """Each layer's `iterative_inv` scaled per sentence (`_own_rows_inverse`)."""
+    for layer in of(model).layers:
+        attention = layer.attention.self
+        attention.iterative_inv = functools.partial(_own_rows_inverse, attention)
+
+
+def _own_rows_inverse(attention, mat: torch.Tensor, n_iter: int = 6) -> torch.Tensor:
+    """`NystromformerSelfAttention.iterative_inv` of (B, heads, m, m) with its first guess scaled per
+    sentence: the original scales it by the largest column sum of the whole batch, so a sentence's
+    answer moved with the others in its batch (1e-2 in logits); alone, the two are the same."""
+    identity = torch.eye(mat.size(-1), device=mat.device)
+    key = mat
+    if attention.init_option == "original":
+        value = key.transpose(-1, -2) / torch.sum(key, dim=-2).amax(dim=(-2, -1))[:, None, None, None]
+    else:
+        value = 1 / torch.max(torch.sum(key, dim=-2), dim=-1).values[:, :, None, None] * key.transpose(-1, -2)
+    for _ in range(n_iter):
+        key_value = torch.matmul(key, value)
+        value = torch.matmul(0.25 * value, 13 * identity - torch.matmul(
+            key_value, 15 * identity - torch.matmul(key_value, 7 * identity - key_value)))
+    return value
 
 
 _BERT_SCORES = ScoreCapture("attention.self.query", "attention.self.key")
@@ -257,13 +295,19 @@ FAMILIES: dict[str, Family] = {
                    notes="it mixes tokens with a Fourier transform: it has no attention weights or heads"),
     "funnel": Family("Funnel", layers="encoder.blocks", attention="attention", output="attention.post_proj",
                      head=plain_head("lm_head"), head_views=False, attention_weights=False,
-                     residual_stream=False,
+                     residual_stream=False, padding_sensitive=True,  # its pooling averages padding in
                      notes="it pools the sequence between its blocks, so its attention maps shrink layer "
                            "by layer and its heads are not BERT's"),
     "convbert": Family("ConvBERT", head=bert_head("cls.predictions"), padding_sensitive=True,
                        scores=_BERT_SCORES, head_views=False,
                        notes="half of each layer's heads are convolutions over the sequence, not attention",
                        **_BERT),
+    # a convolution over the values (conv_kernel_size) sees the padding; with fewer landmarks than
+    # segment_means_seq_len its scores are no softmax of q.k, every input is padded to its one length
+    # and its landmarks' inverse is made per sentence (it was scaled by the whole batch)
+    "nystromformer": Family("Nystromformer", head=bert_head("cls.predictions"), scores=_BERT_SCORES,
+                            padding_sensitive=True, fixed_length=_nystromformer_length,
+                            rows_apart=_nystromformer_rows_apart, **_BERT),
 }
 
 
@@ -289,6 +333,7 @@ class Anatomy:
     attention: tuple[AttentionParts, ...] = ()  # per layer, where the layout is known
     head_parts: tuple | None = None  # (transform, decoder)
     missing: dict = field(default_factory=dict)  # part -> why it is missing, in words
+    fixed_length: int | None = None  # the one input length its forward takes (`fit_inputs`), None: any
 
     @property
     def name(self) -> str:
@@ -311,6 +356,18 @@ class Anatomy:
         """Whether the attention runs through transformers' attention interface (its twin then
         runs `bertdemo_attention`)."""
         return self.scores is None
+
+    def batches(self, lengths, most: int = 10**9) -> list[list[int]]:
+        """Which of the sentences of `lengths` (their token counts) share a forward: lists of their
+        indices, at most `most` each, every index once, in order of first appearance. Sentences of
+        any length share a padded forward, except that a padding-sensitive family shares one only
+        between sentences of one length (no padding, so each answer equals the answer alone)."""
+        if not self.padding_sensitive:
+            return [list(range(start, min(start + most, len(lengths)))) for start in range(0, len(lengths), most)]
+        by_length: dict[int, list[int]] = {}
+        for i, length in enumerate(lengths):
+            by_length.setdefault(int(length), []).append(i)
+        return [same[start:start + most] for same in by_length.values() for start in range(0, len(same), most)]
 
     def require(self, part: str, view: str) -> None:
         """ValueError saying `view` needs `part`, which this model lacks."""
@@ -354,10 +411,20 @@ def _find(model) -> Anatomy:
         attention = ()
     if not family.attention_weights:
         missing["attention"] = family.notes
+    if not family.residual_stream:
+        missing["stream"] = family.notes
+    fixed = family.fixed_length(model.config) if family.fixed_length else None
+    if fixed is not None:  # its attention goes through landmarks: no token-to-token weights to show
+        missing["attention"] = missing["layers"] = (
+            f"with {model.config.num_landmarks} landmarks for {model.config.segment_means_seq_len} positions "
+            "its attention is the Nystrom approximation, not token-to-token weights or scores")
+        missing["splice"] = (f"every input is padded to {fixed} positions inside its forward, so its layers' "
+                             "states are not the sentence's alone")
+        attention = ()
     head = family.head(model)
     if head is None:
         missing["head"] = f"its MLM head is not where {family.name} keeps it"
-    return Anatomy(model_type, family, layers, attention, head, missing)
+    return Anatomy(model_type, family, layers, attention, head, missing, fixed)
 
 
 def _attention_parts(model, layer, family: Family) -> AttentionParts | None:
@@ -508,6 +575,75 @@ AttentionInterface.register(PROBE_ATTENTION, bertdemo_attention)
 AttentionMaskInterface.register(PROBE_ATTENTION, eager_mask)  # additive float masks, as eager's
 
 
+def batches(model, lengths, most: int = 10**9) -> list[list[int]]:
+    """`Anatomy.batches` of `model`: which sentences (by token count) may share one forward."""
+    return of(model).batches(lengths, most)
+
+
+# ---------------------------------------------------------------- a fixed input length
+
+def fit_inputs(model) -> None:
+    """For a family whose forward takes one fixed length (`Anatomy.fixed_length`): every call of its
+    base model gets its inputs padded to that length (attention mask 0 on the padding, token ids or
+    embeddings of the padding token) and its states cut back to the input's length, so every view
+    calls it as any other model; where the family's forward mixed a batch's rows (`Family.rows_apart`),
+    no more, so a sentence's answer in any batch is its answer alone. Once per model (`loading.load`);
+    copies keep the hooks."""
+    found = of(model)
+    base = model.base_model
+    if found.fixed_length is None or getattr(base, "_bertdemo_fixed_length", None) is not None:
+        return
+    base._bertdemo_fixed_length = found.fixed_length
+    base.register_forward_pre_hook(_padded_to_fixed, with_kwargs=True)
+    base.register_forward_hook(_cut_to_input, with_kwargs=True)
+    if found.family.rows_apart is not None:
+        found.family.rows_apart(model)
+
+
+def _padded_to_fixed(module, args, kwargs):
+    import inspect
+
+    given = inspect.signature(module.forward).bind_partial(*args, **kwargs).arguments
+    given = {**given.pop("kwargs", {}), **given}
+    ids, embeds = given.get("input_ids"), given.get("inputs_embeds")
+    batch, length = (ids if ids is not None else embeds).shape[:2]
+    fixed = module._bertdemo_fixed_length
+    if length > fixed:
+        raise ValueError(f"This model ({module.config.model_type}) reads at most {fixed} tokens (its landmarks "
+                         f"cover a fixed length) and the input has {length}: shorten the text.")
+    extra = fixed - length
+    device = (ids if ids is not None else embeds).device
+    pad_id = getattr(module.config, "pad_token_id", None) or 0
+    mask = given.get("attention_mask")
+    mask = torch.ones(batch, length, dtype=torch.long, device=device) if mask is None else mask
+    # additive (B, 1, 1, fixed), as transformers 4 extended it: its landmark scores (B, heads, landmarks,
+    # fixed) add it, where transformers 5's own (B, 1, fixed, fixed) mask does not broadcast
+    keep = F.pad(mask, (0, extra), value=0)[:, None, None, :].to(module.dtype)
+    given["attention_mask"] = (1.0 - keep) * torch.finfo(module.dtype).min
+    given["attention_mask"]._bertdemo_length = length  # read back by `_cut_to_input`
+    if ids is not None:
+        given["input_ids"] = F.pad(ids, (0, extra), value=pad_id)
+    else:
+        padding = module.get_input_embeddings().weight[pad_id].to(embeds.dtype)
+        given["inputs_embeds"] = torch.cat([embeds, padding.expand(batch, extra, -1)], 1)
+    if given.get("token_type_ids") is not None:
+        given["token_type_ids"] = F.pad(given["token_type_ids"], (0, extra), value=0)
+    if given.get("position_ids") is not None:
+        after = given["position_ids"][:, -1:] + torch.arange(1, extra + 1, device=device)
+        given["position_ids"] = torch.cat([given["position_ids"], after], 1)
+    return (), given
+
+
+def _cut_to_input(module, args, kwargs, output):
+    length = getattr(kwargs.get("attention_mask"), "_bertdemo_length", None)
+    if length is None or not hasattr(output, "last_hidden_state"):
+        return None
+    output.last_hidden_state = output.last_hidden_state[:, :length]
+    if output.get("hidden_states") is not None:
+        output.hidden_states = tuple(h[:, :length] for h in output.hidden_states)
+    return output
+
+
 def declared(model) -> bool:
     """Whether `model`'s family is declared in `FAMILIES` (its views are tested against it)."""
     return getattr(model.config, "model_type", None) in FAMILIES
@@ -539,6 +675,8 @@ def guarded(view: str):
 
 _VIEWS_NEEDING = {"layers": "no neuron view, heads off or head importance",
                   "attention": "no attention weights",
+                  "stream": "no logit lens, corpus search or features",
+                  "splice": "no features",
                   "head": "no logit lens or head importance"}
 
 

@@ -47,6 +47,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from .. import disk
 from . import anatomy
 
 log = logging.getLogger(__name__)
@@ -73,8 +74,13 @@ def available() -> bool:
 
 
 def cache_dir() -> Path:
-    """Where exports are kept: $BERTDEMO_ONNX_CACHE, else ~/.cache/bertdemo/onnx."""
-    return Path(os.environ.get("BERTDEMO_ONNX_CACHE") or Path.home() / ".cache" / "bertdemo" / "onnx")
+    """Where exports are kept: $BERTDEMO_ONNX_CACHE, else <the disk cache>/onnx (`disk.folder_of`)."""
+    return disk.folder_of("onnx")
+
+
+def export_path(model: torch.nn.Module, folder: Path | None = None) -> Path:
+    """Where `model`'s export is kept (in `folder`, default `cache_dir()`): named by its weights."""
+    return (folder or cache_dir()) / f"{model.config.model_type}-{weights_key(model)}.onnx"
 
 
 def weights_key(model: torch.nn.Module) -> str:
@@ -123,7 +129,9 @@ def export(model: torch.nn.Module, path: Path) -> Path:
     from onnxruntime.transformers.optimizer import optimize_model
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=path.parent) as work, _quiet_export():
+    # a temporary name that says whose it is: a start removes it if its writer was killed
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f"{disk.temporary_prefix()}{path.stem}-") as work, \
+            _quiet_export():
         raw = Path(work) / "model.onnx"
         # a padded row in the example: the attention mask must be traced as used (with a mask of
         # ones transformers may skip it, and the export would then ignore padding)
@@ -289,16 +297,17 @@ class OnnxMaskedLM:
         self._measuring = False
 
     @classmethod
-    def build(cls, model: torch.nn.Module, threads: int | None = None, folder: Path | None = None) -> "OnnxMaskedLM":
-        """Export (or find the export of) `model` and open a session with `threads` intra-op
-        threads (torch's count by default). ValueError if the model cannot take this path."""
+    def build(cls, model: torch.nn.Module, threads: int | None = None, folder: Path | None = None,
+              path: Path | None = None) -> "OnnxMaskedLM":
+        """Export (or find the export of) `model` at `path` (default `export_path(model, folder)`)
+        and open a session with `threads` intra-op threads (torch's count by default). ValueError
+        if the model cannot take this path."""
         import onnxruntime as ort
 
-        config = model.config
         if not anatomy.of(model).lean or next(model.parameters()).device.type != "cpu" \
                 or next(model.parameters()).dtype != torch.float32:
             raise ValueError("Only BERT-family masked LMs on a CPU in float32 run through ONNX Runtime.")
-        path = (folder or cache_dir()) / f"{config.model_type}-{weights_key(model)}.onnx"
+        path = path or export_path(model, folder)
         if not path.exists():
             export(model, path)
         options = ort.SessionOptions()

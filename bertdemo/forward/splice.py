@@ -54,8 +54,8 @@ def layer_count(model, view: str = "Features") -> int:
     if family is None or not found.layers:
         raise ValueError(f"{view} is not available for this model ({found.name}): its layers are not a "
                          "layout the views know")
-    if not family.residual_stream:
-        raise ValueError(f"{view} is not available for this model ({found.name}): {family.notes}")
+    found.require("stream", view)  # Funnel pools its sequence between blocks
+    found.require("splice", view)  # a fixed-length model's layers see its padding
     return len(found.layers)
 
 

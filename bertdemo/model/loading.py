@@ -69,6 +69,7 @@ class LoadedModel:
         """Longest input in tokens (special tokens included) the model can take."""
         limits = [getattr(self.model.config, "max_position_embeddings", None)]
         limits.append(getattr(self.tokenizer, "model_max_length", None))
+        limits.append(anatomy.of(self.model).fixed_length)  # Nystromformer's landmarks: at most that
         # RoBERTa reserves 2 positions for its padding offset.
         if getattr(self.model.config, "model_type", "") in {"roberta", "xlm-roberta", "camembert"}:
             limits[0] = limits[0] - 2 if limits[0] else None
@@ -152,6 +153,7 @@ def load(name_or_path: str | os.PathLike = "bert-base-uncased", device: str | No
                          "choose a masked-language model such as bert-base-uncased.")
     model.to(chosen).eval()
     model.requires_grad_(False)  # shared read-only; fine-tuning works on a copy
+    anatomy.fit_inputs(model)  # a family whose forward takes one length gets its inputs padded to it
     card = ModelCard.of(model, loading_info, _weights_format(name_or_path, allow_pickle))
     if card.warning:
         log.warning("%s: %s (missing: %s)", name_or_path, card.warning,

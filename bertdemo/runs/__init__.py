@@ -1,1 +1,1 @@
-"""Runs: the slots (imports no trainer: the session store holds them), a run's life, the kinds of run (these import training/)."""
+"""Runs: the slots (imports no trainer: the session store holds them), a run's life (imports training/), the kinds of run (import the life and their jobs)."""

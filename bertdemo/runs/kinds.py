@@ -6,9 +6,10 @@ from typing import Callable
 
 from ..features.run import FeaturesPlan, FeaturesRequest, run_features
 from ..training import export
-from ..training.classification import ClassifierForm, SweepForm, run_adaptation, run_classifier, run_sweep
+from ..training.classification import ClassifierForm, run_adaptation, run_classifier
 from ..training.experiments import LabellingForm, run_labelling
 from ..training.fine_tuning import FinetuneForm, TuningPlan, TuningRequest, run_masking_comparison, run_tuning
+from ..training.forgetting import SweepForm, run_sweep
 from .life import Kept, RunSpec, keep_or_discard
 
 

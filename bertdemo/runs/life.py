@@ -3,7 +3,8 @@ queued -> started -> events -> Stop / time limit -> kept or discarded -> slot re
 
 A *run* is any long job a visitor starts and may stop: the MLM fine-tune, the static-vs-dynamic
 comparison, the article-labelling experiment, a classifier's training, its learning-rate sweep,
-"adapt, then classify". Each kind is one `RunSpec` in `kinds.RUNS` (runs/kinds.py):
+"adapt, then classify". Each kind is one `RunSpec` in `kinds.RUNS` (runs/kinds.py, which imports
+this module: a run's life knows no kind by name, its caller passes the spec):
 
     RunSpec("finetune", TuningRequest, planned_on(base_model), run_tuning, keep_tuned)
 
@@ -16,8 +17,9 @@ is a declaration in kinds.py plus its job; the UI wires any of them the same way
 
 Each session has one run slot (`slots.RunSlots`, held by the session store):
 
-    plan = life.reserve(caller, "finetune", request)       # the validator, when the request is queued
-    with life.start(caller, "finetune", request) as run:   # the handler: takes the reserved plan
+    spec = kinds.RUNS["finetune"]
+    plan = life.reserve(caller, spec, request)       # the validator, when the request is queued
+    with life.start(caller, spec, request) as run:   # the handler: takes the reserved plan
         for log in run.updates():       # the events so far (loop.EventLog), at most every 0.5 s
             draw(log)
         outcome = run.finish()          # the result and what was kept; the job's error re-raised here
@@ -68,22 +70,21 @@ class Outcome:
     ended: str | None  # None: ran to the end; "stopped", "shutdown" or "time limit" (its stop check)
 
 
-def reserve(caller, kind: str | RunSpec, request, waiting: Callable[[], bool] | None = None):
+def reserve(caller, spec: RunSpec, request, waiting: Callable[[], bool] | None = None):
     """The validator's half, when the request enters the queue: check `request` into the plan of
-    a run of `kind` (a name in `RUNS`, or a spec), and reserve the caller's slot with it (a second
-    click is refused at once). `waiting()`: whether this request is still in the queue (see
+    a run of kind `spec` (e.g. `kinds.RUNS["finetune"]`), and reserve the caller's slot with it (a
+    second click is refused at once). `waiting()`: whether this request is still in the queue (see
     `RunSlots.reserve`). Returns the plan; InputError (a ValueError) says what to fix, naming the
     field."""
-    spec = _spec(kind)
     plan = spec.check(caller, request)
     caller.store.runs.reserve(caller.session, spec.api_name, plan, waiting)
     return plan
 
 
-def start(caller, kind: str | RunSpec, request=None) -> "Run":
-    """The handler's half: claim the caller's slot and run the job of `kind` in a worker thread,
-    on the plan reserved with the slot (or, for a caller that did not reserve, `request`'s)."""
-    spec, slots = _spec(kind), caller.store.runs
+def start(caller, spec: RunSpec, request=None) -> "Run":
+    """The handler's half: claim the caller's slot and run the job of kind `spec` in a worker
+    thread, on the plan reserved with the slot (or, for a caller that did not reserve, `request`'s)."""
+    slots = caller.store.runs
     ticket = slots.claim(caller.session, spec.api_name)
     caller.store.reopen(caller.session)
     try:
@@ -93,13 +94,6 @@ def start(caller, kind: str | RunSpec, request=None) -> "Run":
     except BaseException:
         slots.finish(caller.session, ticket)
         raise
-
-
-def _spec(kind: str | RunSpec) -> RunSpec:
-    if isinstance(kind, RunSpec):
-        return kind
-    from .kinds import RUNS  # here, not at the top: the kinds declare themselves with this module's RunSpec
-    return RUNS[kind]
 
 
 def stop(caller) -> bool:

@@ -13,8 +13,12 @@ What it holds:
   the page shows for it (so the micro-batcher groups every visitor's requests to it);
 - `caches` (`caches.ModelCaches`), shared by every model it loads and by the models tuned from
   them: weights packed for oneDNN, eager-attention twins, the joint fill's first steps;
+- `disk` (`disk.DiskCache`): the caches on disk under one folder and one budget (the search's
+  indexes, the ONNX exports, the feature dictionaries, the examples' results); a start removes
+  what a killed process left half written there;
 - `search` (`corpus_search.IndexCache`): the corpus search's indexes, on disk, and the stop
-  requests of the builds under way (`search_stops`);
+  requests of the builds under way (`search_stops`); `build_default_index` builds the default
+  corpus' index of a served model in the background (pinned: never evicted);
 - `batcher` (`batching.MicroBatcher`): concurrent fill-mask requests share one forward;
 - `compute` (`compute.ComputeThread`): the thread that runs every forward the engine runs (the
   batcher's, a model's warm-up, torch's side of the ONNX Runtime timing), so torch's OpenMP
@@ -28,15 +32,17 @@ What it holds:
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import torch
 
+from .. import disk as disk_cache
 from .. import validate
 from ..forward import anatomy, onnx_engine
 from ..model import bundled, loading, logits
@@ -53,13 +59,16 @@ log = logging.getLogger(__name__)
 class Engine:
     """Every model the app loaded and every cache their requests share (see the module doc)."""
 
-    def __init__(self, max_batch: int = 16, onnx: bool | None = False):
+    def __init__(self, max_batch: int = 16, onnx: bool | None = False, disk: disk_cache.DiskCache | None = None):
         """`onnx`: False, torch only; None, ONNX Runtime or torch by measurement; True, ONNX Runtime
-        for small batches, unmeasured (see the module doc)."""
+        for small batches, unmeasured (see the module doc). `disk`: the disk caches (default: the
+        folder and budget of $BERTDEMO_CACHE_DIR and $BERTDEMO_CACHE_MB)."""
+        self.disk = disk if disk is not None else disk_cache.DiskCache()
+        self.disk.remove_leftovers()
         self.caches = ModelCaches()
         self.compute = ComputeThread()  # the forwards it runs, on one thread (`compute`)
         self.batcher = MicroBatcher(max_batch=max_batch, compute=self.compute)
-        self.search = corpus_search.IndexCache()
+        self.search = corpus_search.IndexCache(cache=self.disk)
         self.search_stops = corpus_search.StopRequests()
         self.onnx = onnx is not False and onnx_engine.available()
         self.measure_onnx = onnx is None
@@ -130,17 +139,65 @@ class Engine:
     def _onnx_build(self, model) -> None:
         try:
             started = time.perf_counter()
-            # exported on a thread that ends before torch is timed: the export's forward gives its
-            # thread an OpenMP team, which would slow torch's side of the timing (`compute`)
-            with ThreadPoolExecutor(1, thread_name_prefix="onnx-export") as export:
-                encoder = export.submit(onnx_engine.OnnxMaskedLM.build, model).result()
+            warm = onnx_engine.export_path(model, self.disk.warm / "onnx")
+            path = warm if warm.exists() else onnx_engine.export_path(model, self.disk.folder("onnx"))
+            self.disk.pin(path)  # a served model's export is never evicted
+            found = path.exists()
+            with self.disk.reserve(0 if found else export_bytes(model), f"The ONNX export of {model.name_or_path}",
+                                   must=True):
+                encoder = _on_own_thread(onnx_engine.OnnxMaskedLM.build, model, path=path)
             if self.measure_onnx:  # before it serves: until then torch serves every batch
                 encoder.measure(self.torch_forward(model))
             self.caches.set_onnx(model, encoder)
             # the packed weights stay: crowds and long sentences still take the lean torch forward
-            log.info("ONNX Runtime forward ready for %s in %.1f s", model.name_or_path, time.perf_counter() - started)
+            log.info("ONNX Runtime forward ready for %s in %.1f s (%s)", model.name_or_path,
+                     time.perf_counter() - started, "warm: exported ahead by `python -m bertdemo warm`" if path == warm
+                     else "its export found on disk" if found else "exported now")
         except Exception:  # noqa: BLE001 - the torch forward serves on; the log says why
             log.exception("ONNX Runtime export failed for %s: serving with torch", model.name_or_path)
+
+    def build_default_index(self, lm: LoadedModel) -> threading.Thread:
+        """Build `lm`'s index of the default corpus in the background (the first search then
+        answers at once; one that comes before sees this build's progress), pinned in the disk
+        cache. The thread runs at a lower CPU priority than the visitors' requests."""
+        corpus = corpus_search.read_corpus(None)
+        self.search.pin(lm, corpus)
+
+        def build():
+            lower_priority()
+            try:
+                self.search.get(lm, corpus, 0)
+            except corpus_search.Stopped:  # the server stops: its shutdown line says so
+                pass
+            except Exception as error:  # noqa: BLE001 - a search builds it again, saying why if it fails
+                log.warning("the default corpus' search index for %s was not built: %s", lm.name, error)
+
+        thread = threading.Thread(target=build, daemon=True, name=f"search-index-{lm.name}")
+        thread.start()
+        return thread
+
+    def warm(self, lm: LoadedModel, into: os.PathLike | str | None = None) -> Path:
+        """Export `lm`'s ONNX Runtime forward ahead, into the warm folder (`disk.warm`, or `into`):
+        a server whose disk cache reads that folder serves its first request through it, with no
+        export at start (`python -m bertdemo warm`; the Docker image bakes its model's). Returns the
+        export's file, found or made. ValueError for a model that cannot take that path."""
+        if not (onnx_engine.available() and anatomy.of(lm.model).lean and lm.device.type == "cpu"
+                and next(lm.model.parameters()).dtype == torch.float32):
+            raise ValueError(f"{lm.name} has no ONNX Runtime forward to make ahead: only BERT-layout masked LMs "
+                             "in float32 on a CPU, with onnx and onnxruntime installed.")
+        path = onnx_engine.export_path(lm.model, Path(into or self.disk.warm) / "onnx")
+        if not path.exists():
+            onnx_engine.export(lm.model, path)
+        path.chmod(0o644)  # made at build time by root, read by the server's own user
+        return path
+
+    def stop_background(self) -> list[str]:
+        """The server stops: the index builds end at their next batch; what was under way, in words
+        (an ONNX export still running is left to the process's exit: its temporary files go with
+        `disk.remove_own`)."""
+        with self._lock:
+            exports = [thread.name.removeprefix("onnx-export-") for thread in self._builds.values() if thread.is_alive()]
+        return [*(f"the ONNX export of {name}" for name in exports), *self.search.stop_all()]
 
     def torch_forward(self, model):
         """`forward(inputs, rows, cols) -> logits` of a served `model` without ONNX Runtime: the
@@ -158,3 +215,37 @@ class Engine:
         if thread is not None:
             thread.join(timeout)
         return self.caches.onnx_for(lm.model) is not None
+
+
+def _on_own_thread(fn, *args, **kwargs):
+    """`fn(*args, **kwargs)` on a daemon thread of its own at a lower CPU priority, waited for.
+    Its own: the export's forward gives its thread an OpenMP team, which would slow torch's side
+    of the timing that follows (`compute`); a daemon, not an executor's worker: those are joined at
+    exit, which held a stopping server until the export ended."""
+    result: dict = {}
+
+    def work():
+        lower_priority()
+        try:
+            result["value"] = fn(*args, **kwargs)
+        except BaseException as error:  # noqa: BLE001 - raised again in the caller
+            result["error"] = error
+
+    thread = threading.Thread(target=work, daemon=True, name="onnx-export")
+    thread.start()
+    thread.join()
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+def export_bytes(model: torch.nn.Module) -> int:
+    """About the size of `model`'s ONNX export: its float32 weights, and a tenth more for the graph."""
+    return int(1.1 * sum(t.numel() * 4 for t in (*model.parameters(), *model.buffers())))
+
+
+def lower_priority(niceness: int = 10) -> None:
+    """Lower the calling thread's CPU priority (Linux: a thread has its own nice value, and the
+    OpenMP workers torch starts for it inherit it), so background work yields to visitors."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), niceness)

@@ -5,9 +5,9 @@ The article's four differences from pre-training, in code:
    (the shared model stays bit-identical);
 2. a task-specific output layer: `AutoModelForSequenceClassification`'s new head, one output per label;
 3. the supervised loss: cross-entropy on the labels;
-4. a small learning rate (2e-5) "to avoid catastrophic forgetting": measured by `forgetting.forgetting` and
-   `lr_sweep` as the body's masked-LM loss on fixed masks of the person's text, read through the
-   original MLM head, before and after.
+4. a small learning rate (2e-5) "to avoid catastrophic forgetting": measured in forgetting.py
+   (`forgetting`, and `lr_sweep` across learning rates) as the body's masked-LM loss on fixed masks
+   of the person's text, read through the original MLM head, before and after.
 
 The loop is `loop.train`, as for the fine-tune; this module supplies the classifier's batches,
 loss and evaluation (`ClassifierTask`). A request is checked once into a `ClassifierPlan` (examples,
@@ -32,14 +32,13 @@ from transformers import AutoModelForSequenceClassification, DataCollatorWithPad
 
 from .. import validate
 from ..config import Limits
+from ..forward import anatomy
 from ..labelled import MAX_TOKENS, Split, check_examples, label_counts, stratified_split, table_examples
 from ..model.loading import LoadedModel
 from .fine_tuning import FinetunePlan, plan_finetune, run_finetune, save_zip
-from .forgetting import forgetting_rows, mlm_loss
 from .loop import Evaluation, RunHistory, autocast, seeded, train
 
 MAX_TEXTS_TO_CLASSIFY = 100
-DEFAULT_SWEEP_LRS = (2e-5, 5e-5, 2e-4)
 ADAPT_MLM_STEPS = 60  # MLM steps that adapt a copy of the base on the examples' texts, when there is no tuned model
 
 
@@ -164,20 +163,6 @@ class ClassifierForm:
                     freeze_body=self.freeze_body, seed=self.seed)
 
 
-@dataclass(frozen=True)
-class SweepForm:
-    """The learning-rate sweep as the page and its API ask for it (the rates are `DEFAULT_SWEEP_LRS`)."""
-
-    examples: object
-    epochs: int
-    batch_size: int
-    seed: int
-
-    def plan(self, lm: LoadedModel, limits: Limits) -> "SweepPlan":
-        return plan_sweep(lm, table_examples(self.examples), epochs=self.epochs, batch_size=self.batch_size,
-                          seed=self.seed, limits=limits)
-
-
 def planned_steps(epochs: int, train_size: int, batch_size: int, limits: Limits) -> int:
     steps = epochs * math.ceil(train_size / batch_size)
     if steps > limits.max_steps:
@@ -205,6 +190,7 @@ def build_classifier(lm: LoadedModel, labels: list[str]) -> Classifier:
     if unexpected or any(not name.startswith("pooler.") for name in missing):
         raise ValueError(f"The model {lm.name!r} has no body a sequence classifier can take.")
     model.to(lm.device)
+    anatomy.fit_inputs(model)  # a family whose forward takes one length (Nystromformer's landmarks)
     return Classifier(f"{lm.name} classifier ({', '.join(labels)})", lm.tokenizer, model, lm.device,
                       min(MAX_TOKENS, lm.max_length))
 
@@ -312,13 +298,15 @@ def probabilities(classifier: Classifier, features: list[dict], collate: Callabl
     model, was_training = classifier.model, classifier.model.training
     model.eval()
     collate = collate or DataCollatorWithPadding(classifier.tokenizer)
-    out = []
-    for start in range(0, len(features), batch_size):
-        batch = collate(features[start:start + batch_size]).to(classifier.device)
+    out: list = [None] * len(features)
+    # padded together, or one length per forward where the family's answer depends on the padding
+    for group in anatomy.batches(model, [len(f["input_ids"]) for f in features], batch_size):
+        batch = collate([features[i] for i in group]).to(classifier.device)
         with autocast(classifier.device):
-            out.append(model(**batch).logits.float().softmax(-1).cpu())
+            for i, row in zip(group, model(**batch).logits.float().softmax(-1).cpu()):
+                out[i] = row
     model.train(was_training)
-    return torch.cat(out)
+    return torch.stack(out)
 
 
 def scores(probs: torch.Tensor, targets: torch.Tensor) -> dict:
@@ -378,58 +366,6 @@ def save_classifier_zip(classifier: Classifier, folder: str | Path) -> Path:
     `folder/classifier/bertdemo-classifier.zip` (loadable with AutoModelForSequenceClassification)."""
     archive = save_zip(classifier, Path(folder) / "classifier")  # its own folder: save_zip keeps one zip
     return archive.rename(archive.with_name("bertdemo-classifier.zip"))
-
-
-@dataclass(frozen=True)
-class SweepPlan:
-    """A checked learning-rate sweep: one classifier plan, the rates, and the fixed MLM masks of
-    the examples' texts on which the body's forgetting is measured."""
-
-    plan: ClassifierPlan
-    learning_rates: tuple[float, ...]
-    mlm_rows: list[dict]
-
-
-def plan_sweep(lm: LoadedModel, examples, learning_rates=DEFAULT_SWEEP_LRS, **settings) -> SweepPlan:
-    """Check a sweep; `settings` are `plan_classifier`'s (its learning_rate is the sweep's)."""
-    settings.pop("learning_rate", None)
-    plan = plan_classifier(lm, examples, **settings)
-    if not isinstance(learning_rates, (list, tuple)) or not learning_rates or len(learning_rates) > 8:
-        raise validate.InputError("learning_rates", "Give one to eight learning rates to sweep, e.g. "
-                                                    "[2e-5, 5e-5, 2e-4].")
-    rates = tuple(validate.number(rate, "learning rate", 0.0, plan.limits.max_learning_rate, open_low=True,
-                                  field="learning_rates") for rate in learning_rates)
-    return SweepPlan(plan, rates, forgetting_rows(lm, [t for t, _ in plan.examples], plan.settings.seed))
-
-
-def run_sweep(sweep: SweepPlan, *, on_event: Callable | None = None,
-              should_stop: Callable[[], bool] | None = None) -> dict:
-    """The same classifier trained at each learning rate (same seed, split, steps): held-out
-    accuracy against the body's MLM loss after. Returns {"mlm_before": Evaluation, "points":
-    [{"learning_rate", "accuracy", "macro_f1", "mlm_loss", "mlm_accuracy", "steps", "stopped"}, ...],
-    "histories": {rate: ClassifierHistory}}. Events carry the rate as `run` (e.g. "2e-05"). A Stop
-    ends the sweep."""
-    lm = sweep.plan.lm
-    result = {"mlm_before": mlm_loss(lm, sweep.mlm_rows), "points": [], "histories": {}}
-    for rate in sweep.learning_rates:
-        classifier, history = run_classifier(sweep.plan.with_learning_rate(rate), on_event=on_event,
-                                             should_stop=should_stop, run=f"{rate:g}")
-        after = mlm_loss(lm, sweep.mlm_rows, classifier)
-        result["histories"][rate] = history
-        result["points"].append({"learning_rate": rate, "accuracy": history.after.accuracy,
-                                 "macro_f1": history.after.macro_f1, "mlm_loss": after.loss,
-                                 "mlm_accuracy": after.accuracy, "steps": len(history.steps),
-                                 "stopped": history.stopped})
-        if history.stopped == "stopped":
-            break
-    return result
-
-
-def lr_sweep(lm: LoadedModel, examples, learning_rates=DEFAULT_SWEEP_LRS, *, on_event: Callable | None = None,
-             should_stop: Callable[[], bool] | None = None, **settings) -> dict:
-    """`run_sweep(plan_sweep(lm, examples, learning_rates, **settings))`."""
-    return run_sweep(plan_sweep(lm, examples, learning_rates, **settings), on_event=on_event,
-                     should_stop=should_stop)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ import gradio as gr
 
 from .. import plots
 from ..config import Settings
-from .context import AppContext, standalone_demo
+from .context import AppContext, Visitor, handler, standalone_demo
 
 MLM_TEXT = r"""
 ### Masked-language modelling in one formula
@@ -65,6 +65,20 @@ def render(ctx: AppContext) -> None:
     with gr.Accordion("The numbers", open=False):
         gr.Markdown(_glue_markdown_table())
     gr.Markdown(GLUE_SOURCES)
+    with gr.Accordion("This server's disk", open=False):
+        cache = gr.Markdown("Search indexes, ONNX exports, feature dictionaries and the examples' results "
+                            "share one disk budget on this server (least recently used deleted first).")
+        gr.Button("How much of it is used?", size="sm").click(handler(ctx, on_disk), None, cache,
+                                                              api_visibility="private")
+
+
+def on_disk(visitor: Visitor) -> str:
+    """The server's disk caches: used against the budget, per kind."""
+    summary = visitor.engine.disk.summary()
+    kinds = ", ".join(f"{kind} {mb:,.1f} MB" for kind, mb in summary["kinds"].items())
+    return (f"**{visitor.engine.disk.line()}** ({kinds}). The operator sets the budget with `--cache-mb` "
+            "(`BERTDEMO_CACHE_MB`); the least recently used entries are deleted first, never the default "
+            "corpus' index or the served model's export.")
 
 
 def create_demo(store=None, settings: Settings | None = None) -> gr.Blocks:

@@ -7,8 +7,9 @@ visitors use different models (a pick, their fine-tuned model), and the files ou
 (an app restarted with other weights would show the old model's answers; a new component shifts
 the ids). So `ModelExamples` keeps one cache per model, in a folder named after a digest of its
 weights and of the examples (`corpus_search.ModelDigests`): the served and picked models' caches
-on disk, reused after a restart; a visitor's fine-tuned model's in a folder of this process that
-is removed at exit (it exists for one session only).
+on disk, entries of the server's disk cache (`disk.DiskCache`, its "examples" folder: within the
+one budget, least recently used out first), reused after a restart; a visitor's fine-tuned model's
+in a folder of this process that is removed at exit (it exists for one session only).
 """
 from __future__ import annotations
 
@@ -18,13 +19,12 @@ import hashlib
 import io
 import json
 import shutil
-import tempfile
 import threading
 from pathlib import Path
 
-from gradio import utils
 from gradio.helpers import Examples
 
+from .. import disk
 from .common import session_id
 from .context import AppContext
 
@@ -51,10 +51,12 @@ class ModelExamples(Examples):
         digest = self.ctx.engine.search.digests.of(lm)
         if self.ctx.store.using_tuned(session):
             if self._temp is None:
-                self._temp = Path(tempfile.mkdtemp(prefix="bertdemo-examples-"))
+                self._temp = disk.process_temp("examples")
                 atexit.register(shutil.rmtree, self._temp, ignore_errors=True)
             return self._temp / self.name / digest
-        return utils.get_cache_folder() / "bertdemo" / self.name / digest
+        folder = self.ctx.engine.disk.folder("examples") / self.name / digest
+        self.ctx.engine.disk.touch(folder)
+        return folder
 
     def load_from_cache(self, example_id: int, request=None) -> list:
         with self._switch:

@@ -17,9 +17,9 @@ from .. import plots
 from ..config import Limits
 from ..labelled import parse_examples, table_examples
 from ..runs import life
-from ..training.classification import (ADAPT_MLM_STEPS, DEFAULT_SWEEP_LRS, MAX_TOKENS, Classifier, ClassifierForm,
-                                       ClassifierHistory, SweepForm, classify)
-from ..training.forgetting import forgetting
+from ..training.classification import (ADAPT_MLM_STEPS, MAX_TOKENS, Classifier, ClassifierForm, ClassifierHistory,
+                                       classify)
+from ..training.forgetting import DEFAULT_SWEEP_LRS, SweepForm, forgetting
 from ..training.loop import EventLog
 from ..views import embeddings
 from . import live_run

@@ -4,6 +4,8 @@
     200 "ok: <model>"                        the model loaded
     503 "no model: <why>"                    it did not; the page says why too
 
+and a second line with the disk caches' use against their budget ("cache 312.4 of 2,000 MB used").
+
 A *replica* (one of several processes behind a balancer, `--replica`) that has no model also
 answers the page itself ("/" and "/config") with that 503: nginx then tries the next replica and
 stops sending visitors to this one for a while (`max_fails`), where a lone process would rather
@@ -19,8 +21,9 @@ PAGE_PATHS = ("/", "/config", "/gradio_api/info")  # what a browser or gradio_cl
 class Health:
     """ASGI middleware in front of the Gradio app; `store` is the app's `SessionStore`."""
 
-    def __init__(self, app, store, replica: bool = False):
-        self.app, self.store, self.replica = app, store, replica
+    def __init__(self, app, store, replica: bool = False, disk=None):
+        """`disk`: the engine's `disk.DiskCache`, whose use the answer says (none: not said)."""
+        self.app, self.store, self.replica, self.disk = app, store, replica, disk
 
     async def __call__(self, scope, receive, send):
         path = scope.get("path", "") if scope["type"] == "http" else None
@@ -32,7 +35,8 @@ class Health:
         await self.app(scope, receive, send)
 
     def answer(self) -> PlainTextResponse:
+        cache = f"{self.disk.line()}\n" if self.disk is not None else ""
         if self.store.base is None:
             why = self.store.load_error or "no model is loaded"
-            return PlainTextResponse(f"no model: {why}\n", status_code=503)
-        return PlainTextResponse(f"ok: {self.store.base.name}\n")
+            return PlainTextResponse(f"no model: {why}\n{cache}", status_code=503)
+        return PlainTextResponse(f"ok: {self.store.base.name}\n{cache}")

@@ -56,7 +56,7 @@ def validator(kind: str):
     def check(visitor: Visitor, form) -> list:
         verdicts = [gr.validate(True, "")] * len(names)
         try:
-            life.reserve(visitor, kind, form, waiting=visitor.still_queued)
+            life.reserve(visitor, kinds.RUNS[kind], form, waiting=visitor.still_queued)
         except ValueError as err:
             field = getattr(err, "field", None)
             verdicts[names.index(field) if field in names else 0] = gr.validate(False, str(err))
@@ -72,7 +72,7 @@ def stream(visitor: Visitor, kind: str, request, progress, draw, desc: str = "tr
     `loop.EventLog` so far) after each batch of events, shows the current training run's
     steps in `progress`, and returns the run's `life.Outcome` (use with `yield from`). Leaving
     early (the page closed) stops the run and frees the slot."""
-    with life.start(visitor, kind, request) as run:
+    with life.start(visitor, kinds.RUNS[kind], request) as run:
         if cleared is not None:
             yield cleared
         for log in run.updates():

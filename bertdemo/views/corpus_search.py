@@ -24,13 +24,13 @@ indexes pay off from millions of vectors, two orders past a corpus a page can se
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import re
 import shutil
-import tempfile
 import threading
 import time
 import weakref
@@ -42,8 +42,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .. import validate
-from ..forward import hooks
+from .. import disk, validate
+from ..forward import anatomy, hooks
 from ..model.loading import LoadedModel
 from . import embeddings
 
@@ -56,6 +56,7 @@ MAX_CHARS = 100_000  # characters of a visitor's corpus (Settings.search_max_cha
 MAX_TOP_K = 50
 LINE_TOKENS = 128  # a corpus line is cut at this many tokens (its later words are not indexed)
 BATCH = 32  # lines per forward
+WAIT_FOR_ROOM = 300  # seconds a build waits for the builds under way when it fits the disk budget only after them
 FORMAT = 1  # bump when the files' layout changes: older indexes are then rebuilt, not misread
 WORD = re.compile(r"\w+")  # what counts as a word occurrence of the corpus
 
@@ -196,7 +197,16 @@ def query_vector(lm: LoadedModel, text: str, word: str, layer: int) -> np.ndarra
 
 def _hidden_states(lm: LoadedModel, ids: list[list[int]]) -> torch.Tensor:
     """(L+1, B, T, H) float32 on the CPU: every layer's states of a padded batch (the same forward
-    as the embedding map's)."""
+    as the embedding map's), run as `anatomy.batches` says: a padding-sensitive family one length per
+    forward, so every line's states are its states alone (zeros past each line's end)."""
+    anatomy.of(lm.model).require("stream", "Corpus search")  # Funnel: its blocks pool the sequence
+    groups = anatomy.batches(lm.model, [len(row) for row in ids])
+    if len(groups) > 1:
+        parts = [(group, _hidden_states(lm, [ids[i] for i in group])) for group in groups]
+        states = torch.zeros(parts[0][1].shape[0], len(ids), max(map(len, ids)), parts[0][1].shape[-1])
+        for group, part in parts:
+            states[:, group, :part.shape[2]] = part
+        return states
     batch = lm.tokenizer.pad([{"input_ids": row} for row in ids], return_tensors="pt").to(lm.device)
     with hooks.switched_off(lm):  # a heads-off view searches without its heads
         hidden = lm.model.base_model(**batch, output_hidden_states=True).hidden_states  # L+1 x (B, T, H)
@@ -228,44 +238,86 @@ def word_occurrences(lm: LoadedModel, lines) -> tuple[dict, np.ndarray, list[lis
     return enc, np.asarray(spans, dtype=np.int32), covered
 
 
+STATES_BYTES = 24_000_000  # a build holds about this much of one forward's hidden states
+
+
+def index_bytes(lm: LoadedModel, occurrences: int) -> int:
+    """The index's size on disk: every occurrence's float32 vector at every layer, its span and piece."""
+    return occurrences * (layer_count(lm) * hidden_size(lm) * 4 + 16)
+
+
+def layer_count(lm: LoadedModel) -> int:
+    """Hidden states a forward returns: the embeddings and every layer."""
+    return int(lm.model.config.num_hidden_layers) + 1
+
+
+def hidden_size(lm: LoadedModel) -> int:
+    return int(lm.model.config.hidden_size)
+
+
+def lines_per_forward(lm: LoadedModel) -> int:
+    """Lines per forward of a build: BATCH, fewer for a large model, so that one forward's states
+    of every layer at the longest lines stay within STATES_BYTES whatever the model's size."""
+    per_line = layer_count(lm) * min(LINE_TOKENS, lm.max_length) * hidden_size(lm) * 4
+    return max(1, min(BATCH, STATES_BYTES // per_line))
+
+
 @torch.inference_mode()
-def build_index(lm: LoadedModel, lines, folder: Path, *, on_progress=None, should_stop=None) -> dict:
+def build_index(lm: LoadedModel, lines, folder: Path, *, on_progress=None, should_stop=None,
+                words: tuple | None = None) -> dict:
     """Write every word occurrence of `lines` at every layer into `folder`: layerNN.npy (N, H)
     float32 of unit length, one per layer (0 = embeddings), spans.npy (N, 3) and pieces.npy (N,)
-    int32. One forward per BATCH lines, each batch written straight into the memory-mapped layer
-    files: the build holds one batch's states, never the index. Raises `Stopped` between batches
-    when `should_stop()` (the caller removes `folder`). Returns {"occurrences", "layers", "hidden"}."""
-    enc, spans, covered = word_occurrences(lm, lines)
+    int32. One forward per `lines_per_forward` lines, each batch's vectors appended to the layer
+    files with plain writes (the page cache holds them, not the process: a memory map written
+    through would keep every page it touched in the server's memory). Raises `Stopped` between
+    batches when `should_stop()` (the caller removes `folder`). `words`: `word_occurrences`'s
+    result when the caller has it. Returns {"occurrences", "layers", "hidden"}."""
+    enc, spans, covered = words if words is not None else word_occurrences(lm, lines)
     np.save(folder / "spans.npy", spans)
     np.save(folder / "pieces.npy", np.asarray([c[0] for c in covered], dtype=np.int32))
-    files, first = [], 0  # the layer files; the first occurrence of this batch
-    for start in range(0, len(lines), BATCH):
-        if should_stop is not None and should_stop():
-            raise Stopped("The index build was stopped.")
-        states = _hidden_states(lm, enc["input_ids"][start:start + BATCH])  # (L+1, B, T, H)
-        layers, _, width, hidden = states.shape
-        if not files:
-            files = [np.lib.format.open_memmap(folder / f"layer{layer:02d}.npy", mode="w+", dtype=np.float32,
-                                               shape=(len(spans), hidden)) for layer in range(layers)]
-        last = int(np.searchsorted(spans[:, 0], start + BATCH))  # occurrences of this batch's lines
-        if last > first:
-            mean = torch.zeros(last - first, states.shape[1] * width)  # averages each word's pieces
-            for row, (line, pieces) in enumerate(zip(spans[first:last, 0], covered[first:last])):
-                mean[row, [(line - start) * width + i for i in pieces]] = 1.0 / len(pieces)
-            words = _unit((mean @ states.reshape(layers, -1, hidden)).numpy())  # (L+1, n, H)
-            for layer, file in enumerate(files):
-                file[first:last] = words[layer]
+    step, outs = lines_per_forward(lm), []
+    with contextlib.ExitStack() as files:
+        first = 0  # the first occurrence of this batch
+        for start in range(0, len(lines), step):
+            if should_stop is not None and should_stop():
+                raise Stopped("The index build was stopped.")
+            last = int(np.searchsorted(spans[:, 0], start + step))  # occurrences of this batch's lines
+            vectors = _batch_vectors(lm, enc["input_ids"][start:start + step], spans[first:last, 0] - start,
+                                     covered[first:last])  # (L+1, n, H)
+            if not outs:  # the layers as the model returns them (the config may count them otherwise)
+                layers, _, hidden = vectors.shape
+                outs = [_open_layer(files, folder / f"layer{layer:02d}.npy", (len(spans), hidden))
+                        for layer in range(layers)]
+            for layer, out in enumerate(outs):
+                out.write(vectors[layer].tobytes())
             first = last
-        if on_progress is not None:
-            on_progress(min(start + BATCH, len(lines)), len(lines))
-    for file in files:
-        file.flush()
-    return {"occurrences": len(spans), "layers": len(files), "hidden": int(files[0].shape[1])}
+            if on_progress is not None:
+                on_progress(min(start + step, len(lines)), len(lines))
+    return {"occurrences": len(spans), "layers": layers, "hidden": hidden}
+
+
+def _open_layer(files: contextlib.ExitStack, path: Path, shape: tuple[int, int]):
+    """A layer file opened for appending its rows: the .npy header of a float32 (N, H) array."""
+    out = files.enter_context(open(path, "wb"))
+    np.lib.format.write_array_header_1_0(out, {"descr": np.dtype(np.float32).str, "fortran_order": False,
+                                               "shape": shape})
+    return out
+
+
+def _batch_vectors(lm: LoadedModel, ids: list[list[int]], lines: np.ndarray, covered: list) -> np.ndarray:
+    """(L+1, n, H) float32 unit vectors of the n word occurrences in a batch of lines: each the
+    mean of its pieces' states. `lines` (n,): each occurrence's line within the batch."""
+    states = _hidden_states(lm, ids)  # (L+1, B, T, H)
+    layers, _, width, hidden = states.shape
+    mean = torch.zeros(len(lines), states.shape[1] * width)  # averages each word's pieces
+    for row, (line, pieces) in enumerate(zip(lines, covered)):
+        mean[row, [int(line) * width + i for i in pieces]] = 1.0 / len(pieces)
+    return _unit((mean @ states.reshape(layers, -1, hidden)).numpy())
 
 
 def cache_dir() -> Path:
-    """Where indexes are kept: $BERTDEMO_SEARCH_CACHE, else ~/.cache/bertdemo/search."""
-    return Path(os.environ.get("BERTDEMO_SEARCH_CACHE") or Path.home() / ".cache" / "bertdemo" / "search")
+    """Where indexes are kept: $BERTDEMO_SEARCH_CACHE, else <the disk cache>/search."""
+    return disk.folder_of("search")
 
 
 class ModelDigests:
@@ -298,17 +350,31 @@ class IndexCache:
 
     The model digest covers its config, every weight (names, shapes, bytes) and its tokenizer, so
     a tuned model gets its own index and a restart finds the old one. Builds are one at a time per
-    key (a lock each): a second visitor asking while the first builds waits, then reads the files.
-    An app's engine holds one; `IndexCache()` anywhere else reads and writes the same disk cache."""
+    key (a lock each): a second visitor asking while the first builds waits, seeing its progress,
+    then reads the files. Each index is an entry of the server's disk cache (`disk.DiskCache`):
+    a build first reserves its size (refused when it cannot fit, evicting the least recently used
+    entries when it can), an index read is marked used, and `pin` keeps one from eviction (the
+    default corpus'). An app's engine holds one; `IndexCache()` anywhere else reads and writes the
+    same disk cache."""
 
-    def __init__(self, folder: Path | str | None = None, keep: int = 16):
-        self.folder = Path(folder) if folder is not None else cache_dir()
+    def __init__(self, folder: Path | str | None = None, keep: int = 16, cache: disk.DiskCache | None = None,
+                 budget_mb: float | None = None):
+        """`cache`: the server's disk cache; else one of its own in `folder` (default the disk
+        cache's search folder) with `budget_mb` (default the disk cache's budget)."""
+        if cache is None:
+            cache = (disk.DiskCache(budget=budget_mb, folders={"search": Path(folder)}) if folder is not None
+                     else disk.DiskCache(budget=budget_mb))
+        self.cache = cache
+        self.folder = cache.folder("search")
         self.keep = keep
         self.builds = 0  # indexes this object built (a test counts them)
         self._open: OrderedDict[tuple[str, int], Index] = OrderedDict()
         self.digests = ModelDigests()
         self._locks: dict[str, threading.Lock] = {}
+        self._progress: dict[str, tuple[int, int]] = {}  # key -> (lines done, lines) of a build under way
+        self._stopping = threading.Event()  # the server stops: every build ends at its next batch
         self._lock = threading.Lock()
+        cache.on_evict(self._forget_folder)
 
     def key(self, lm: LoadedModel, corpus: Corpus) -> str:
         return f"{self.model_digest(lm)}-{corpus.digest}"
@@ -316,18 +382,40 @@ class IndexCache:
     def model_digest(self, lm: LoadedModel) -> str:
         return self.digests.of(lm)
 
+    def pin(self, lm: LoadedModel, corpus: Corpus) -> None:
+        """Never evict `lm`'s index of `corpus` (the default corpus' of a served model)."""
+        self.cache.pin(self.folder / self.key(lm, corpus))
+
+    def stop_all(self) -> list[str]:
+        """Stop every build at its next batch (the server stops); what was under way, in words."""
+        self._stopping.set()
+        with self._lock:
+            return [f"a search index ({done:,} of {total:,} lines)" for done, total in self._progress.values()]
+
+    def progress(self, lm: LoadedModel, corpus: Corpus) -> tuple[int, int] | None:
+        """(lines done, lines) of the build of `lm`'s index of `corpus` under way, else None."""
+        with self._lock:
+            return self._progress.get(self.key(lm, corpus))
+
     def get(self, lm: LoadedModel, corpus: Corpus, layer: int, *, on_progress=None,
             should_stop=None) -> tuple[Index, bool]:
-        """(the index of `corpus` at `layer` for `lm`, whether this call built it)."""
+        """(the index of `corpus` at `layer` for `lm`, whether this call built it). While another
+        caller builds it, `on_progress` sees that build's progress."""
         key = self.key(lm, corpus)
         found = self._read(key, layer)
         if found is not None:
             return found, False
         with self._lock:
             lock = self._locks.setdefault(key, threading.Lock())
+        seen = None
         while not lock.acquire(timeout=0.2):  # one build per key; the others wait for it, then read its files
             if should_stop is not None and should_stop():
                 raise Stopped("Stopped while waiting for another visitor's build of the same index.")
+            with self._lock:
+                now = self._progress.get(key)
+            if on_progress is not None and now is not None and now != seen:
+                on_progress(*now)
+                seen = now
         try:
             found = self._read(key, layer)
             if found is not None:
@@ -337,44 +425,90 @@ class IndexCache:
             lock.release()
         return self._read(key, layer), True
 
-    def _build(self, lm, corpus, key, on_progress, should_stop) -> None:
+    def _build(self, lm, corpus, key, on_progress, asked_to_stop) -> None:
         started = time.perf_counter()
-        self.folder.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(dir=self.folder, prefix=f".{key}-"))
-        try:  # written whole, then renamed into place: a reader never sees half an index
-            shape = build_index(lm, corpus.lines, work, on_progress=on_progress, should_stop=should_stop)
-            (work / "index.json").write_text(json.dumps({
-                "model": lm.name, "corpus": corpus.name, "lines": len(corpus.lines), **shape, "dtype": "float32",
-                "format": FORMAT, "seconds": round(time.perf_counter() - started, 2)}))
-            target = self.folder / key
-            shutil.rmtree(target, ignore_errors=True)  # a damaged earlier copy
-            os.replace(work, target)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+        words = word_occurrences(lm, corpus.lines)
+
+        def should_stop() -> bool:
+            return self._stopping.is_set() or (asked_to_stop is not None and asked_to_stop())
+
+        def progress(done: int, total: int) -> None:
+            with self._lock:
+                self._progress[key] = (done, total)
+            if on_progress is not None:
+                on_progress(done, total)
+
+        with self._room(lm, key, len(words[1]), should_stop):
+            work = self.cache.temporary("search", key)
+            try:  # written whole, then renamed into place: a reader never sees half an index
+                shape = build_index(lm, corpus.lines, work, on_progress=progress, should_stop=should_stop,
+                                    words=words)
+                (work / "index.json").write_text(json.dumps({
+                    "model": lm.name, "corpus": corpus.name, "lines": len(corpus.lines), **shape,
+                    "dtype": "float32", "format": FORMAT, "seconds": round(time.perf_counter() - started, 2)}))
+                target = self.folder / key
+                shutil.rmtree(target, ignore_errors=True)  # a damaged earlier copy
+                os.replace(work, target)
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+                with self._lock:
+                    self._progress.pop(key, None)
         self.builds += 1
         log.info("search index for %s on the %s corpus (%d lines, %d occurrences, %d layers) built in %.1f s",
                  lm.name, corpus.name, len(corpus.lines), shape["occurrences"], shape["layers"],
                  time.perf_counter() - started)
 
+    @contextlib.contextmanager
+    def _room(self, lm: LoadedModel, key: str, occurrences: int, should_stop):
+        """The disk cache's room for the index (`disk.DiskCache.reserve`): waits for the builds
+        under way when it fits only after them; a pinned index is never refused."""
+        what = f"The index of this corpus ({occurrences:,} word occurrences at {layer_count(lm)} layers)"
+        with contextlib.ExitStack() as held:
+            try:
+                held.enter_context(self.cache.reserve(index_bytes(lm, occurrences), what, wait=WAIT_FOR_ROOM,
+                                                      must=self.cache.pinned(self.folder / key), should_stop=should_stop))
+            except disk.TooBig:
+                if should_stop is not None and should_stop():
+                    raise Stopped("The index build was stopped.") from None
+                raise
+            yield
+
     def _read(self, key: str, layer: int) -> Index | None:
+        folder = self.folder / key
         with self._lock:
             if (key, layer) in self._open:
                 self._open.move_to_end((key, layer))
-                return self._open[(key, layer)]
-        folder = self.folder / key
+                index = self._open[(key, layer)]
+            else:
+                index = None
+        if index is None:
+            index = self._load(folder, layer)
+            if index is None:
+                return None
+            with self._lock:
+                self._open[(key, layer)] = index
+                while len(self._open) > self.keep:
+                    self._open.popitem(last=False)
+        self.cache.touch(folder)
+        return index
+
+    @staticmethod
+    def _load(folder: Path, layer: int) -> Index | None:
         try:
             meta = json.loads((folder / "index.json").read_text())
             if meta.get("format") != FORMAT:
                 return None
-            index = Index(layer, np.load(folder / f"layer{layer:02d}.npy", mmap_mode="r"),
-                          np.load(folder / "spans.npy"), np.load(folder / "pieces.npy"))
+            return Index(layer, np.load(folder / f"layer{layer:02d}.npy", mmap_mode="r"),
+                         np.load(folder / "spans.npy"), np.load(folder / "pieces.npy"))
         except (OSError, ValueError):
             return None
+
+    def _forget_folder(self, folder: Path) -> None:
+        """The disk cache evicted `folder`: close its open layers (a search holding one finishes
+        on its memory map; the next search of that corpus builds it again)."""
         with self._lock:
-            self._open[(key, layer)] = index
-            while len(self._open) > self.keep:
-                self._open.popitem(last=False)
-        return index
+            for key_layer in [k for k in self._open if k[0] == folder.name]:
+                del self._open[key_layer]
 
     def forget(self) -> None:
         """Close every open index (the files stay)."""

@@ -70,17 +70,29 @@ def encode(lm: LoadedModel, texts: list[str], layer: int, *, max_tokens: int = M
         validate.tokens_at_most(length, lm.max_length, lm.name, f"sentence on line {number}", field="texts")
     validate.length_at_most(sum(lengths), max_tokens, "list of sentences", "tokens", "Use fewer or shorter "
                             "sentences.", field="texts")
-    states = []
-    for start in range(0, len(texts), BATCH):
-        rows = [{"input_ids": ids} for ids in enc["input_ids"][start:start + BATCH]]
-        batch = lm.tokenizer.pad(rows, return_tensors="pt").to(lm.device)
+    states: list = [None] * len(texts)
+    for group in anatomy.batches(lm.model, lengths, BATCH):  # padded, or one length per forward
+        batch = lm.tokenizer.pad([{"input_ids": enc["input_ids"][i]} for i in group], return_tensors="pt").to(lm.device)
         with hooks.switched_off(lm):  # a heads-off view (heads.heads_off) maps without its heads
             hidden = lm.model.base_model(**batch, output_hidden_states=True).hidden_states  # L+1 x (B, T, H)
+        _check_per_token(lm, hidden, layer, batch["input_ids"].shape[1])
         at_layer = hidden[layer].float().cpu().numpy()  # (B, T, H)
-        states += [at_layer[i, :lengths[start + i]] for i in range(len(rows))]
+        for row, i in enumerate(group):
+            states[i] = at_layer[row, :lengths[i]]
     return Encoded(texts, [lm.tokenizer.convert_ids_to_tokens(ids) for ids in enc["input_ids"]],
                    [[tuple(span) for span in spans] for spans in enc["offset_mapping"]],
                    [[bool(s) for s in mask] for mask in enc["special_tokens_mask"]], states)
+
+
+def _check_per_token(lm: LoadedModel, hidden: tuple, layer: int, length: int) -> None:
+    """InputError when `layer`'s states (of a forward of `length` tokens) are not one per token:
+    Funnel pools the sequence between its blocks."""
+    if hidden[layer].shape[1] == length:
+        return
+    per_token = [str(n) for n, h in enumerate(hidden[:layer_count(lm) + 1]) if h.shape[1] == length]
+    raise validate.InputError("layer", f"Layer {layer} of this model ({anatomy.of(lm.model).name}) holds a pooled "
+                                       f"sequence ({hidden[layer].shape[1]} positions for {length} tokens), not one "
+                                       f"state per token: choose layer {' or '.join(per_token)}.")
 
 
 def layer_count(lm: LoadedModel) -> int:
@@ -255,12 +267,23 @@ def pooled(lm: LoadedModel, texts: list[str], max_length: int = 128) -> np.ndarr
     """(N, L+1, H): each text's hidden states after the embeddings and every layer, averaged over
     its tokens (special tokens included, padding not); texts cut at `max_length` tokens, as the
     classifier cuts them."""
-    out = []
-    for start in range(0, len(texts), BATCH):
-        batch = lm.tokenizer(texts[start:start + BATCH], truncation=True, max_length=min(max_length, lm.max_length),
-                             padding=True, return_tensors="pt").to(lm.device)
+    ids = lm.tokenizer(texts, truncation=True, max_length=min(max_length, lm.max_length))["input_ids"]
+    out: list = [None] * len(texts)
+    for group in anatomy.batches(lm.model, [len(row) for row in ids], BATCH):  # padded, or one length per forward
+        batch = lm.tokenizer.pad([{"input_ids": ids[i]} for i in group], return_tensors="pt").to(lm.device)
         with hooks.switched_off(lm):
-            hidden = torch.stack(lm.model.base_model(**batch, output_hidden_states=True).hidden_states, 1)
-        mask = batch["attention_mask"][:, None, :, None].to(hidden.dtype)  # (B, 1, T, 1)
-        out.append(((hidden * mask).sum(2) / mask.sum(2)).float().cpu().numpy())  # (B, L+1, H)
-    return np.concatenate(out)
+            hidden = lm.model.base_model(**batch, output_hidden_states=True).hidden_states[:layer_count(lm) + 1]
+        means = torch.stack([_token_mean(h, batch["attention_mask"]) for h in hidden], 1)  # (B, L+1, H)
+        for row, i in enumerate(group):
+            out[i] = means[row].float().cpu().numpy()
+    return np.stack(out)
+
+
+def _token_mean(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(B, T_l, H) states, (B, T) attention mask -> (B, H): the mean over each text's tokens. A layer
+    whose sequence is pooled (Funnel's later blocks: T_l < T) comes from a forward without padding (a
+    padding-sensitive family shares one only between texts of one length): its mean is over all of it."""
+    if hidden.shape[1] != mask.shape[1]:
+        return hidden.mean(1)
+    weights = mask[:, :, None].to(hidden.dtype)  # (B, T, 1)
+    return (hidden * weights).sum(1) / weights.sum(1)

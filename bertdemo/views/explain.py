@@ -60,6 +60,7 @@ def layer_predictions(lm: LoadedModel, text: str, top_k: int = 5,
 def _layer_probs(lm: LoadedModel, enc: Encoded) -> torch.Tensor:
     """Probabilities (L+1, M, V) of the head on each hidden state at the M mask positions."""
     head = required_head(lm, "The logit lens")
+    anatomy.of(lm.model).require("stream", "The logit lens")  # Funnel: its blocks pool the sequence
     with hooks.switched_off(lm):
         out = lm.model.base_model(**enc.inputs, output_hidden_states=True)
     # a pre-LayerNorm model's final norm belongs before the head at every depth; the last state

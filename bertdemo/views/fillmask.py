@@ -107,11 +107,17 @@ def fill_encoded(lm: LoadedModel, encs: list[Encoded], top_ks: list[int]) -> lis
 
 
 def _mask_logits(lm: LoadedModel, encs: list[Encoded]) -> torch.Tensor:
-    """Logits (masks of all `encs`, V) from one padded forward; one forward per sentence for a
-    family whose answer depends on the padding after it (`anatomy`: FNet, ConvBERT), so every
-    answer equals the answer alone."""
-    if len(encs) > 1 and anatomy.of(lm.model).padding_sensitive:
-        return torch.cat([_mask_logits(lm, [enc]) for enc in encs])
+    """Logits (masks of all `encs`, V) from one padded forward; for a family whose answer depends
+    on the padding after a sentence (`anatomy.batches`: FNet, ConvBERT, Funnel, Nystromformer), one
+    forward per length, so every answer equals the answer alone."""
+    groups = anatomy.batches(lm.model, [enc.inputs["input_ids"].shape[1] for enc in encs])
+    if len(groups) > 1:
+        rows: list = [None] * len(encs)  # each sentence's (masks, V), back in the order of `encs`
+        for group in groups:
+            logits = _mask_logits(lm, [encs[i] for i in group])
+            for i, part in zip(group, logits.split([len(encs[i].mask_positions) for i in group])):
+                rows[i] = part
+        return torch.cat(rows)
     inputs = pad_inputs(lm, [e.inputs for e in encs])
     rows = torch.tensor([b for b, e in enumerate(encs) for _ in e.mask_positions], device=lm.device)
     cols = torch.tensor([p for e in encs for p in e.mask_positions], device=lm.device)
@@ -274,6 +280,23 @@ def score_candidates(lm: LoadedModel, text: str, candidates: list[str], mask_ind
                          f"{len(base.mask_positions)} mask(s), counted from 0.")
     plans = [_candidate_rows(lm, text, mask_index, w) for w in words]
     rows = [r for plan in plans for r in plan["rows"]]
+    picked = [0.0] * len(rows)
+    for group in anatomy.batches(lm.model, [len(r[0]) for r in rows]):  # one forward, or one per length
+        for i, lp in zip(group, _row_log_probs(lm, [rows[i] for i in group])):
+            picked[i] = lp
+    results, start = [], 0
+    for word, plan in zip(words, plans):
+        n = len(plan["pieces"])
+        piece_lps, first_lp = picked[start:start + n], picked[start + n]
+        start += n + 1
+        results.append({"word": word, "pieces": plan["pieces"], "piece_log_probs": piece_lps,
+                        "log_prob": sum(piece_lps), "mean_log_prob": sum(piece_lps) / n,
+                        "first_piece_prob": math.exp(first_lp)})
+    return sorted(results, key=lambda r: -r["log_prob"])
+
+
+def _row_log_probs(lm: LoadedModel, rows: list[tuple]) -> list[float]:
+    """log p(target) at each row's position, the rows (ids, position, target) in one padded forward."""
     length = max(len(r[0]) for r in rows)
     ids = torch.full((len(rows), length), lm.tokenizer.pad_token_id or 0, dtype=torch.long)
     attention = torch.zeros_like(ids)
@@ -285,16 +308,7 @@ def score_candidates(lm: LoadedModel, text: str, candidates: list[str], mask_ind
     log_probs = logits_at(lm, inputs, torch.arange(len(rows), device=lm.device),
                           cols.to(lm.device)).log_softmax(-1)
     targets = torch.tensor([r[2] for r in rows], device=lm.device)
-    picked = log_probs.gather(1, targets[:, None])[:, 0].tolist()
-    results, start = [], 0
-    for word, plan in zip(words, plans):
-        n = len(plan["pieces"])
-        piece_lps, first_lp = picked[start:start + n], picked[start + n]
-        start += n + 1
-        results.append({"word": word, "pieces": plan["pieces"], "piece_log_probs": piece_lps,
-                        "log_prob": sum(piece_lps), "mean_log_prob": sum(piece_lps) / n,
-                        "first_piece_prob": math.exp(first_lp)})
-    return sorted(results, key=lambda r: -r["log_prob"])
+    return log_probs.gather(1, targets[:, None])[:, 0].tolist()
 
 
 def _check_candidates(candidates, max_candidates: int) -> list[str]:
