@@ -33,7 +33,7 @@ memory.cap_arenas()
 import torch  # noqa: E402
 
 import bertdemo  # noqa: E402
-from bertdemo.disk import MB, DiskCache  # noqa: E402
+from bertdemo.disk import MB, DiskCache, size_of  # noqa: E402
 from bertdemo.views import corpus_search  # noqa: E402
 from common import machine  # noqa: E402
 
@@ -43,14 +43,13 @@ QUERY = ("I sat on the river bank and watched the water.", "bank")
 
 
 def visitor_corpus(seed: int, chars: int) -> str:
-    """Lines of the default corpus, shuffled and joined two by two, up to `chars` characters
-    (the server's limit is 100,000 characters and 2,000 lines)."""
-    lines = list(corpus_search.read_corpus(None).lines)
-    random.Random(seed).shuffle(lines)
+    """Lines of the default corpus drawn at random and joined two or three at a time, up to
+    `chars` characters and 2,000 lines (the server's limits: 100,000 characters, 2,000 lines)."""
+    lines, pick = list(corpus_search.read_corpus(None).lines), random.Random(seed)
     out, size = [], 0
-    for a, b in zip(lines[::2], lines[1::2]):
-        line = f"{a} {b}"
-        if size + len(line) + 1 > chars or len(out) == corpus_search.MAX_LINES:
+    while len(out) < corpus_search.MAX_LINES:
+        line = " ".join(pick.sample(lines, pick.choice((2, 3))))
+        if size + len(line) + 1 > chars:
             break
         out.append(line)
         size += len(line) + 1
@@ -65,7 +64,7 @@ def rss_mb() -> float:
 
 
 def folder_mb(folder: Path) -> float:
-    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / MB
+    return size_of(folder) / MB  # what an eviction removes meanwhile counts 0
 
 
 def main() -> None:

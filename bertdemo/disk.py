@@ -72,12 +72,18 @@ def folder_of(kind: str, environ=None) -> Path:
 
 
 def size_of(path: Path) -> int:
-    """Bytes of a file, or of every file under a folder (0 for what vanished meanwhile)."""
-    with contextlib.suppress(OSError):
-        if path.is_file():
+    """Bytes of a file, or of every file under a folder; what vanishes meanwhile (an eviction, a
+    rename) counts 0, the rest still counts."""
+    if not path.is_dir():
+        with contextlib.suppress(OSError):
             return path.stat().st_size
-        return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-    return 0
+        return 0
+    total = 0
+    for folder, _, names in os.walk(path):  # os.walk skips a folder that vanished
+        for name in names:
+            with contextlib.suppress(OSError):
+                total += os.stat(os.path.join(folder, name), follow_symlinks=False).st_size
+    return total
 
 
 def _remove(path: Path) -> None:
@@ -219,7 +225,8 @@ class DiskCache:
 
     def _make_room(self, need: int, what: str, keep: tuple[Path, ...], refuse: bool = True) -> None:
         entries = self.entries()
-        used, reserved = self.used_bytes(), sum(self._reserved.values())
+        # this process's writes under way count by their reservations, not by what they wrote so far
+        used, reserved = self.used_bytes() - self._own_temporaries_bytes(), sum(self._reserved.values())
         stays = [e for e in entries if e.path in self._pinned or e.path in keep]
         fixed = used - sum(e.size for e in entries) + sum(e.size for e in stays)  # what eviction cannot free
         if refuse and fixed + reserved + need > self.budget_bytes:
@@ -234,6 +241,10 @@ class DiskCache:
                 continue
             self._evict(entry)
             used -= entry.size
+
+    def _own_temporaries_bytes(self) -> int:
+        return sum(size_of(p) for folder in set(self.folders.values()) if folder.is_dir()
+                   for p in folder.rglob(f"{temporary_prefix()}*"))
 
     def _evict(self, entry: Entry) -> None:
         _remove(entry.path)
