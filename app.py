@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("DISABLE_SAFETENSORS_CONVERSION", "1")
     signals = Signals()  # before the model loads: a SIGTERM then still exits cleanly
     engine = make_engine(settings)
-    signals.disk = engine.disk
+    signals.engine = engine
     store = load_store(settings, engine)
     if store.base is not None and settings.index_at_start:
         engine.build_default_index(store.base)  # in the background: the first search answers at once
@@ -183,7 +183,7 @@ class Signals:
     def __init__(self):
         self.stopping = threading.Event()
         self.serving = False
-        self.disk: DiskCache | None = None  # whose temporary entries a stop while starting removes
+        self.engine: Engine | None = None  # whose background work and temporary entries a stop while starting ends
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self.on_signal)
 
@@ -193,8 +193,10 @@ class Signals:
         log.info("%s: shutting down", signal.Signals(signum).name)
         self.stopping.set()
         if not self.serving:  # the main thread was loading or building: nothing to hand over
-            freed = disk.remove_own(self.disk)
-            log.info("stopped while starting; temporary files removed (%.1f MB)", freed / disk.MB)
+            background = self.engine.stop_background() if self.engine is not None else []
+            freed = disk.remove_own(self.engine.disk if self.engine is not None else None)
+            log.info("stopped while starting%s; temporary files removed (%.1f MB)",
+                     f", mid-way: {', '.join(background)}" if background else "", freed / disk.MB)
             _exit_clean()
 
 

@@ -195,8 +195,9 @@ class Engine:
         """The server stops: the index builds end at their next batch; what was under way, in words
         (an ONNX export still running is left to the process's exit: its temporary files go with
         `disk.remove_own`)."""
-        with self._lock:
-            exports = [thread.name.removeprefix("onnx-export-") for thread in self._builds.values() if thread.is_alive()]
+        # no lock: a signal handler calls this on the main thread, which may hold it (loading a model)
+        exports = [thread.name.removeprefix("onnx-export-") for thread in list(self._builds.values())
+                   if thread.is_alive()]
         return [*(f"the ONNX export of {name}" for name in exports), *self.search.stop_all()]
 
     def torch_forward(self, model):

@@ -388,9 +388,8 @@ class IndexCache:
 
     def stop_all(self) -> list[str]:
         """Stop every build at its next batch (the server stops); what was under way, in words."""
-        self._stopping.set()
-        with self._lock:
-            return [f"a search index ({done:,} of {total:,} lines)" for done, total in self._progress.values()]
+        self._stopping.set()  # no lock: a signal handler may call this on a thread that holds it
+        return [f"a search index ({done:,} of {total:,} lines)" for done, total in list(self._progress.values())]
 
     def progress(self, lm: LoadedModel, corpus: Corpus) -> tuple[int, int] | None:
         """(lines done, lines) of the build of `lm`'s index of `corpus` under way, else None."""
