@@ -136,6 +136,12 @@ class DiskCache:
         self._evicted: list[Callable[[Path], None]] = []
         self._lock = threading.RLock()
 
+    @classmethod
+    def of_kind(cls, kind: str, folder: Path | str | None = None, budget: float | None = None) -> "DiskCache":
+        """Where a store made in code, without an engine, keeps its entries: `kind` alone in
+        `folder`, or with no folder the whole disk cache (its budget shared with every kind)."""
+        return cls(budget=budget) if folder is None else cls(budget=budget, folders={kind: Path(folder)})
+
     def folder(self, kind: str) -> Path:
         return self.folders[kind]
 
@@ -155,12 +161,9 @@ class DiskCache:
         """Bytes on disk under every cache folder, temporary entries included."""
         return sum(size_of(folder) for folder in set(self.folders.values()) if folder.is_dir())
 
-    def summary(self) -> dict:
-        """{"used_mb", "budget_mb", "folder", "kinds": {kind: MB}} for the health line and About."""
-        kinds = {kind: round(size_of(folder) / MB, 1) if folder.is_dir() else 0.0
-                 for kind, folder in self.folders.items()}
-        return {"used_mb": round(self.used_bytes() / MB, 1), "budget_mb": round(self.budget_bytes / MB, 1),
-                "folder": str(self.root), "kinds": kinds}
+    def kinds_mb(self) -> dict[str, float]:
+        """{kind: MB on disk} (the About tab's detail)."""
+        return {kind: size_of(folder) / MB for kind, folder in self.folders.items()}
 
     def line(self) -> str:
         """"cache 312.4 of 2,000 MB used" (the health endpoint's and the About tab's words)."""

@@ -58,8 +58,7 @@ class FeatureStore:
         """`cache`: the server's disk cache (an engine's); else one of its own in `folder` (default
         the disk cache's features folder) with `budget_mb` (default the disk cache's budget)."""
         if cache is None:
-            cache = (disk.DiskCache(budget=budget_mb, folders={"features": Path(folder)}) if folder is not None
-                     else disk.DiskCache(budget=budget_mb))
+            cache = disk.DiskCache.of_kind("features", folder, budget_mb)
             cache.remove_leftovers()
         self.cache = cache
         self.folder = cache.folder("features")

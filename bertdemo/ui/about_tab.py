@@ -74,9 +74,9 @@ def render(ctx: AppContext) -> None:
 
 def on_disk(visitor: Visitor) -> str:
     """The server's disk caches: used against the budget, per kind."""
-    summary = visitor.engine.disk.summary()
-    kinds = ", ".join(f"{kind} {mb:,.1f} MB" for kind, mb in summary["kinds"].items())
-    return (f"**{visitor.engine.disk.line()}** ({kinds}). The operator sets the budget with `--cache-mb` "
+    cache = visitor.engine.disk
+    kinds = ", ".join(f"{kind} {mb:,.1f} MB" for kind, mb in cache.kinds_mb().items())
+    return (f"**{cache.line()}** ({kinds}). The operator sets the budget with `--cache-mb` "
             "(`BERTDEMO_CACHE_MB`); the least recently used entries are deleted first, never the default "
             "corpus' index or the served model's export.")
 

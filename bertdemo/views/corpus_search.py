@@ -362,8 +362,7 @@ class IndexCache:
         """`cache`: the server's disk cache; else one of its own in `folder` (default the disk
         cache's search folder) with `budget_mb` (default the disk cache's budget)."""
         if cache is None:
-            cache = (disk.DiskCache(budget=budget_mb, folders={"search": Path(folder)}) if folder is not None
-                     else disk.DiskCache(budget=budget_mb))
+            cache = disk.DiskCache.of_kind("search", folder, budget_mb)
         self.cache = cache
         self.folder = cache.folder("search")
         self.keep = keep
