@@ -188,6 +188,26 @@ def test_an_evicted_index_answers_while_read_then_again_with_the_same_hits(tiny_
     assert again["built"] and again["hits"] == first["hits"]
 
 
+def test_an_index_evicted_the_moment_it_is_built_still_answers_its_builder(tiny_bert, tmp_path, monkeypatch):
+    """Another visitor's build may evict a fresh index at once (the only entry, so the least
+    recently used): the search that built it answers all the same, with the hits of a quiet build."""
+    corpus = visitor_corpus(5, 200)
+    quiet = bertdemo.search_corpus(tiny_bert, "the big dog ran", word="dog", layer=2, corpus=corpus,
+                                   cache=IndexCache(tmp_path / "quiet"))
+    search = IndexCache(tmp_path / "crowded")
+    rename = corpus_search.os.replace
+
+    def renamed_then_evicted(source, target):
+        rename(source, target)
+        search.cache._evict(next(e for e in search.cache.entries() if e.path == Path(target)))
+
+    monkeypatch.setattr(corpus_search.os, "replace", renamed_then_evicted)
+    crowded = bertdemo.search_corpus(tiny_bert, "the big dog ran", word="dog", layer=2, corpus=corpus,
+                                     cache=search)
+    assert crowded["built"] and crowded["hits"] == quiet["hits"]
+    assert not (search.folder / search.key(tiny_bert, corpus_search.read_corpus(corpus))).exists()
+
+
 def test_eight_visitors_four_at_once_stay_within_the_budget(tiny_bert, tmp_path):
     """The issue's crowd, scaled to the tiny model: eight corpora, each about a third of the budget,
     four built at once; every search answers or refuses in words, the folder stays within the

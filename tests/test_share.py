@@ -1,5 +1,6 @@
 """Sharing the demo: share link, login, hosting conventions, offline start, model download,
 and the Docker/Space files staying consistent with requirements.txt."""
+import contextlib
 import os
 import queue
 import re
@@ -315,8 +316,14 @@ def _free_port() -> int:
 def _lines_until(proc: subprocess.Popen, marker: str, timeout: float) -> list[str]:
     """The process's output lines up to and including the first containing `marker`."""
     lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout] + [lines.put(None)],
-                     daemon=True).start()
+
+    def read() -> None:
+        with contextlib.suppress(ValueError):  # the test closed the pipe when it was done with it
+            for line in proc.stdout:
+                lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
     seen = []
     while True:
         try:

@@ -418,12 +418,16 @@ class IndexCache:
             found = self._read(key, layer)
             if found is not None:
                 return found, False
-            self._build(lm, corpus, key, on_progress, should_stop)
+            index = self._build(lm, corpus, key, layer, on_progress, should_stop)
         finally:
             lock.release()
-        return self._read(key, layer), True
+        return index, True
 
-    def _build(self, lm, corpus, key, on_progress, asked_to_stop) -> None:
+    def _build(self, lm, corpus, key, layer, on_progress, asked_to_stop) -> Index:
+        """Build the index of `corpus` into the cache; its `layer`, opened before the folder is
+        renamed into place: another build's reservation may evict it at once (it is the least
+        recently used entry when it is the only one), and this caller's search still answers on
+        its memory map."""
         started = time.perf_counter()
         words = word_occurrences(lm, corpus.lines)
 
@@ -444,6 +448,7 @@ class IndexCache:
                 (work / "index.json").write_text(json.dumps({
                     "model": lm.name, "corpus": corpus.name, "lines": len(corpus.lines), **shape,
                     "dtype": "float32", "format": FORMAT, "seconds": round(time.perf_counter() - started, 2)}))
+                index = self._load(work, layer)
                 target = self.folder / key
                 shutil.rmtree(target, ignore_errors=True)  # a damaged earlier copy
                 os.replace(work, target)
@@ -455,6 +460,7 @@ class IndexCache:
         log.info("search index for %s on the %s corpus (%d lines, %d occurrences, %d layers) built in %.1f s",
                  lm.name, corpus.name, len(corpus.lines), shape["occurrences"], shape["layers"],
                  time.perf_counter() - started)
+        return index
 
     @contextlib.contextmanager
     def _room(self, lm: LoadedModel, key: str, occurrences: int, should_stop):
