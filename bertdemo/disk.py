@@ -24,6 +24,7 @@ writer's folders, and none evicts across several folders under one budget.
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import itertools
 import logging
 import os
@@ -84,6 +85,28 @@ def size_of(path: Path) -> int:
             with contextlib.suppress(OSError):
                 total += os.stat(os.path.join(folder, name), follow_symlinks=False).st_size
     return total
+
+
+def named(folder: Path, prefix: str) -> list[Path]:
+    """Files and folders under `folder`, at any depth, whose name starts with `prefix` (not
+    looking inside those found). Other writers rename and evict under the same folder while it
+    is walked: a folder that vanishes is skipped (`Path.rglob` raises FileNotFoundError then)."""
+    found = []
+    for parent, folders, files in os.walk(folder):  # os.walk skips a folder that vanished
+        found += [Path(parent, name) for name in (*folders, *files) if name.startswith(prefix)]
+        folders[:] = [name for name in folders if not name.startswith(prefix)]
+    return found
+
+
+def matching(folder: Path, pattern: str) -> list[Path]:
+    """`folder.glob(pattern)` for a pattern of one or two levels ("*", "*.onnx", "*/layer_*"),
+    skipping a folder that vanishes while it is read (`Path.glob` raises FileNotFoundError then)."""
+    first, _, rest = pattern.partition("/")
+    try:
+        here = [folder / name for name in os.listdir(folder) if fnmatch.fnmatchcase(name, first)]
+    except OSError:
+        return []
+    return here if not rest else [p for sub in here if sub.is_dir() for p in matching(sub, rest)]
 
 
 def _remove(path: Path) -> None:
@@ -151,7 +174,7 @@ class DiskCache:
         """Every whole entry, least recently used first."""
         found = []
         for kind, folder in self.folders.items():
-            for path in folder.glob(KINDS[kind][1]) if folder.is_dir() else ():
+            for path in matching(folder, KINDS[kind][1]):
                 if PART not in str(path.relative_to(folder)):
                     with contextlib.suppress(OSError):
                         found.append(Entry(kind, path, size_of(path), path.stat().st_mtime))
@@ -246,8 +269,7 @@ class DiskCache:
             used -= entry.size
 
     def _own_temporaries_bytes(self) -> int:
-        return sum(size_of(p) for folder in set(self.folders.values()) if folder.is_dir()
-                   for p in folder.rglob(f"{temporary_prefix()}*"))
+        return sum(size_of(p) for folder in set(self.folders.values()) for p in named(folder, temporary_prefix()))
 
     def _evict(self, entry: Entry) -> None:
         _remove(entry.path)
@@ -278,8 +300,8 @@ class DiskCache:
         and the `process_temp` folders of this host's processes that no longer run; log one line
         with the MB freed. Returns the bytes freed."""
         freed, count = 0, 0
-        leftovers = [path for folder in set(self.folders.values()) if folder.is_dir()
-                     for path in folder.rglob(f"{PART}*") if not writer_alive(path)]
+        leftovers = [path for folder in set(self.folders.values()) for path in named(folder, PART)
+                     if not writer_alive(path)]
         for path in [*leftovers, *dead_process_temps()]:
             if path.exists():
                 freed += size_of(path)
@@ -345,7 +367,7 @@ def remove_own(cache: "DiskCache | None" = None) -> int:
     """At a clean stop: remove this process's temporary entries (writes cut short: an export, an
     index) in `cache`'s folders and its `process_temp` folders. Returns the bytes freed."""
     folders = set(cache.folders.values()) if cache is not None else set()
-    found = [p for folder in folders if folder.is_dir() for p in folder.rglob(f"{temporary_prefix()}*")]
+    found = [p for folder in folders for p in named(folder, temporary_prefix())]
     freed = 0
     for path in [*found, *_process_temps]:
         freed += size_of(path)

@@ -4,6 +4,7 @@ next start, and the corpus search's indexes within the budget whatever visitors 
 import logging
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -320,3 +321,22 @@ def test_the_health_endpoint_and_the_about_tab_say_used_and_budget(tiny_bert, tm
     engine = bertdemo.Engine(disk=cache)
     said = about_tab.on_disk(Visitor(SessionStore(tiny_bert), Settings(), "someone", engine))
     assert "cache 12.5 of 400 MB used" in said and "search 12.5 MB" in said
+
+
+def test_walking_the_cache_skips_what_vanishes_while_it_is_walked(tmp_path, monkeypatch):
+    """Other writers rename and evict under the folder being walked: what vanishes is skipped,
+    what stays is found (`Path.glob`/`rglob` raise FileNotFoundError there)."""
+    for name in ("a/layer_1", "a/layer_2", "b/layer_1", "b/.part-9@h~x/inner", "c/.part-9@h~y"):
+        (tmp_path / name).mkdir(parents=True)
+    listdir = os.listdir
+
+    def b_evicted_while_read(path):
+        names = listdir(path)
+        if Path(path) == tmp_path:
+            shutil.rmtree(tmp_path / "b")
+        return names
+
+    monkeypatch.setattr(disk.os, "listdir", b_evicted_while_read)
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in disk.matching(tmp_path, "*/layer_*")) \
+        == ["a/layer_1", "a/layer_2"]
+    assert [p.relative_to(tmp_path).as_posix() for p in disk.named(tmp_path, ".part-9@h~")] == ["c/.part-9@h~y"]

@@ -109,8 +109,8 @@ class FeatureStore:
     def layers(self, lm: LoadedModel) -> list[int]:
         """The layers `lm` has a dictionary of."""
         folders = [p for p in (self.shipped_for(lm), self.folder / weights_digest(lm.model)) if p is not None]
-        return sorted({int(p.name.split("_")[1]) for folder in folders if folder.is_dir()
-                       for p in folder.glob("layer_*") if (p / "cfg.json").is_file()})
+        return sorted({int(p.name.split("_")[1]) for folder in folders  # one may be evicted meanwhile
+                       for p in disk.matching(folder, "layer_*") if (p / "cfg.json").is_file()})
 
     def put(self, lm: LoadedModel, dictionary: Dictionary) -> Dictionary:
         """Save `dictionary` as `lm`'s of its layer (replacing one trained here before), then keep
