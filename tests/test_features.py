@@ -480,6 +480,23 @@ def test_training_learns_and_a_restart_finds_it_for_those_weights_only(tiny, tmp
 
 
 @pytest.mark.slow
+def test_a_dictionary_evicted_while_it_is_read_is_as_if_never_trained(tiny, tmp_path, monkeypatch):
+    """The disk budget may evict a layer's dictionary the moment a visitor's request reads it: the
+    request is answered as for a layer with none (the page offers to train it), not a crash."""
+    _, lm = tiny("bert")
+    making.train_features(lm, 2, tiny_corpus(400), SMALL, store=store.FeatureStore(tmp_path, shipped=None))
+    load = store.files.load
+
+    def evicted_first(folder):
+        shutil.rmtree(folder)
+        return load(folder)
+
+    monkeypatch.setattr(store.files, "load", evicted_first)
+    fresh = store.FeatureStore(tmp_path, shipped=None)
+    assert fresh.get(lm, 2) is None and fresh.layers(lm) == []
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["bert", "modernbert"])
 def test_a_stopped_run_keeps_what_it_learnt_and_resumes_from_it(tiny, tmp_path, family):
     _, lm = tiny(family)

@@ -94,7 +94,10 @@ class FeatureStore:
             folder = self.folder_for(lm, layer)
             if not (folder / "cfg.json").is_file():
                 return None
-            found = files.load(folder)
+            try:
+                found = files.load(folder)
+            except FileNotFoundError:  # evicted while read: as if it had never been trained
+                return None
             with self._lock:
                 self._loaded[key] = found
         self._used(found.folder)
