@@ -179,6 +179,36 @@ def _deberta_terms(attention, kwargs, q, k):
 # ---------------------------------------------------------------- one declaration per family
 
 @dataclass(frozen=True)
+class Wiring:
+    """How a layer's blocks are wired, for a view that rebuilds the forward from its parts (the
+    circuits' frozen replacement) or reads and edits the feed-forward block (its transcoders).
+    Paths are within one layer, except `embedding_norm`/`embedding_project` (from the base model)
+    and `head` (from the *ForMaskedLM).
+
+    Post-LayerNorm (BERT): h = norm_a(h + attention(h)); h = norm_m(h + mlp(h)).
+    Pre-LayerNorm (ModernBERT): h = h + attention(norm_a(h)); h = h + mlp(norm_m(h)); the family's
+    `final_norm` after the last layer."""
+
+    norm_first: bool
+    attention_norm: str  # the norm after (post-LN) or before (pre-LN) attention; may be an Identity
+    mlp_norm: str
+    value: str  # the value projection (H -> heads * d); with `fused_qkv` the one projection of q, k, v
+    mlp: tuple[str, ...]  # the feed-forward block as modules called in turn: its input is the first's
+    embedding_norm: str  # the norm the embeddings' sum goes through (its input: the token nodes)
+    head: tuple[str, str | None, str, str]  # dense, activation (None: exact GELU), norm, decoder
+    fused_qkv: bool = False  # (B, T, 3 * H) laid out as (3, heads, d): the values are the last third
+    embedding_project: str | None = None  # a Linear from the embedding width to the hidden size
+
+
+_BERT_WIRING = dict(norm_first=False, attention_norm="attention.output.LayerNorm", mlp_norm="output.LayerNorm",
+                    value="attention.self.value", mlp=("intermediate", "output.dense"),
+                    embedding_norm="embeddings.LayerNorm")
+_BERT_HEAD = ("cls.predictions.transform.dense", "cls.predictions.transform.transform_act_fn",
+              "cls.predictions.transform.LayerNorm", "cls.predictions.decoder")
+_ROBERTA_WIRING = Wiring(**_BERT_WIRING, head=("lm_head.dense", None, "lm_head.layer_norm", "lm_head.decoder"))
+
+
+@dataclass(frozen=True)
 class Family:
     """Where one architecture keeps its parts. Paths are attribute paths: `layers` and
     `final_norm` from the base model (`model.base_model`), `attention`, `output` and the
@@ -199,6 +229,7 @@ class Family:
     head_views: bool = True  # False: its heads are not what the head views can switch or score
     attention_weights: bool = True  # False: it has no attention maps to show (see `notes`)
     residual_stream: bool = True  # False: its layers do not pass one (B, T, H) state on (see `notes`)
+    wiring: Wiring | None = None  # None: no view rebuilds its layers from their parts (circuits)
     notes: str = ""
 
 
@@ -251,16 +282,20 @@ def _albert_calls(model) -> list:
 
 _BERT = dict(layers="encoder.layer", attention="attention.self", output="attention.output.dense")
 FAMILIES: dict[str, Family] = {
-    "bert": Family("BERT", head=bert_head("cls.predictions"), lean=True, **_BERT),
-    "roberta": Family("RoBERTa", head=_ROBERTA_HEAD, lean=True, **_BERT),
-    "xlm-roberta": Family("XLM-R", head=_ROBERTA_HEAD, lean=True, **_BERT),
-    "camembert": Family("CamemBERT", head=_ROBERTA_HEAD, lean=True, **_BERT),
-    "data2vec-text": Family("Data2Vec-text", head=_ROBERTA_HEAD, **_BERT),
-    "ernie": Family("ERNIE", head=bert_head("cls.predictions"), **_BERT),
+    "bert": Family("BERT", head=bert_head("cls.predictions"), lean=True, wiring=Wiring(**_BERT_WIRING, head=_BERT_HEAD),
+                   **_BERT),
+    "roberta": Family("RoBERTa", head=_ROBERTA_HEAD, lean=True, wiring=_ROBERTA_WIRING, **_BERT),
+    "xlm-roberta": Family("XLM-R", head=_ROBERTA_HEAD, lean=True, wiring=_ROBERTA_WIRING, **_BERT),
+    "camembert": Family("CamemBERT", head=_ROBERTA_HEAD, lean=True, wiring=_ROBERTA_WIRING, **_BERT),
+    "data2vec-text": Family("Data2Vec-text", head=_ROBERTA_HEAD, wiring=_ROBERTA_WIRING, **_BERT),
+    "ernie": Family("ERNIE", head=bert_head("cls.predictions"), wiring=Wiring(**_BERT_WIRING, head=_BERT_HEAD), **_BERT),
     "electra": Family("ELECTRA", head=dense_act_norm_head("", "generator_predictions.dense",
                                                           "generator_predictions.activation",
                                                           "generator_predictions.LayerNorm",
-                                                          "generator_lm_head"), **_BERT),
+                                                          "generator_lm_head"),
+                        wiring=Wiring(**_BERT_WIRING, embedding_project="embeddings_project",
+                                      head=("generator_predictions.dense", "generator_predictions.activation",
+                                            "generator_predictions.LayerNorm", "generator_lm_head")), **_BERT),
     "mobilebert": Family("MobileBERT", head=mobilebert_head, **_BERT),
     "roberta-prelayernorm": Family("RoBERTa-PreLayerNorm", head=_ROBERTA_HEAD, final_norm="LayerNorm", **_BERT),
     "xlm-roberta-xl": Family("XLM-R XL", head=_ROBERTA_HEAD, final_norm="encoder.LayerNorm", **_BERT),
@@ -286,7 +321,11 @@ FAMILIES: dict[str, Family] = {
                      head=dense_act_norm_head("predictions", "dense", "activation", "LayerNorm", "decoder")),
     "modernbert": Family("ModernBERT", layers="layers", attention="attn", output="attn.Wo",
                          final_norm="final_norm",
-                         head=dense_act_norm_head("", "head.dense", "head.act", "head.norm", "decoder")),
+                         head=dense_act_norm_head("", "head.dense", "head.act", "head.norm", "decoder"),
+                         wiring=Wiring(norm_first=True, attention_norm="attn_norm", mlp_norm="mlp_norm",
+                                       value="attn.Wqkv", fused_qkv=True, mlp=("mlp",),
+                                       embedding_norm="embeddings.norm",
+                                       head=("head.dense", "head.act", "head.norm", "decoder"))),
     "eurobert": Family("EuroBERT", layers="layers", attention="self_attn", output="self_attn.o_proj",
                        final_norm="norm", head=plain_head("lm_head")),
     "fnet": Family("FNet", layers="encoder.layer", attention="fourier", output="fourier.output.dense",
@@ -346,6 +385,22 @@ class Anatomy:
     @property
     def padding_sensitive(self) -> bool:
         return bool(self.family and self.family.padding_sensitive)
+
+    @property
+    def wiring(self) -> Wiring:
+        """How its layers are wired (`Wiring`); ValueError naming the family where it is not declared."""
+        if self.family is None or self.family.wiring is None or not self.layers:
+            raise ValueError(f"Circuits are not available for this model ({self.name}): its layers' attention, "
+                             "norms and feed-forward block are not declared part by part, so they cannot be frozen")
+        return self.family.wiring
+
+    def part(self, layer: int, path: str) -> torch.nn.Module:
+        """The module at `path` within layer `layer` (a `Wiring` path)."""
+        return _get(self.layers[layer], path)
+
+    def model_part(self, model, path: str | None, base: bool = True):
+        """The module at `path` from the base model (`base`) or the *ForMaskedLM, None if absent."""
+        return _get(model.base_model if base else model, path)
 
     @property
     def scores(self) -> ScoreCapture | None:

@@ -1,0 +1,1 @@
+"""Circuits: how an encoder reaches a [MASK] prediction, as an attribution graph of transcoder features (transcoders, the frozen replacement, attribution, pruning and scores, the viewer's file, interventions); imports features/, training/, views/, model/, forward/ and the ground floor."""

@@ -1,0 +1,282 @@
+"""The local replacement model of one sentence: the model made linear in its nodes.
+
+The clean forward is run once and every nonlinearity outside the transcoders is frozen at its
+clean value as a multiplier: each head's attention weights, each norm's 1/sigma (a LayerNorm's
+mean subtraction is linear and stays), the MLM head's activation (GELU(x) as x times its clean
+GELU(x)/x) and the head's norm. Each layer's feed-forward output becomes its transcoder's features
+(activation x decoder row, plus the transcoder's bias and skip path) plus an error node, the true
+output minus the transcoder's, per (layer, position). Then every value downstream is affine in the
+leaves:
+
+    token nodes   (T, E)   what the embeddings' norm reads: word + position + type embeddings
+    features      (T, k)   per layer, the active transcoder features' activations
+    errors        (T, H)   per layer
+    (constants)             every bias: the bias node
+
+With the leaves at their clean values the forward reproduces the clean logits (`check_parity`);
+with all leaves at zero it gives each value's bias. Positions the transcoders were not trained on
+([CLS], [SEP]) keep their true feed-forward output, all of it an error node.
+
+Written by hand, not hooked into transformers' modules, because edges are read from batched
+backward passes through this small linear function (`attribution`): a few batched matrix products
+per layer, where the model's own modules would run its feed-forward blocks and attention scores
+again for every target. The parts come from the model anatomy (`Anatomy.wiring`); the attention
+weights from the attention views' twin, as the model computed them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from ..forward import anatomy
+from ..model.loading import LoadedModel
+
+RMS_NAMES = ("RMSNorm",)
+
+
+@dataclass
+class Leaves:
+    """The replacement's inputs: token nodes (T, E), and per layer 1..L feature activations (T, k)
+    and error nodes (T, H). Any may be replaced (zeros: the bias; one source alone: its effect)."""
+
+    tokens: torch.Tensor
+    features: dict[int, torch.Tensor]
+    errors: dict[int, torch.Tensor]
+
+    def zeros(self) -> "Leaves":
+        return Leaves(torch.zeros_like(self.tokens), {l: torch.zeros_like(a) for l, a in self.features.items()},
+                      {l: torch.zeros_like(e) for l, e in self.errors.items()})
+
+    def requiring_grad(self) -> "Leaves":
+        fresh = lambda t: t.detach().clone().requires_grad_(True)  # noqa: E731
+        return Leaves(fresh(self.tokens), {l: fresh(a) for l, a in self.features.items()},
+                      {l: fresh(e) for l, e in self.errors.items()})
+
+    def flat(self) -> list[torch.Tensor]:
+        return [self.tokens, *self.features.values(), *self.errors.values()]
+
+
+@dataclass
+class Frozen:
+    """What the clean forward fixed: per norm call its 1/sigma (T, 1) (key: "embed", "a3", "m3",
+    "final", "head"), per layer its attention weights (heads, T, T), the head's activation ratio
+    (D,) at the mask, and the transcoders' decoder rows at each position's active features."""
+
+    scales: dict[str, torch.Tensor] = field(default_factory=dict)
+    attention: dict[int, torch.Tensor] = field(default_factory=dict)
+    head_ratio: torch.Tensor | None = None
+
+
+@dataclass
+class Sentence:
+    """One sentence through the replacement: its tokens, the mask position, the frozen multipliers,
+    the clean leaves, each layer's transcoder codes and the clean values the tests compare with."""
+
+    ids: torch.Tensor  # (T,)
+    tokens: list[str]
+    mask: int  # the [MASK]'s position
+    coded: torch.Tensor  # (T,) bool: positions the transcoders read ([CLS], [SEP] not)
+    frozen: Frozen
+    leaves: Leaves
+    indices: dict[int, torch.Tensor]  # layer -> (T, k) active feature indices
+    mlp_in: dict[int, torch.Tensor]  # layer -> (T, H) the block's clean input
+    mlp_out: dict[int, torch.Tensor]  # layer -> (T, H) its clean output
+    logits: torch.Tensor  # (V,) the model's own logits at the mask
+
+
+class Replacement:
+    """The linear replacement of `lm` for one sentence, given a transcoder per layer
+    (`transcoders[l]`: a features `Dictionary` whose coder was trained with transcode=True)."""
+
+    def __init__(self, lm: LoadedModel, transcoders: dict, dtype: torch.dtype = torch.float32):
+        self.lm, self.model = lm, lm.model
+        self.anatomy = anatomy.of(lm.model)
+        self.wiring = self.anatomy.wiring
+        self.layers = len(self.anatomy.layers)
+        missing = [l for l in range(1, self.layers + 1) if l not in transcoders]
+        if missing:
+            raise ValueError(f"{lm.name} has no transcoders for layer(s) {', '.join(map(str, missing))}: train "
+                             "them first (the Circuits tab's Train, or bertdemo.train_transcoders)")
+        self.transcoders = transcoders
+        self.dtype = dtype
+        self._check_parts()
+
+    # ------------------------------------------------------------ the parts, through the anatomy
+
+    def _check_parts(self) -> None:
+        w, a = self.wiring, self.anatomy
+        for layer in range(self.layers):
+            for path in (w.attention_norm, w.mlp_norm, w.value, *w.mlp):
+                if a.part(layer, path) is None:
+                    raise ValueError(f"Circuits cannot freeze this model ({a.name}): layer {layer + 1} has no "
+                                     f"'{path}'")
+            if a.attention[layer].module is None:
+                raise ValueError(f"Circuits cannot freeze this model ({a.name}): no attention weights")
+        if a.model_part(self.model, w.embedding_norm) is None or self._head_module(3) is None:
+            raise ValueError(f"Circuits cannot freeze this model ({a.name}): its embeddings' norm or MLM head "
+                             "is not where it is declared")
+
+    def _head_module(self, index: int):
+        path = self.wiring.head[index]
+        return None if path is None else self.anatomy.model_part(self.model, path, base=False)
+
+    def _linear(self, module, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, module.weight.to(self.dtype), None if module.bias is None else module.bias.to(self.dtype))
+
+    def _norm(self, module, x: torch.Tensor, key: str, frozen: Frozen, record: bool) -> torch.Tensor:
+        """`module` (a LayerNorm, an RMS norm or an Identity) on x (T, D) with its 1/sigma frozen
+        at `frozen.scales[key]`, or measured and recorded there when `record`."""
+        if module is None or isinstance(module, torch.nn.Identity):
+            return x
+        rms = any(name in type(module).__name__ for name in RMS_NAMES)
+        eps = getattr(module, "eps", None) or getattr(module, "variance_epsilon", 1e-12)
+        centred = x if rms else x - x.mean(-1, keepdim=True)
+        if record:
+            frozen.scales[key] = torch.rsqrt(centred.detach().pow(2).mean(-1, keepdim=True) + eps)
+        y = centred * frozen.scales[key]
+        if getattr(module, "weight", None) is not None:
+            y = y * module.weight.to(self.dtype)
+        if getattr(module, "bias", None) is not None:
+            y = y + module.bias.to(self.dtype)
+        return y
+
+    def _attention(self, layer: int, x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """Layer `layer` (0-based) attention output (T, H) at frozen `weights` (heads, T, T):
+        each head's weights times its values, heads side by side, through the output projection."""
+        parts = self.anatomy.attention[layer]
+        values = self._linear(self.anatomy.part(layer, self.wiring.value), x)  # (T, heads * d) or (T, 3 * ...)
+        if self.wiring.fused_qkv:
+            values = values[:, 2 * values.shape[-1] // 3:]
+        length = x.shape[0]
+        values = values.view(length, -1, parts.head_dim).transpose(0, 1)  # (kv heads, T, d)
+        if values.shape[0] != parts.heads:  # grouped keys and values: each serves several heads
+            values = values.repeat_interleave(parts.heads // values.shape[0], dim=0)
+        mixed = torch.matmul(weights, values).transpose(0, 1).reshape(length, -1)  # (T, heads * d)
+        return self._linear(parts.output, mixed)
+
+    def _mlp_replaced(self, layer: int, x: torch.Tensor, sentence: Sentence, leaves: Leaves) -> torch.Tensor:
+        """Layer `layer` (1-based) feed-forward output (T, H) as transcoder features + bias + skip +
+        error (at coded positions), error alone elsewhere."""
+        coder = self.transcoders[layer].coder
+        rows = coder.W_dec.to(self.dtype)[sentence.indices[layer]]  # (T, k, H)
+        decoded = torch.einsum("tk,tkh->th", leaves.features[layer], rows) + coder.b_dec.to(self.dtype)
+        if coder.W_skip is not None:
+            decoded = decoded + x @ coder.W_skip.to(self.dtype).mT
+        return decoded * sentence.coded[:, None].to(self.dtype) + leaves.errors[layer]
+
+    def _mlp_true(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        out = x
+        for path in self.wiring.mlp:
+            out = self.anatomy.part(layer - 1, path)(out)
+        return out
+
+    # ------------------------------------------------------------ the forward, clean or frozen
+
+    def forward(self, sentence: Sentence, leaves: Leaves, *, record: bool = False, upto: int | None = None,
+                reads: dict | None = None) -> torch.Tensor:
+        """The replacement's logits (V,) at the mask from `leaves`, at the sentence's frozen
+        multipliers. `reads`, when given, receives each layer's block input (T, H) under its layer.
+        `upto`: stop after reading layer `upto`'s block input (returns None). With `record`, the
+        multipliers are measured instead (the clean forward: `trace`)."""
+        w, frozen = self.wiring, sentence.frozen
+        h = self._norm(self.anatomy.model_part(self.model, w.embedding_norm), leaves.tokens, "embed", frozen, record)
+        project = self.anatomy.model_part(self.model, w.embedding_project) if w.embedding_project else None
+        if project is not None:
+            h = self._linear(project, h)
+        for layer in range(1, self.layers + 1):
+            weights = frozen.attention[layer].to(self.dtype)
+            attention_norm = self.anatomy.part(layer - 1, w.attention_norm)
+            mlp_norm = self.anatomy.part(layer - 1, w.mlp_norm)
+            if w.norm_first:
+                h = h + self._attention(layer - 1, self._norm(attention_norm, h, f"a{layer}", frozen, record), weights)
+                x = self._norm(mlp_norm, h, f"m{layer}", frozen, record)
+            else:
+                h = x = self._norm(attention_norm, h + self._attention(layer - 1, h, weights), f"a{layer}", frozen, record)
+            if reads is not None:
+                reads[layer] = x
+            if upto == layer:
+                return None
+            out = self._mlp_true(layer, x) if record else self._mlp_replaced(layer, x, sentence, leaves)
+            if record:
+                sentence.mlp_in[layer], sentence.mlp_out[layer] = x.detach(), out.detach()
+            h = h + out if w.norm_first else self._norm(mlp_norm, h + out, f"m{layer}", frozen, record)
+        if w.norm_first:  # the final norm of a pre-LayerNorm family (None elsewhere: no norm)
+            h = self._norm(self.anatomy.model_part(self.model, self.anatomy.family.final_norm), h, "final",
+                           frozen, record)
+        return self.head(h[sentence.mask], frozen, record)
+
+    def head(self, hidden: torch.Tensor, frozen: Frozen, record: bool = False) -> torch.Tensor:
+        """The MLM head at the mask: hidden (H,) -> logits (V,), its activation and norm frozen."""
+        dense, activation, norm, decoder = (self._head_module(i) for i in range(4))
+        z = self._linear(dense, hidden)
+        if record:
+            act = activation(z) if activation is not None else gelu_exact(z)
+            safe = torch.where(z.abs() > 1e-12, z, torch.ones_like(z))
+            frozen.head_ratio = torch.where(z.abs() > 1e-12, act / safe, torch.full_like(z, 0.5)).detach()
+        z = z * frozen.head_ratio
+        z = self._norm(norm, z[None], "head", frozen, record)[0]
+        return self._decoder(decoder, z)
+
+    def _decoder(self, decoder, z: torch.Tensor) -> torch.Tensor:
+        if isinstance(decoder, torch.nn.Linear):
+            return self._linear(decoder, z)
+        return decoder(z.to(self.model.dtype)).to(self.dtype)  # a product the anatomy builds (MobileBERT, DeBERTa)
+
+    def decoder_rows(self, words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(W (n, D), b (n,)): the decoder's rows and biases of the words `words` (n,)."""
+        decoder = self._head_module(3)
+        weight = decoder.weight.to(self.dtype)[words]
+        bias = decoder.bias.to(self.dtype)[words] if decoder.bias is not None else torch.zeros(len(words), dtype=self.dtype)
+        return weight, bias
+
+    # ------------------------------------------------------------ the clean forward
+
+    @torch.no_grad()
+    def trace(self, inputs: dict, mask: int, tokens: list[str], coded: torch.Tensor) -> Sentence:
+        """The clean forward of one sentence (`inputs`: (1, T) tensors): attention weights from the
+        model's attention twin, then this module's own forward measuring every multiplier and the
+        transcoders' codes and errors. `coded` (T,) bool: the positions the transcoders read."""
+        from ..views.attention_views import eager_twin
+
+        twin = eager_twin(self.lm)
+        embed_in: dict = {}
+        norm = self.anatomy.model_part(twin, self.wiring.embedding_norm)
+        handle = norm.register_forward_pre_hook(lambda m, args: embed_in.setdefault("x", args[0]))
+        try:
+            out = twin(**inputs, output_attentions=True)
+        finally:
+            handle.remove()
+        logits = out.logits[0, mask].to(self.dtype)
+        frozen = Frozen(attention={l + 1: a[0].to(self.dtype) for l, a in enumerate(out.attentions)})
+        tokens_in = embed_in["x"][0].to(self.dtype)
+        sentence = Sentence(inputs["input_ids"][0], tokens, mask, coded, frozen, None, {}, {}, {}, logits)
+        clean = Leaves(tokens_in, {}, {})
+        self.forward(sentence, clean, record=True)
+        features, errors = {}, {}
+        for layer in range(1, self.layers + 1):
+            x, y = sentence.mlp_in[layer], sentence.mlp_out[layer]
+            coder = self.transcoders[layer].coder
+            acts, indices = coder.encode(x.to(coder.dtype))[:2]
+            acts = acts.to(self.dtype) * coded[:, None].to(self.dtype)
+            sentence.indices[layer] = indices
+            features[layer] = acts
+            rows = coder.W_dec.to(self.dtype)[indices]
+            decoded = torch.einsum("tk,tkh->th", acts, rows) + coder.b_dec.to(self.dtype)
+            if coder.W_skip is not None:
+                decoded = decoded + x @ coder.W_skip.to(self.dtype).mT
+            errors[layer] = y - decoded * coded[:, None].to(self.dtype)
+        sentence.leaves = Leaves(tokens_in, features, errors)
+        return sentence
+
+    def pre_activations(self, sentence: Sentence, layer: int, reads: dict) -> torch.Tensor:
+        """(T, k): the encoder's pre-activation of each active feature of `layer` at each position,
+        from the block inputs in `reads`."""
+        coder = self.transcoders[layer].coder
+        rows = coder.encoder.weight.to(self.dtype)[sentence.indices[layer]]  # (T, k, H)
+        return torch.einsum("th,tkh->tk", reads[layer], rows) + coder.encoder.bias.to(self.dtype)[sentence.indices[layer]]
+
+
+def gelu_exact(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x)
