@@ -1,7 +1,7 @@
 """bertdemo: the model service behind the demo. Plain Python; the Gradio UI lives in `bertdemo.ui`.
 
 The layers, each a folder that imports only those below it: `forward` < `model` < `views` <
-`serving` < `training` < `features` < `runs` < `sessions` < `ui`. The ground floor under all of them: `config`,
+`serving` < `training` < `features` < `circuits` < `runs` < `sessions` < `ui`. The ground floor under all of them: `config`,
 `validate`, `labelled`, `memory`, `plots`. `build` (the bundled model's offline build) is outside
 the app's path.
 
@@ -32,6 +32,8 @@ _HOMES = {  # public name -> the module that defines it
     **dict.fromkeys(["load_features", "sentence_features", "feature_card", "steer", "prediction_features",
                      "contrast_features", "feature_quality", "tuning_drift"], "features.views"),
     "train_features": "features.making", "FeatureSettings": "features.training",
+    "attribution_graph": "circuits.attribution", "intervene": "circuits.interventions",
+    "graph_json": "circuits.files",
 }
 __all__ = list(_HOMES)
 

@@ -234,6 +234,7 @@ def graph_check_thresholds(node_threshold, edge_threshold) -> None:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= float(value) <= 1.0:
             raise validate.InputError(name, f"The {name.replace('_', ' ')} is {value!r}: it is a share of the "
                                             "total influence, between 0 and 1 (0.8 and 0.98 by default).")
+    return float(node_threshold), float(edge_threshold)
 
 
 def _adjacency(lm: LoadedModel, attributor: _Attributor, max_feature_nodes: int, labels: bool) -> Adjacency:

@@ -7,7 +7,7 @@ add. As in `splice`, the hooks are registered once per model and act only inside
 `edited(...)` in the thread that opened them: every other visitor's forward is the model's own.
 
     inputs, outputs = read(model, batch_inputs, [2, 3])   # {layer: (B, T, H)} each, layers counted from 1
-    with edited(model, {3: lambda out: out + delta}):      # layer 3's block output replaced
+    with edited(model, {3: lambda out, x: out + delta}):   # layer 3's block output replaced
         logits = model(**batch_inputs).logits
 
 Layers are counted as the page counts them: layer N is the N-th layer (1..L), whose block reads
@@ -26,7 +26,7 @@ import torch
 
 from . import anatomy
 
-Edit = Callable[[torch.Tensor], "torch.Tensor | None"]  # block output (B, T, H) -> replaced, or None
+Edit = Callable[[torch.Tensor, torch.Tensor], "torch.Tensor | None"]  # (output, input) (B, T, H) -> output, or None
 
 
 @dataclass
@@ -74,7 +74,7 @@ def read(model, inputs: dict, layers: list[int], base=None) -> tuple[dict[int, t
 @contextlib.contextmanager
 def edited(model, edits: dict[int, Edit]):
     """Inside this block, forwards of `model` in this thread pass layer N's block output through
-    `edits[N]` before the residual add."""
+    `edits[N](output, block input)` before the residual add."""
     with _active(model, _Points(edits=dict(edits))):
         yield
 
@@ -104,7 +104,7 @@ def _instrument(model) -> None:
 
 def _before(module, args, *, layer: int):
     points = _ACTIVE.get()
-    if points is not None and layer in points.read:
+    if points is not None and (layer in points.read or layer in points.edits):
         points.inputs[layer] = args[0]
 
 
@@ -117,4 +117,4 @@ def _after(module, args, output, *, layer: int):
         if layer == points.last:
             raise _Enough
     edit = points.edits.get(layer)
-    return None if edit is None else edit(output)
+    return None if edit is None else edit(output, points.inputs[layer])

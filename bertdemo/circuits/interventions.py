@@ -1,0 +1,119 @@
+"""Switching a graph's nodes off or turning them up in the real model, beside what the graph predicted.
+
+    result = intervene(lm, "Paris is the [MASK] of France.", ["3_117_4", "5_2001_4"], scale=0.0)
+
+A feature node's decoder row times its activation is scaled at its position (scale 0: removed),
+in the real model's forward: attention is not frozen, and every later layer's feed-forward block
+runs as it does (the error kept: the edit adds (scale - 1) x activation x decoder row to the
+block's true output). The activation is the transcoder's code of the block's input in that same
+forward, so the edit follows what earlier edits changed. An error node is scaled the same way
+(its vector, the block's output minus the transcoder's).
+
+The graph's prediction: in the replacement model, with every other node free to follow (its
+edges), the change of a logit is (scale - 1) x the node's total effect on it (the signed
+adjacency's power series; features respond linearly, no gating by their ReLU).
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import validate
+from ..forward import mlp_points
+from ..model.loading import LoadedModel
+from .attribution import attribution_graph, encode
+from .graph import Adjacency, Graph, influence
+
+MAX_SCALE = 100.0
+
+
+def total_effects(adjacency: Adjacency) -> torch.Tensor:
+    """(logits, C): the total (signed) effect of each column node on each logit node."""
+    effects = []
+    for i in range(len(adjacency.logits)):
+        one = Adjacency(adjacency.columns, adjacency.logits, adjacency.rows, adjacency.row_nodes, adjacency.bias,
+                        adjacency.value, torch.eye(len(adjacency.logits), dtype=adjacency.rows.dtype)[i],
+                        adjacency.mask_position)
+        effects.append(influence(one, adjacency.rows))
+    return torch.stack(effects)
+
+
+def _chosen(graph: Graph, nodes) -> list[dict]:
+    if isinstance(nodes, str):
+        nodes = [n for n in nodes.replace(",", " ").split() if n]
+    if not nodes:
+        raise validate.InputError("nodes", "Name at least one node to switch off or turn up: a feature id such as "
+                                           "'3_117_4' from the graph (click a node to see its id).")
+    found = [graph.node(str(n).strip()) for n in nodes]
+    for node in found:
+        if node["kind"] not in ("feature", "error"):
+            raise validate.InputError("nodes", f"{node['id']} is a {node['kind']} node: only feature and error "
+                                               "nodes can be switched off or turned up.")
+    return found
+
+
+@torch.no_grad()
+def intervene(lm: LoadedModel, text: str, nodes, scale: float = 0.0, mask: int = 1, *, graph: Graph | None = None,
+              transcoders: dict | None = None, top: int = 5, **graph_options) -> dict:
+    """The prediction at the `mask`-th [MASK] before and after scaling `nodes` (ids) by `scale`,
+    and, per logit node of the graph, its measured and predicted change. `graph`: the sentence's
+    graph when already built (else built here with `graph_options`)."""
+    scale = validate.number(scale, "scale", -MAX_SCALE, MAX_SCALE, field="scale")
+    if graph is None:
+        graph = attribution_graph(lm, text, mask, transcoders=transcoders, **graph_options)
+    chosen = _chosen(graph, nodes)
+    from .attribution import transcoders_of
+
+    coders = transcoders_of(lm, transcoders)
+    inputs, position = encode(lm, text, mask)
+    before = lm.model(**inputs).logits[0, position].float()
+    by_layer: dict[int, list[dict]] = {}
+    for node in chosen:
+        by_layer.setdefault(node["layer"], []).append(node)
+    with mlp_points.edited(lm.model, {layer: _edit(coders[layer].coder, members, scale)
+                                      for layer, members in by_layer.items()}):
+        after = lm.model(**inputs).logits[0, position].float()
+    return _report(lm, graph, chosen, scale, before, after, top)
+
+
+def _edit(coder, nodes: list[dict], scale: float):
+    """The block-output edit at one layer: each node's part scaled at its position."""
+    def edit(output: torch.Tensor, block_input: torch.Tensor) -> torch.Tensor:
+        output = output.clone()
+        codes = None
+        for node in nodes:
+            p = node["position"]
+            if node["kind"] == "error":
+                acts, indices = coder.encode(block_input[0].to(coder.dtype))[:2]
+                rebuilt = coder.decode(acts[p:p + 1], indices[p:p + 1])[0]
+                if coder.W_skip is not None:
+                    rebuilt = rebuilt + block_input[0, p].to(coder.dtype) @ coder.W_skip.mT
+                error = output[0, p] - rebuilt.to(output.dtype)
+                output[0, p] += (scale - 1.0) * error
+                continue
+            if codes is None:
+                codes = coder.encode(block_input[0].to(coder.dtype))
+            acts, indices = codes[0][p], codes[1][p]
+            hit = (indices == node["feature"]) & (acts > 0)
+            activation = acts[hit].sum() if bool(hit.any()) else acts.new_zeros(())
+            output[0, p] += ((scale - 1.0) * activation * coder.W_dec[node["feature"]]).to(output.dtype)
+        return output
+    return edit
+
+
+def _report(lm: LoadedModel, graph: Graph, chosen: list[dict], scale: float, before: torch.Tensor,
+            after: torch.Tensor, top: int) -> dict:
+    adjacency = graph.adjacency
+    effects = total_effects(adjacency)  # (logits, C)
+    index = {n.id: i for i, n in enumerate(adjacency.columns)}
+    predicted = (scale - 1.0) * effects[:, [index[n["id"]] for n in chosen]].sum(1)
+    p_before, p_after = before.softmax(-1), after.softmax(-1)
+    words = []
+    for i, node in enumerate(adjacency.logits):
+        w = node.feature
+        words.append({"word": node.token, "logit_before": float(before[w]), "logit_after": float(after[w]),
+                      "change": float(after[w] - before[w]), "predicted_change": float(predicted[i]),
+                      "probability_before": float(p_before[w]), "probability_after": float(p_after[w])})
+    listed = lambda p: [{"word": lm.tokenizer.convert_ids_to_tokens(int(i)), "probability": float(v)}  # noqa: E731
+                        for v, i in zip(*p.topk(top))]
+    return {"nodes": [n["id"] for n in chosen], "scale": scale, "before": listed(p_before), "after": listed(p_after),
+            "words": words}
