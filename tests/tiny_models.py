@@ -137,3 +137,22 @@ def save_tiny_family(family: str, folder: Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     model = AutoModelForMaskedLM.from_config(config)
     return _save(model, tok, folder)
+
+
+def tiny_transcoders(lm, seed: int = 0, latents: int = 64, k: int = 8) -> dict:
+    """{layer: Dictionary} of random transcoders for every layer of `lm` (a loaded model), with a
+    skip path and a decoder bias: what `bertdemo.attribution_graph(..., transcoders=...)` takes.
+    Exactness and the views do not depend on the transcoders being good."""
+    from bertdemo.features.dictionary import Dictionary, SparseCoder, SparseCoderConfig
+    from bertdemo.forward import anatomy
+
+    torch.manual_seed(seed)
+    found = {}
+    for layer in range(1, len(anatomy.of(lm.model).layers) + 1):
+        coder = SparseCoder(lm.model.config.hidden_size,
+                            SparseCoderConfig(num_latents=latents, k=k, transcode=True, skip_connection=True))
+        torch.nn.init.normal_(coder.W_dec, std=0.3)
+        torch.nn.init.normal_(coder.W_skip, std=0.05)
+        torch.nn.init.normal_(coder.b_dec, std=0.1)
+        found[layer] = Dictionary(coder.eval().requires_grad_(False), layer)
+    return found
