@@ -4,6 +4,7 @@
       search/<model>-<corpus>/      a corpus' search index        (views/corpus_search.py; $BERTDEMO_SEARCH_CACHE)
       onnx/<family>-<weights>.onnx  a model's ONNX Runtime export (forward/onnx_engine.py; $BERTDEMO_ONNX_CACHE)
       features/<weights>/layer_N/   a dictionary trained here     (features/store.py; $BERTDEMO_FEATURES_CACHE)
+      transcoders/<weights>/layer_N/ a transcoder trained here    (circuits/transcoders.py)
       examples/<name>/<model>/      the examples' cached results  (ui/cached_examples.py)
       warm/onnx/...                 exports made ahead by `python -m bertdemo warm` ($BERTDEMO_WARM_DIR):
                                     read only, never evicted, not counted
@@ -48,6 +49,7 @@ KINDS = {
     "search": ("BERTDEMO_SEARCH_CACHE", "*"),
     "onnx": ("BERTDEMO_ONNX_CACHE", "*.onnx"),
     "features": ("BERTDEMO_FEATURES_CACHE", "*/layer_*"),
+    "transcoders": (None, "*/layer_*"),
     "examples": (None, "*/*"),
 }
 LEFTOVER_AGE = 3_600  # seconds: another host's temporary entry this old is nobody's

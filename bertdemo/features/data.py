@@ -1,23 +1,26 @@
 """What a dictionary is trained and measured on: corpus lines as the model sees them in this demo,
 plain and with ~15% of their word pieces masked as transformers' MLM collator masks them, and the
-residual stream at the kept positions (every real token and every [MASK]; never [CLS], [SEP] or
-padding).
+activations at the kept positions (every real token and every [MASK]; never [CLS], [SEP] or
+padding), at the coder's `Point`: the residual stream at a layer's output for a dictionary
+(`RESIDUAL`), the feed-forward block's input and output for a transcoder (`FEED_FORWARD`).
 
     lines = Lines(lm, texts)                                   # tokenized once, cut at 64 tokens
     for batch in lines.batches(lm, batch_tokens=4096, seed=0):  # endless, as a stream
         states = hidden_at(lm, batch, [3])[3]                   # (N, H): the kept positions only
+        x, y = pairs_at(lm, batch, [3], FEED_FORWARD)[3]        # (N, H) each: block input, block output
 
 Nothing holds more than one batch of activations: a corpus of any length streams through.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
 
-from ..forward import anatomy, splice
+from .. import validate
+from ..forward import anatomy, mlp_points, splice
 from ..model.loading import LoadedModel
 from ..training.mlm_data import mlm_collator, padded_by_torch, special_tokens_around
 
@@ -127,14 +130,63 @@ def _padded(rows: list[list[int]], value: int) -> torch.Tensor:
     return torch.nn.utils.rnn.pad_sequence([torch.tensor(r) for r in rows], batch_first=True, padding_value=value)
 
 
+@dataclass(frozen=True)
+class Point:
+    """Where a coder reads (x) and what it writes (y), layer by layer, in any family (through the
+    anatomy). `read(model, inputs, layers)`: ({layer: x (B, T, H)}, {layer: y (B, T, H)}) from one
+    forward that stops after the deepest layer; `edited(model, edits)`: the context in which each
+    layer's y passes through `edits[layer]`, in the point's own form (the splice's `edit(hidden)`,
+    the block's `edit(output, input)`; `edit(fn)` makes one from `fn(y, x)`); `check_layer(model,
+    layer)`: the layer as an int, else a ValueError saying the range. `transcode`: y is not x."""
+
+    name: str
+    read: Callable
+    edited: Callable
+    edit: Callable[[Callable], Callable]
+    check_layer: Callable[[torch.nn.Module, int], int]
+    transcode: bool
+
+
+def _residual_read(model, inputs: dict, layers: list[int]):
+    states = splice.read(model, inputs, layers)
+    return states, states
+
+
+def _check_block(model, layer) -> int:
+    count = mlp_points.check(model, "Transcoders")
+    return validate.whole_number(layer, "layer", 1, count, f" (each of the {count} layers' feed-forward block)",
+                                 field="layer")
+
+
+RESIDUAL = Point("residual stream", _residual_read, splice.spliced, lambda fn: lambda hidden: fn(hidden, hidden),
+                 splice.check_layer, transcode=False)
+FEED_FORWARD = Point("feed-forward block", mlp_points.read, mlp_points.edited, lambda fn: fn, _check_block,
+                     transcode=True)
+
+
+def point_of(dictionary) -> Point:
+    """Where a `Dictionary` reads and writes: the feed-forward block for a transcoder, else the
+    residual stream."""
+    return FEED_FORWARD if dictionary.coder.cfg.transcode else RESIDUAL
+
+
 @torch.no_grad()
+def pairs_at(lm: LoadedModel, batch: TokenBatch, layers: list[int], point: Point = RESIDUAL,
+             device: torch.device | str = "cpu") -> dict[int, tuple[torch.Tensor, torch.Tensor | None]]:
+    """{layer: (x, y)}, (N, H) float32 each on `device`: what a coder at `point` reads and what it
+    writes at the batch's kept positions (y None where it is x: a dictionary's), from one forward
+    that stops after the deepest layer asked."""
+    inputs = {k: v.to(lm.device) for k, v in batch.inputs.items()}
+    read, written = point.read(lm.model, inputs, layers)
+    keep = batch.keep.to(lm.device)
+    kept = lambda states, layer: states[layer][keep].float().to(device)  # noqa: E731
+    return {layer: (kept(read, layer), kept(written, layer) if point.transcode else None) for layer in layers}
+
+
 def hidden_at(lm: LoadedModel, batch: TokenBatch, layers: list[int], device: torch.device | str = "cpu") -> dict[int, torch.Tensor]:
     """{layer: (N, H) float32 on `device`}: the residual stream at each layer's output at the
     batch's kept positions, from one forward that stops after the deepest layer asked."""
-    inputs = {k: v.to(lm.device) for k, v in batch.inputs.items()}
-    states = splice.read(lm.model, inputs, layers)
-    keep = batch.keep.to(lm.device)
-    return {layer: states[layer][keep].float().to(device) for layer in layers}
+    return {layer: x for layer, (x, _) in pairs_at(lm, batch, layers, RESIDUAL, device).items()}
 
 
 def kept_positions(lm: LoadedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,10 @@
 A dictionary is a TopK sparse autoencoder on the residual stream at one layer's output
 (`forward.splice`): `encode` keeps the k largest of ReLU(W_enc (h - b_dec) + b_enc), `decode` sums
 those latents' rows of W_dec plus b_dec. The coder itself is sparsify's, unchanged, and is saved in
-sparsify's own format, so `sparsify.SparseCoder.load_from_disk(folder)` loads a dictionary's folder:
+sparsify's own format, so `sparsify.SparseCoder.load_from_disk(folder)` loads a dictionary's folder.
+A transcoder (`bertdemo/circuits/transcoders.py`) is the same class with sparsify's `transcode=True`:
+it reads a layer's feed-forward input and writes its output (`data.FEED_FORWARD`), encoding its
+input as it is (no b_dec subtracted), with an optional linear skip path (W_skip):
 
     layer_3/cfg.json          sparsify's config (+ d_in)
     layer_3/sae.safetensors   the coder's weights (float16 where shipped, float32 when trained here)
@@ -87,6 +90,21 @@ class Dictionary:
         """(activations (N, k), indices (N, k)) -> the reconstruction (N, H)."""
         return self.coder.decode(acts, indices)
 
+    @property
+    def transcodes(self) -> bool:
+        """Whether it is a transcoder (reads one point of the model, writes another: sparsify's
+        `transcode`), not a dictionary of one point."""
+        return bool(self.coder.cfg.transcode)
+
+    @torch.no_grad()
+    def output(self, x: torch.Tensor, codes: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """x (N, H) -> what the coder writes for it (N, H): its codes (`encode(x)` unless given)
+        decoded, plus the skip path x @ W_skip^T where it has one (a transcoder's). For a
+        dictionary, x's reconstruction."""
+        x = x.to(self.coder.device, self.coder.dtype)
+        out = self.decode(*(codes if codes is not None else self.encode(x)))
+        return out if self.coder.W_skip is None else out + x @ self.coder.W_skip.mT
+
     def direction(self, feature: int) -> torch.Tensor:
         """Feature `feature`'s decoder row (H,): what one unit of its activation adds to the layer."""
         return self.coder.W_dec[feature].detach()
@@ -99,9 +117,13 @@ class Dictionary:
                                      field="feature")
 
 
-def new_coder(width: int, latents: int | None = None, k: int = K, device: torch.device | str = "cpu") -> SparseCoder:
-    """An untrained TopK coder for a hidden size `width`: `latents` (default 8 x width), `k` kept."""
-    config = SparseCoderConfig(activation="topk", num_latents=latents or EXPANSION * width, k=k)
+def new_coder(width: int, latents: int | None = None, k: int = K, device: torch.device | str = "cpu", *,
+              transcode: bool = False, skip_connection: bool = False) -> SparseCoder:
+    """An untrained TopK coder for a hidden size `width`: `latents` (default 8 x width), `k` kept;
+    `transcode`: a transcoder (its decoder starts at zeros, as sparsify makes it), with a linear
+    skip path when `skip_connection`."""
+    config = SparseCoderConfig(activation="topk", num_latents=latents or EXPANSION * width, k=k,
+                               transcode=transcode, skip_connection=skip_connection)
     return SparseCoder(width, config, device=device, dtype=torch.float32)
 
 

@@ -8,7 +8,8 @@ too. One line in twenty (chosen by a hash of the line, so the same whatever the 
 for the quality figures. A stopped run's dictionary is kept when `keep_partial` (it has trained on
 fewer tokens, and its figures say so), else discarded; either way the history says how it ended.
 `make_shipped` trains every layer of a model from one forward per batch, for the files shipped in
-assets/bundled/features (`python -m bertdemo train-features`).
+assets/bundled/features (`python -m bertdemo train-features`). Transcoders are made by the same
+steps at their own point (`point=data.FEED_FORWARD`: `bertdemo/circuits/transcoders.py`).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from typing import Callable
 from ..model.loading import LoadedModel
 from ..views.corpus_search import DEFAULT_CORPUS
 from . import dictionary as files
-from .data import Lines
+from .data import RESIDUAL, Lines, Point, point_of
 from .dictionary import Dictionary
 from .quality import measure
 from .stats import corpus_codes, from_codes, keep_used_lines
@@ -75,21 +76,37 @@ def train_features(lm: LoadedModel, layer: int, texts: list[str] | str | None = 
     the dictionary the store has for that layer. Returns (the dictionary, or None when a stopped run
     is not kept; the history)."""
     store = store or default_store()
+    done, history, _ = made(lm, [layer], texts, settings, store=store, on_event=on_event, should_stop=should_stop,
+                            keep_partial=keep_partial, resume=resume)
+    return (store.put(lm, done[layer]) if done else None), history
+
+
+def made(lm: LoadedModel, layers: list[int], texts: list[str] | str | None, settings: FeatureSettings, *,
+         store: FeatureStore, point: Point = RESIDUAL, on_event: Callable | None = None,
+         should_stop: Callable[[], bool] | None = None, keep_partial: bool = True,
+         resume: bool = False) -> tuple[dict[int, Dictionary], FeatureHistory, Lines]:
+    """`train_features`' steps for several layers at `point` from one forward per batch, up to
+    (not including) keeping them: ({layer: Dictionary with statistics and quality}, empty when a
+    stopped run is not kept; the history; the held-out lines measured on). `resume`: go on from
+    what `store` has for each layer."""
     lines, held_out = corpus_lines(lm, texts)
-    start = {layer: store.get(lm, layer)} if resume and store.get(lm, layer) is not None else None
-    trained, history = train(lm, [layer], lines, settings, on_event=on_event, should_stop=should_stop,
+    start = {layer: found for layer in layers if resume and (found := store.get(lm, layer)) is not None} or None
+    trained, history = train(lm, layers, lines, settings, point=point, on_event=on_event, should_stop=should_stop,
                              start_from=start)
     if not history.steps or (history.stopped is not None and not keep_partial):
-        return None, history
-    dictionary = finish(lm, {layer: trained[layer]}, lines, held_out)[layer]
-    return store.put(lm, dictionary), history
+        return {}, history, held_out
+    return finish(lm, trained, lines, held_out), history, held_out
 
 
 def finish(lm: LoadedModel, trained: dict[int, Dictionary], lines: Lines, held_out: Lines,
            effects: bool = False) -> dict[int, Dictionary]:
-    """Each trained dictionary with its statistics (over `lines`, plain; with the promoted tokens
-    of every feature when `effects`) and its quality figures (over `held_out`) in its record."""
-    codes = corpus_codes(lm, trained, lines)
+    """Each trained dictionary with its statistics (over `lines`, plain, at what it reads; with the
+    promoted tokens of every feature when `effects`) and its quality figures (over `held_out`) in
+    its record. The dictionaries are all of one point (all transcoders, or none)."""
+    points = {point_of(d) for d in trained.values()}
+    if len(points) != 1:
+        raise ValueError("finish takes dictionaries of one point: the transcoders apart from the others")
+    codes = corpus_codes(lm, trained, lines, point=points.pop())
     stats_of = {layer: from_codes(codes[layer], lines.texts, d.latents) for layer, d in trained.items()}
     keep_used_lines(list(stats_of.values()))
     done = {}
@@ -106,12 +123,15 @@ def finish(lm: LoadedModel, trained: dict[int, Dictionary], lines: Lines, held_o
 
 
 def make_shipped(lm: LoadedModel, corpus: Path, out: Path, settings: FeatureSettings, *, layers: list[int] | None = None,
-                 statistics_lines: int = 6000, held_out_lines: int = 4000, echo: Callable[[str], None] = print) -> dict:
-    """The dictionaries of `layers` (default: every layer's output, 1..L) of `lm`, trained on
-    `corpus`/train.txt from one forward per batch, then `finish_shipped`. Returns training.json."""
+                 statistics_lines: int = 6000, held_out_lines: int = 4000, echo: Callable[[str], None] = print,
+                 point: Point = RESIDUAL) -> dict:
+    """The dictionaries (or, at `point`, the transcoders) of `layers` (default: every layer, 1..L)
+    of `lm`, trained on `corpus`/train.txt from one forward per batch, then `finish_shipped`.
+    Returns training.json."""
     layers = layers or list(range(1, lm.model.config.num_hidden_layers + 1))
     lines = Lines(lm, (corpus / "train.txt").read_text(encoding="utf-8").splitlines())
-    echo(f"training {len(layers)} dictionaries on {lines.tokens:,} tokens a pass ({len(lines):,} lines), "
+    what = "transcoders" if point.transcode else "dictionaries"
+    echo(f"training {len(layers)} {what} on {lines.tokens:,} tokens a pass ({len(lines):,} lines), "
          f"{settings.max_tokens:,} tokens or {settings.max_seconds:.0f} s")
     started = time.perf_counter()
 
@@ -119,7 +139,7 @@ def make_shipped(lm: LoadedModel, corpus: Path, out: Path, settings: FeatureSett
         if step.step % 100 == 0:
             echo(f"step {step.step}: {step.tokens:,} tokens, {step.tokens_per_s:,.0f}/s; FVU "
                  + " ".join(f"{f:.3f}" for f in step.fvu) + "; dead " + " ".join(f"{d:.1%}" for d in step.dead))
-    trained, history = train(lm, layers, lines, settings, on_event=report)
+    trained, history = train(lm, layers, lines, settings, point=point, on_event=report)
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
@@ -141,9 +161,7 @@ def finish_shipped(lm: LoadedModel, corpus: Path, out: Path, *, statistics_lines
     record = json.loads((out / "training.json").read_text(encoding="utf-8"))
     trained = {layer: files.load(out / f"layer_{layer}") for layer in record["layers"]}
     trained = {layer: Dictionary(d.coder, layer, None, d.record) for layer, d in trained.items()}
-    held = (corpus / "heldout.txt").read_text(encoding="utf-8").splitlines()
-    stats_lines = Lines(lm, held[:statistics_lines])
-    held_out = Lines(lm, held[statistics_lines:statistics_lines + held_out_lines])
+    stats_lines, held_out = shipped_lines(lm, corpus, statistics_lines, held_out_lines)
     done = finish(lm, trained, stats_lines, held_out, effects=True)
     (out / files.CONTEXTS).unlink(missing_ok=True)
     for layer, dictionary in done.items():
@@ -156,6 +174,13 @@ def finish_shipped(lm: LoadedModel, corpus: Path, out: Path, *, statistics_lines
                   quality={layer: d.record["quality"] for layer, d in done.items()})
     files.write_json(out / "training.json", record)
     return record
+
+
+def shipped_lines(lm: LoadedModel, corpus: Path, statistics_lines: int, held_out_lines: int) -> tuple[Lines, Lines]:
+    """(the statistics' lines, the quality's lines) of a shipped set: the first `statistics_lines`
+    of `corpus`/heldout.txt, then the next `held_out_lines`."""
+    held = (corpus / "heldout.txt").read_text(encoding="utf-8").splitlines()
+    return Lines(lm, held[:statistics_lines]), Lines(lm, held[statistics_lines:statistics_lines + held_out_lines])
 
 
 def _figure(value: float | None) -> str:

@@ -14,7 +14,7 @@ end at their time limit, and one minute of training already gives usable feature
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from .. import validate
@@ -49,18 +49,29 @@ class FeaturesRequest:
             raise validate.InputError("layer", f"Layer {layer} of {lm.name} already has a feature dictionary, "
                                                "the one shipped with it, which every visitor reads: pick a layer "
                                                "without one (bertdemo.train_features can train it in Python).")
-        texts = self.texts or ""
-        if not isinstance(texts, str):
-            raise validate.InputError("texts", "The text must be text, one sentence per line, got "
-                                               f"{validate.shown(texts)}.")
-        validate.length_at_most(len(texts), limits.max_chars, "text", fix="Paste less, or leave it empty for "
-                                "the default corpus.", field="texts")
-        lines = [line for line in texts.splitlines() if line.strip()] or None
-        if lines is not None:
-            corpus_lines(lm, lines)  # too little text to learn from: refused now, beside the box
-        settings = FeatureSettings(max_tokens=limits.features_max_tokens,
-                                   max_seconds=min(limits.features_max_seconds, limits.max_seconds))
-        return FeaturesPlan(lm, layer, lines, settings, store, bool(self.keep_partial))
+        return FeaturesPlan(lm, layer, checked_texts(lm, self.texts, limits), live_settings(limits), store,
+                            bool(self.keep_partial))
+
+
+def checked_texts(lm: LoadedModel, texts, limits: Limits) -> list[str] | None:
+    """A live run's corpus: the visitor's lines (None: the default corpus); InputError naming
+    "texts" for what is not text, too much of it, or too little to learn from."""
+    texts = texts or ""
+    if not isinstance(texts, str):
+        raise validate.InputError("texts", "The text must be text, one sentence per line, got "
+                                           f"{validate.shown(texts)}.")
+    validate.length_at_most(len(texts), limits.max_chars, "text", fix="Paste less, or leave it empty for "
+                            "the default corpus.", field="texts")
+    lines = [line for line in texts.splitlines() if line.strip()] or None
+    if lines is not None:
+        corpus_lines(lm, lines)  # too little text to learn from: refused now, beside the box
+    return lines
+
+
+def live_settings(limits: Limits, settings: FeatureSettings = FeatureSettings()) -> FeatureSettings:
+    """`settings` within a live run's limits: the operator's token and time caps for features."""
+    return replace(settings, max_tokens=limits.features_max_tokens,
+                   max_seconds=min(limits.features_max_seconds, limits.max_seconds))
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ..model.loading import LoadedModel
-from .data import Lines, hidden_at
+from .data import RESIDUAL, Lines, Point, pairs_at
 
 CONTEXTS_KEPT = 8  # top contexts per feature
 BINS = 16  # histogram bins, from 0 to the feature's largest activation
@@ -56,19 +56,20 @@ class Encodes(Protocol):
 
 @torch.no_grad()
 def corpus_codes(lm: LoadedModel, dictionaries: dict[int, Encodes], lines: Lines, *,
-                 masked_share: float = 0.0, seed: int = 0, batch_tokens: int = 4096) -> dict[int, Codes]:
+                 masked_share: float = 0.0, seed: int = 0, batch_tokens: int = 4096,
+                 point: Point = RESIDUAL) -> dict[int, Codes]:
     """One pass over `lines` (plain unless `masked_share`): {layer: Codes} from one forward per
-    batch that reads every dictionary's layer."""
+    batch that reads every dictionary's layer at `point` (what a transcoder reads: its block's input)."""
     layers = sorted(dictionaries)
     parts: dict[int, list] = {layer: [] for layer in layers}
     meta: list = []
     for batch in lines.batches(lm, batch_tokens=batch_tokens, seed=seed, masked_share=masked_share,
                                order=np.arange(len(lines)), endless=False):
-        states = hidden_at(lm, batch, layers)
+        states = pairs_at(lm, batch, layers, point)
         rows, cols = batch.keep.nonzero(as_tuple=True)
         meta.append((batch.lines[rows.numpy()], cols.numpy(), batch.inputs["input_ids"][rows, cols].numpy()))
         for layer in layers:
-            acts, indices = dictionaries[layer].encode(states[layer])
+            acts, indices = dictionaries[layer].encode(states[layer][0])
             parts[layer].append((acts.half(), indices.int()))
     line, position, token = (np.concatenate([m[i] for m in meta]) for i in range(3))
     return {layer: Codes(torch.cat([p[0] for p in parts[layer]]), torch.cat([p[1] for p in parts[layer]]),

@@ -1,8 +1,11 @@
 """Where dictionaries are kept: the ones shipped for the bundled model, and the ones trained here,
-on disk under the model's weights digest and layer, within a disk budget.
+on disk under the model's weights digest and layer, within a disk budget. Transcoders are kept
+the same way, by a store of kind "transcoders" (`bertdemo/circuits/transcoders.py`).
 
     assets/bundled/features/layer_0 ... layer_6     shipped (training.json names the weights digest)
     ~/.cache/bertdemo/features/<digest>/layer_3     trained here (`disk.folder_of("features")`)
+    assets/bundled/transcoders/layer_1 ... layer_6  the transcoders, shipped
+    ~/.cache/bertdemo/transcoders/<digest>/layer_3  and trained here (`disk.folder_of("transcoders")`)
 
 A model finds its dictionaries by its weights' digest, so a restart finds them, every visitor of
 that model is offered them, and a tuned model (other weights) does not see its base's. The
@@ -54,14 +57,16 @@ class FeatureStore:
     """The dictionaries a server offers (see the module doc); loaded ones are kept in memory."""
 
     def __init__(self, folder: Path | str | None = None, shipped: Path | str | None = SHIPPED,
-                 budget_mb: float | None = None, cache: disk.DiskCache | None = None):
+                 budget_mb: float | None = None, cache: disk.DiskCache | None = None, kind: str = "features"):
         """`cache`: the server's disk cache (an engine's); else one of its own in `folder` (default
-        the disk cache's features folder) with `budget_mb` (default the disk cache's budget)."""
+        the disk cache's folder of `kind`) with `budget_mb` (default the disk cache's budget).
+        `kind`: the disk cache's kind of entry ("features"; "transcoders" for the transcoders)."""
         if cache is None:
-            cache = disk.DiskCache.of_kind("features", folder, budget_mb)
+            cache = disk.DiskCache.of_kind(kind, folder, budget_mb)
             cache.remove_leftovers()
         self.cache = cache
-        self.folder = cache.folder("features")
+        self.kind = kind
+        self.folder = cache.folder(kind)
         cache.on_evict(self._forget)
         self.shipped = Path(shipped) if shipped is not None else None
         self._loaded: dict[tuple[str, int], Dictionary] = {}

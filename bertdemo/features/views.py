@@ -19,7 +19,7 @@ from .. import validate
 from ..forward import splice
 from ..model.loading import LoadedModel
 from ..views.fillmask import DEFAULT_MAX_MASKS, encode, prediction
-from .data import kept_positions
+from .data import kept_positions, point_of
 from .dictionary import Dictionary
 from .quality import logits_at
 from .store import FeatureStore
@@ -175,8 +175,9 @@ def _changes(lm: LoadedModel, ids: torch.Tensor, values: torch.Tensor) -> list[d
 @torch.no_grad()
 def output_effects(lm: LoadedModel, dictionary: Dictionary, features: list[int], chunk: int = 64) -> torch.Tensor:
     """(len(features), V): the change in the MLM head's logits at a [MASK] when each feature's
-    decoder direction, times its mean activation, is added there at the dictionary's layer, averaged
-    over EFFECT_CONTEXTS. Measured by running the rest of the model and its own head (transform,
+    decoder direction, times its mean activation, is added there at the dictionary's layer (to what
+    it writes: the residual stream, or a transcoder's feed-forward output), averaged over
+    EFFECT_CONTEXTS. Measured by running the rest of the model and its own head (transform,
     LayerNorm, decoder), not by a product of matrices that skips them; the clean rows ride in the
     same batch as the first chunk's."""
     contexts = [encode(lm, text) for text in EFFECT_CONTEXTS]
@@ -196,11 +197,13 @@ def output_effects(lm: LoadedModel, dictionary: Dictionary, features: list[int],
         cols = masks.repeat(rows)
         added = added.to(lm.device)
 
-        def add(hidden, added=added, all_rows=all_rows, cols=cols):
+        def add(hidden, read=None, added=added, all_rows=all_rows, cols=cols):
             hidden = hidden.clone()
             hidden[all_rows, cols] += added.to(hidden.dtype)
             return hidden
-        logits = logits_at(lm, batch, all_rows, cols, {dictionary.layer: add}).float().view(rows, count, -1)
+        point = point_of(dictionary)
+        logits = logits_at(lm, batch, all_rows, cols, {dictionary.layer: point.edit(add)}, point)
+        logits = logits.float().view(rows, count, -1)
         if clean is None:
             clean, logits = logits[0], logits[1:]
         out.append((logits - clean[None]).mean(1))
