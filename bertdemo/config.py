@@ -58,6 +58,8 @@ class Settings:
     features_max_seconds: int = option(120, "wall-clock seconds of a feature dictionary's training from "
                                              "the page, at most --finetune-max-seconds (every run's limit); "
                                              "its statistics and quality are measured after")
+    circuit_max_tokens: int = option(64, "most tokens (special tokens included) of a sentence drawn as a "
+                                         "circuit (Circuits tab): a graph's time grows faster than its length")
     cache_dir: str | None = option(None, "folder of every cache the server writes: search indexes, ONNX "
                                          "exports, feature dictionaries, examples' results (default "
                                          "~/.cache/bertdemo)", metavar="FOLDER")
