@@ -11,9 +11,10 @@ the source's value, times that value, with every other node held (features are l
 runs through another feature's encoder). A target's incoming edges and its bias (the replacement
 run with every leaf at zero) add up to its clean value (`check_exactness`).
 
-The edges into every target of one layer come from one batched backward pass
-(`torch.autograd.grad(..., is_grads_batched=True)`): each target's cotangent is one row of the
-batch. Rows are computed for the logit nodes first, then for features in order of their
+The edges into a batch of targets of one layer come from one pass through the replacement's
+transpose, written out (`Replacement.gradients_at_block_input`, `gradients_at_logits`): each
+target's cotangent is one row of the batch. (torch's batched backward, `is_grads_batched`, gave
+the same rows about 2x slower on a CPU, copying its batch at every broadcast.) Rows are computed for the logit nodes first, then for features in order of their
 influence on the logits as far as it is known (circuit-tracer's order), up to
 `max_feature_nodes`; a feature left without a row is still a source of edges.
 """
@@ -28,7 +29,7 @@ from ..forward import anatomy, mlp_points
 from ..model.loading import LoadedModel
 from ..views.fillmask import USER_MASK, USER_MASK_RE
 from .graph import Adjacency, Graph, Node, assemble, influence, normalized
-from .replacement import Leaves, Replacement, Sentence
+from .replacement import Gradients, Leaves, Replacement, Sentence
 
 MAX_TOKENS = 64  # the operator's limit on a sentence (special tokens included): --circuit-tokens
 MAX_WORDS = 10  # logit nodes at most
@@ -105,6 +106,8 @@ class _Columns:
             for position, slot in (acts > 0).nonzero().tolist():
                 self.features.append((layer, position, slot))
         self.index = {key: i for i, key in enumerate(self.features)}
+        self.slots = torch.tensor(self.features, dtype=torch.long).reshape(-1, 3)  # (features, 3)
+        self.by_layer = {layer: (self.slots[:, 0] == layer).nonzero().flatten() for layer in range(1, layers + 1)}
         length = len(sentence.tokens)
         self.errors_at = len(self.features)
         self.tokens_at = self.errors_at + layers * length
@@ -115,78 +118,69 @@ class _Columns:
         return self.errors_at + (layer - 1) * self.length + position
 
 
-def _rows_from_grads(grads: list, leaves: Leaves, columns: _Columns, layers: int) -> torch.Tensor:
-    """(n, C): each target's direct effects, from its gradients with respect to the leaves
-    (tokens, features per layer, errors per layer, in `Leaves.flat` order; None: unused)."""
-    n = next(g.shape[0] for g in grads if g is not None)
+def _rows_from_grads(grads: Gradients, leaves: Leaves, columns: _Columns, layers: int) -> torch.Tensor:
+    """(n, C): each target's direct effects, its gradients with respect to the leaves times the
+    leaves' values (a vector leaf's summed over its dimensions)."""
+    n = grads.tokens.shape[0]
     rows = torch.zeros(n, columns.count, dtype=leaves.tokens.dtype)
-    tokens_grad, feature_grads, error_grads = grads[0], grads[1:1 + layers], grads[1 + layers:]
-    if tokens_grad is not None:
-        rows[:, columns.tokens_at:] = (tokens_grad * leaves.tokens).sum(-1)
-    feature_index = torch.tensor([[l, p, s] for l, p, s in columns.features], dtype=torch.long).reshape(-1, 3)
+    rows[:, columns.tokens_at:] = (grads.tokens * leaves.tokens).sum(-1)
     for layer in range(1, layers + 1):
-        if feature_grads[layer - 1] is not None:
-            chosen = (feature_index[:, 0] == layer).nonzero().flatten()
-            p, s = feature_index[chosen, 1], feature_index[chosen, 2]
-            rows[:, chosen] = feature_grads[layer - 1][:, p, s] * leaves.features[layer][p, s]
-        if error_grads[layer - 1] is not None:
+        if layer in grads.features:
+            chosen = columns.by_layer[layer]
+            p, s = columns.slots[chosen, 1], columns.slots[chosen, 2]
+            rows[:, chosen] = grads.features[layer][:, p, s] * leaves.features[layer][p, s]
             start = columns.error(layer, 0)
-            rows[:, start:start + columns.length] = (error_grads[layer - 1] * leaves.errors[layer]).sum(-1)
+            rows[:, start:start + columns.length] = (grads.errors[layer] * leaves.errors[layer]).sum(-1)
     return rows
 
 
 class _Attributor:
-    """One sentence's replacement, run once with its leaves requiring grad, and the rows read
-    from it by batched backward passes."""
+    """One sentence's replacement and the rows read from it: each batch of targets' gradients
+    through the replacement's transpose (`Replacement.gradients_at_*`), times the leaves."""
 
     def __init__(self, replacement: Replacement, sentence: Sentence, words: torch.Tensor, weights: torch.Tensor):
         self.replacement, self.sentence = replacement, sentence
         self.layers = replacement.layers
-        self.leaves = sentence.leaves.requiring_grad()
-        self.reads: dict = {}
-        with torch.enable_grad():
-            logits = replacement.forward(sentence, self.leaves, reads=self.reads)
-            self.logits = logits[words]  # (n,)
-            self.pre = {l: replacement.pre_activations(sentence, l, self.reads) for l in range(1, self.layers + 1)}
-        zero_reads: dict = {}
+        self.leaves = sentence.leaves
+        reads, zero_reads = {}, {}
         with torch.no_grad():
-            zeros = sentence.leaves.zeros()
-            self.logit_bias = replacement.forward(sentence, zeros, reads=zero_reads)[words]
+            self.logits = replacement.forward(sentence, self.leaves, reads=reads)[words]  # (n,)
+            self.pre = {l: replacement.pre_activations(sentence, l, reads) for l in range(1, self.layers + 1)}
+            self.logit_bias = replacement.forward(sentence, sentence.leaves.zeros(), reads=zero_reads)[words]
             self.pre_bias = {l: replacement.pre_activations(sentence, l, zero_reads) for l in range(1, self.layers + 1)}
         self.columns = _Columns(sentence, self.layers)
         self.words, self.weights = words, weights
 
+    @torch.no_grad()
     def logit_rows(self) -> torch.Tensor:
-        n = len(self.words)
-        cotangent = torch.eye(n, dtype=self.logits.dtype)
-        grads = torch.autograd.grad(self.logits, self.leaves.flat(), cotangent, retain_graph=True,
-                                    is_grads_batched=True, allow_unused=True)
-        return _rows_from_grads(list(grads), self.leaves, self.columns, self.layers)
+        directions, _ = self.replacement.decoder_rows(self.words)
+        grads = self.replacement.gradients_at_logits(self.sentence, directions)
+        return _rows_from_grads(grads, self.leaves, self.columns, self.layers)
 
+    @torch.no_grad()
     def feature_rows(self, chosen: list[int]) -> torch.Tensor:
         """(len(chosen), C): the rows of the features at column indices `chosen`, batched per layer."""
         rows = torch.zeros(len(chosen), self.columns.count, dtype=self.logits.dtype)
         by_layer: dict[int, list[int]] = {}
         for i, column in enumerate(chosen):
             by_layer.setdefault(self.columns.features[column][0], []).append(i)
+        length = len(self.sentence.tokens)
         for layer, members in by_layer.items():
-            pre = self.pre[layer]  # (T, k)
-            wanted = [l for l in self.leaves.flat()]
+            encoder = self.replacement.transcoders[layer].coder.encoder.weight.to(self.logits.dtype)
             for start in range(0, len(members), BATCH):
                 part = members[start:start + BATCH]
-                cotangent = torch.zeros(len(part), *pre.shape, dtype=pre.dtype)
+                cotangent = torch.zeros(len(part), length, encoder.shape[1], dtype=self.logits.dtype)
                 for row, i in enumerate(part):
                     _, position, slot = self.columns.features[chosen[i]]
-                    cotangent[row, position, slot] = 1.0
-                grads = torch.autograd.grad(pre, wanted, cotangent, retain_graph=True, is_grads_batched=True,
-                                            allow_unused=True)
-                rows[part] = _rows_from_grads(list(grads), self.leaves, self.columns, self.layers)
+                    cotangent[row, position] = encoder[int(self.sentence.indices[layer][position, slot])]
+                grads = self.replacement.gradients_at_block_input(self.sentence, layer, cotangent)
+                rows[part] = _rows_from_grads(grads, self.leaves, self.columns, self.layers)
         return rows
 
     def feature_values(self, chosen: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """(clean pre-activations, biases) of the features at `chosen`."""
         keys = [self.columns.features[c] for c in chosen]
-        value = torch.stack([self.pre[l][p, s].detach() for l, p, s in keys]) if keys else torch.zeros(0)
+        value = torch.stack([self.pre[l][p, s] for l, p, s in keys]) if keys else torch.zeros(0)
         bias = torch.stack([self.pre_bias[l][p, s] for l, p, s in keys]) if keys else torch.zeros(0)
         return value, bias
 

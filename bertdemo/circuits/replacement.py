@@ -59,6 +59,16 @@ class Leaves:
 
 
 @dataclass
+class Gradients:
+    """A batch of n targets' gradients: per layer the features' (n, T, k) and errors' (n, T, H),
+    and the token nodes' (n, T, E)."""
+
+    features: dict[int, torch.Tensor]
+    errors: dict[int, torch.Tensor]
+    tokens: torch.Tensor | None = None
+
+
+@dataclass
 class Frozen:
     """What the clean forward fixed: per norm call its 1/sigma (T, 1) (key: "embed", "a3", "m3",
     "final", "head"), per layer its attention weights (heads, T, T), the head's activation ratio
@@ -269,6 +279,98 @@ class Replacement:
             errors[layer] = y - decoded * coded[:, None].to(self.dtype)
         sentence.leaves = Leaves(tokens_in, features, errors)
         return sentence
+
+    # ------------------------------------------------------------ its transpose: every target's gradients
+
+    def gradients_at_block_input(self, sentence: Sentence, layer: int, cotangent: torch.Tensor) -> "Gradients":
+        """The gradients of sum(cotangent * layer `layer`'s block input) with respect to every leaf,
+        for a batch of n targets at once: cotangent (n, T, H). The transpose of `forward`, written
+        out: each frozen norm, attention's value-output path and feed-forward replacement in turn."""
+        w, frozen = self.wiring, sentence.frozen
+        if w.norm_first:  # x_l = norm_m(h'_l), h'_l = h_{l-1} + attention(norm_a(h_{l-1}))
+            g = self._norm_t(self.anatomy.part(layer - 1, w.mlp_norm), cotangent, f"m{layer}", frozen)
+        else:  # x_l = norm_a(h_{l-1} + attention(h_{l-1}))
+            g = self._norm_t(self.anatomy.part(layer - 1, w.attention_norm), cotangent, f"a{layer}", frozen)
+        return self._down(sentence, self._through_attention(sentence, layer, g), layer - 1)
+
+    def gradients_at_logits(self, sentence: Sentence, rows: torch.Tensor) -> "Gradients":
+        """The gradients of each target `rows @ logits` ((n, V) or the decoder rows' span: rows
+        given as (n, D) decoder-input directions) with respect to every leaf."""
+        dense, _, norm, _ = (self._head_module(i) for i in range(4))
+        frozen = sentence.frozen
+        g = self._norm_t(norm, rows[:, None, :], "head", frozen)[:, 0] * frozen.head_ratio
+        g = g @ dense.weight.to(self.dtype)  # (n, H) at the final hidden state at the mask
+        full = torch.zeros(len(rows), len(sentence.tokens), g.shape[-1], dtype=self.dtype)
+        full[:, sentence.mask] = g
+        if self.wiring.norm_first:
+            final = self.anatomy.model_part(self.model, self.anatomy.family.final_norm)
+            full = self._norm_t(final, full, "final", frozen)
+        return self._down(sentence, full, self.layers)
+
+    def _through_attention(self, sentence: Sentence, layer: int, g: torch.Tensor) -> torch.Tensor:
+        """g at s = h + attention(norm_a?(h)) -> g at h (layer `layer`, 1-based)."""
+        w = self.wiring
+        weights = sentence.frozen.attention[layer].to(self.dtype)
+        back = self._attention_t(layer - 1, g, weights)
+        if w.norm_first:
+            back = self._norm_t(self.anatomy.part(layer - 1, w.attention_norm), back, f"a{layer}", sentence.frozen)
+        return g + back
+
+    def _down(self, sentence: Sentence, g: torch.Tensor, top: int) -> "Gradients":
+        """From g (n, T, H) at layer `top`'s output down to the token nodes, collecting the
+        gradients of each layer's features and errors on the way."""
+        w, frozen = self.wiring, sentence.frozen
+        grads = Gradients({}, {})
+        for layer in range(top, 0, -1):
+            mlp_norm = self.anatomy.part(layer - 1, w.mlp_norm)
+            g_out = g if w.norm_first else self._norm_t(mlp_norm, g, f"m{layer}", frozen)  # at the block output
+            g_x = self._mlp_t(layer, g_out, sentence, grads)
+            if w.norm_first:  # h_l = h'_l + out, x_l = norm_m(h'_l)
+                g = self._through_attention(sentence, layer, g_out + self._norm_t(mlp_norm, g_x, f"m{layer}", frozen))
+            else:  # h_l = norm_m(x_l + out), x_l = norm_a(h_{l-1} + attention(h_{l-1}))
+                g_s = self._norm_t(self.anatomy.part(layer - 1, w.attention_norm), g_out + g_x, f"a{layer}", frozen)
+                g = self._through_attention(sentence, layer, g_s)
+        project = self.anatomy.model_part(self.model, w.embedding_project) if w.embedding_project else None
+        if project is not None:
+            g = g @ project.weight.to(self.dtype)
+        grads.tokens = self._norm_t(self.anatomy.model_part(self.model, w.embedding_norm), g, "embed", frozen)
+        return grads
+
+    def _mlp_t(self, layer: int, g_out: torch.Tensor, sentence: Sentence, grads: "Gradients") -> torch.Tensor:
+        """The feed-forward replacement's transpose: the features' and errors' gradients into
+        `grads`; returns the gradient at the block input through the skip path (zeros without)."""
+        coder = self.transcoders[layer].coder
+        coded = g_out * sentence.coded[:, None].to(self.dtype)
+        rows = coder.W_dec.to(self.dtype)[sentence.indices[layer]]  # (T, k, H)
+        grads.features[layer] = torch.einsum("nth,tkh->ntk", coded, rows)
+        grads.errors[layer] = g_out
+        if coder.W_skip is None:
+            return torch.zeros_like(g_out)
+        return coded @ coder.W_skip.to(self.dtype)
+
+    def _norm_t(self, module, g: torch.Tensor, key: str, frozen: Frozen) -> torch.Tensor:
+        """The frozen norm's transpose: g (n, T, D) at its output -> at its input."""
+        if module is None or isinstance(module, torch.nn.Identity):
+            return g
+        if getattr(module, "weight", None) is not None:
+            g = g * module.weight.to(self.dtype)
+        g = g * frozen.scales[key]
+        rms = any(name in type(module).__name__ for name in RMS_NAMES)
+        return g if rms else g - g.mean(-1, keepdim=True)
+
+    def _attention_t(self, layer: int, g: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """`_attention`'s transpose (layer 0-based): g (n, T, H) at its output -> at its input."""
+        parts = self.anatomy.attention[layer]
+        n, length = g.shape[:2]
+        mixed = (g @ parts.output.weight.to(self.dtype)).view(n, length, parts.heads, parts.head_dim).transpose(1, 2)
+        values = torch.matmul(weights.transpose(-1, -2), mixed)  # (n, heads, T, d)
+        projection = self.anatomy.part(layer, self.wiring.value).weight.to(self.dtype)
+        if self.wiring.fused_qkv:
+            projection = projection[2 * projection.shape[0] // 3:]
+        kv_heads = projection.shape[0] // parts.head_dim
+        if kv_heads != parts.heads:  # each key-value head served parts.heads // kv_heads heads
+            values = values.reshape(n, kv_heads, parts.heads // kv_heads, length, parts.head_dim).sum(2)
+        return values.transpose(1, 2).reshape(n, length, -1) @ projection
 
     def pre_activations(self, sentence: Sentence, layer: int, reads: dict) -> torch.Tensor:
         """(T, k): the encoder's pre-activation of each active feature of `layer` at each position,
