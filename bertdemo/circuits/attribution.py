@@ -14,9 +14,10 @@ run with every leaf at zero) add up to its clean value (`check_exactness`).
 The edges into a batch of targets of one layer come from one pass through the replacement's
 transpose, written out (`Replacement.gradients_at_block_input`, `gradients_at_logits`): each
 target's cotangent is one row of the batch. (torch's batched backward, `is_grads_batched`, gave
-the same rows about 2x slower on a CPU, copying its batch at every broadcast.) Rows are computed for the logit nodes first, then for features in order of their
-influence on the logits as far as it is known (circuit-tracer's order), up to
-`max_feature_nodes`; a feature left without a row is still a source of edges.
+the same rows about 2x slower on a CPU, copying its batch at every broadcast.) Rows are computed
+for the logit nodes first, then for features in order of their influence on the logits as far
+as it is known (circuit-tracer's order), up to `max_feature_nodes`; a feature left without a row
+is still a source of edges.
 """
 from __future__ import annotations
 
