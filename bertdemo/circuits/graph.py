@@ -141,7 +141,7 @@ def prune(adjacency: Adjacency, node_threshold: float = 0.8, edge_threshold: flo
                                     0, len(adjacency.logit_weights) - 1)],
                                 pruned_influence[adjacency.row_nodes.clamp(min=0)])
     edge_scores = scaled * row_influence[:, None]
-    edges = edge_scores >= _threshold(edge_scores, edge_threshold)
+    edges = edge_scores >= _threshold(edge_scores[edge_scores > 0], edge_threshold)
     edges &= rows != 0
     is_token = adjacency.column_mask("token")
     is_feature = adjacency.column_mask("feature")
@@ -234,10 +234,11 @@ def assemble(text: str, tokens: list[str], adjacency: Adjacency, node_threshold:
     columns = adjacency.columns
     nodes = [node_dict(n, float(kept.influence[i])) for i, n in enumerate(columns) if bool(kept.keep[i])]
     nodes += [node_dict(n, float(adjacency.logit_weights[i])) for i, n in enumerate(adjacency.logits)]
-    edges = []
-    targets = [adjacency.logits[-1 - int(r)].id if int(r) < 0 else columns[int(r)].id for r in adjacency.row_nodes]
-    for r, c in kept.edges.nonzero().tolist():
-        edges.append(Edge(columns[c].id, targets[r], float(adjacency.rows[r, c])))
-    edges.sort(key=lambda e: -abs(e.weight))
+    targets = [adjacency.logits[-1 - r].id if r < 0 else columns[r].id for r in adjacency.row_nodes.tolist()]
+    r, c = kept.edges.nonzero().T
+    weights = adjacency.rows[r, c]
+    order = weights.abs().argsort(descending=True)  # strongest first
+    edges = [Edge(columns[ci].id, targets[ri], w) for ri, ci, w in
+             zip(r[order].tolist(), c[order].tolist(), weights[order].tolist())]
     return Graph(text, tokens, adjacency.mask_position, nodes, edges, scores(adjacency), float(node_threshold),
                  float(edge_threshold), adjacency, target, dict(timings or {}))
