@@ -27,7 +27,7 @@ from bertdemo.config import cpu_model  # noqa: E402
 from bertdemo.views.fillmask import encode, logits_at  # noqa: E402
 from bertdemo.views.attention_views import (bertviz_html, default_selection, srcdoc_iframe,  # noqa: E402
                                 view, view_height)
-from bertdemo.ui.attention_tab import served_urls  # noqa: E402
+from bertdemo.ui.tabs.attention_tab import served_urls  # noqa: E402
 from common import load_bert_base, sentence_of  # noqa: E402
 
 

@@ -5,7 +5,7 @@
       onnx/<family>-<weights>.onnx  a model's ONNX Runtime export (forward/onnx_engine.py; $BERTDEMO_ONNX_CACHE)
       features/<weights>/layer_N/   a dictionary trained here     (features/store.py; $BERTDEMO_FEATURES_CACHE)
       transcoders/<weights>/layer_N/ a transcoder trained here    (circuits/transcoders.py)
-      examples/<name>/<model>/      the examples' cached results  (ui/cached_examples.py)
+      examples/<name>/<model>/      the examples' cached results  (ui/parts/cached_examples.py)
       warm/onnx/...                 exports made ahead by `python -m bertdemo warm` ($BERTDEMO_WARM_DIR):
                                     read only, never evicted, not counted
 

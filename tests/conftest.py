@@ -100,10 +100,11 @@ def app_without_a_model():
     from gradio_client import Client
 
     from bertdemo.config import Settings
+    from bertdemo.ui.serving import lifecycle
 
     settings = Settings(model="bertdemo-tests/no-such-model", device="cpu", port=None)
     demo = app.build_demo(settings)
-    url, _ = app.serve(demo, settings, block=False)
+    url, _ = lifecycle.serve(demo, settings, block=False)
     try:
         yield Client(url, verbose=False)
     finally:

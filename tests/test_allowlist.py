@@ -19,6 +19,7 @@ from bertdemo.model import loading
 from bertdemo.config import DEFAULT_MODEL, Settings
 from bertdemo.model.loading import LoadedModel
 from bertdemo.sessions import SessionStore
+from bertdemo.ui.serving import lifecycle
 
 SENTENCE = "Paris is the [MASK] of France."
 
@@ -140,7 +141,7 @@ def picker_app(tiny_bert_dir, tiny_distilbert, tmp_path_factory):
     settings = Settings(model=str(tiny_bert_dir), models=f"{tiny_distilbert.name},{broken}",
                         device="cpu", port=None)
     demo = app.build_demo(settings)
-    url, _ = app.serve(demo, settings, block=False)
+    url, _ = lifecycle.serve(demo, settings, block=False)
     yield url, broken
     demo.close()
 

@@ -18,7 +18,7 @@ from bertdemo import plots
 from bertdemo.views.attention_views import (VIEWS, Attention, aggregate, bertviz_html, data_urls, default_selection,
                                 eager_twin, mask_rows, rollout, srcdoc_iframe, standalone,
                                 view)
-from bertdemo.ui.attention_tab import served_urls
+from bertdemo.ui.tabs.attention_tab import served_urls
 
 PAIR = ("Paris is the [MASK] of unbelievably France.", "Berlin is nice.")
 EVIL = ['<script>alert("x")</script>', "</iframe>", "\"quotes' & <b>bold</b>",
@@ -288,14 +288,14 @@ def _fill_mask_error(lm) -> ValueError:
 def _visitor(lm, session="s1"):
     from bertdemo.config import Settings
     from bertdemo.sessions import SessionStore
-    from bertdemo.ui.context import Visitor
+    from bertdemo.ui.parts.context import Visitor
 
     return Visitor(SessionStore(lm), Settings(device="cpu"), session, bertdemo.Engine())
 
 
 def test_handlers_keep_only_the_query_and_recompute_the_same_views(real_vocab_bert):
     """An idle session keeps a few hundred bytes, whatever its length; option changes still work."""
-    from bertdemo.ui import attention_tab
+    from bertdemo.ui.tabs import attention_tab
 
     visitor = _visitor(real_vocab_bert)
     text = "The [MASK] sat on the mat because it was tired and " + "very " * 100 + "sleepy."
@@ -323,7 +323,7 @@ def test_handlers_keep_only_the_query_and_recompute_the_same_views(real_vocab_be
 def test_option_changes_before_any_run_change_nothing(tiny_bert):
     import gradio as gr
 
-    from bertdemo.ui import attention_tab
+    from bertdemo.ui.tabs import attention_tab
 
     visitor = _visitor(tiny_bert)
     assert all(isinstance(x, type(gr.skip())) for x in attention_tab.on_viz(visitor, "head", [], []))
@@ -332,7 +332,7 @@ def test_option_changes_before_any_run_change_nothing(tiny_bert):
 
 def test_a_freed_model_asks_to_run_again(tiny_bert):
     from bertdemo.model.loading import LoadedModel
-    from bertdemo.ui import attention_tab
+    from bertdemo.ui.tabs import attention_tab
 
     visitor = _visitor(tiny_bert)
     tuned = LoadedModel("tuned", tiny_bert.tokenizer, tiny_bert.model, tiny_bert.device)

@@ -26,6 +26,7 @@ from bertdemo.config import Settings
 from bertdemo.features.making import train_features
 from bertdemo.features.store import FeatureStore
 from bertdemo.features.training import FeatureSettings
+from bertdemo.ui.serving import lifecycle
 
 SENTENCE = "Paris is the [MASK] of France."
 TEXT = "Paris is the capital of France."
@@ -151,7 +152,7 @@ def suite_app(tmp_path_factory):
     train_features(bertdemo.load(str(model), device="cpu"), 1, None, FeatureSettings(max_tokens=3_000),
                    store=features)
     demo = app.build_demo(settings, features=features)
-    url, _ = app.serve(demo, settings, block=False)
+    url, _ = lifecycle.serve(demo, settings, block=False)
     yield url, [str(root), str(Path(app.__file__).parent)]
     demo.close()
 

@@ -82,9 +82,9 @@ def test_dtype_names():
 def test_dtype_flag_reaches_the_model_and_the_page(engine, tiny_bert_dir):
     import app
     from bertdemo.config import Settings
-    from bertdemo.ui import fillmask_tab
-    from bertdemo.ui.context import Visitor
-    from bertdemo.ui.model_line import model_line
+    from bertdemo.ui.parts.context import Visitor
+    from bertdemo.ui.parts.model_line import model_line
+    from bertdemo.ui.tabs import fillmask_tab
 
     settings = Settings.from_flags(["--model", str(tiny_bert_dir), "--device", "cpu", "--dtype", "bfloat16"])
     assert settings.dtype == "bfloat16" and Settings().dtype == "float32"

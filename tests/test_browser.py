@@ -8,7 +8,7 @@ from playwright.sync_api import expect
 import bertdemo
 from bertdemo.config import Settings
 from bertdemo.sessions import SessionStore
-from bertdemo.ui import attention_tab
+from bertdemo.ui.tabs import attention_tab
 from conftest import launch
 
 EVIL = '<img src=x onerror=alert(1)> "quoted" </iframe><script>alert("x")</script>'

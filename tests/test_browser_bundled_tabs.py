@@ -88,7 +88,7 @@ def test_joint_completions_show_the_filled_words_first_and_the_sentence_whole(pa
 
 
 def test_the_word_order_examples_show_the_probe_rising_with_depth(page, bundled_url, screenshot):
-    from bertdemo.ui import classify_tab
+    from bertdemo.ui.tabs import classify_tab
 
     page.goto(bundled_url)
     page.get_by_role("tab", name="Classify").click()

@@ -8,7 +8,7 @@ import pytest
 from playwright.sync_api import expect
 
 import bertdemo
-from bertdemo.ui import classify_tab
+from bertdemo.ui.tabs import classify_tab
 from conftest import expect_toast, set_slider
 
 pytestmark = pytest.mark.browser

@@ -4,7 +4,7 @@ import pytest
 from playwright.sync_api import expect
 
 import bertdemo
-from bertdemo.ui import classify_tab, embeddings_tab
+from bertdemo.ui.tabs import classify_tab, embeddings_tab
 from conftest import block
 
 pytestmark = pytest.mark.browser

@@ -8,7 +8,8 @@ from playwright.sync_api import expect
 import app
 import bertdemo
 from bertdemo.config import Settings
-from bertdemo.ui.model_banner import BUNDLED_BUTTON
+from bertdemo.ui.parts.model_banner import BUNDLED_BUTTON
+from bertdemo.ui.serving import lifecycle
 
 SENTENCE = "Paris is the [MASK] of France."
 
@@ -39,7 +40,7 @@ def test_predict_draws_one_bar_per_prediction(page, app_url, tiny_bert, screensh
 
 def test_a_right_to_left_sentence_is_said_to_be_beyond_what_the_model_reads(page, app_url, tiny_bert, screenshot):
     from bertdemo.views.reading import reading_notice
-    from bertdemo.ui.fillmask_tab import reading_words
+    from bertdemo.ui.tabs.fillmask_tab import reading_words
 
     hebrew = "פריז היא [MASK] של צרפת."
     notice = reading_notice(tiny_bert, hebrew)
@@ -95,7 +96,7 @@ def no_model_url():
     """The app started offline with a model it can't fetch."""
     settings = Settings(model="bertdemo-tests/no-such-model", device="cpu", port=None)
     demo = app.build_demo(settings)
-    url, _ = app.serve(demo, settings, block=False)
+    url, _ = lifecycle.serve(demo, settings, block=False)
     yield url
     demo.close()
 

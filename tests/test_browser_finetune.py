@@ -10,7 +10,7 @@ from playwright.sync_api import expect
 from bertdemo.config import Settings
 from bertdemo.views.compare import compare_probes
 from bertdemo.training.fine_tuning import default_probes, finetune
-from bertdemo.ui import finetune_tab
+from bertdemo.ui.tabs import finetune_tab
 from conftest import block, set_slider
 
 TEXT = """Paris is the capital of France.

@@ -8,7 +8,7 @@ import urllib.request
 from playwright.sync_api import expect
 
 import bertdemo
-from bertdemo.ui.preload import ELEM_ID
+from bertdemo.ui.parts.preload import ELEM_ID
 from conftest import block
 
 SENTENCE = "The [MASK] sat on the [MASK]."

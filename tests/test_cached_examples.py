@@ -13,8 +13,8 @@ import bertdemo
 from bertdemo.config import Settings
 from bertdemo.disk import DiskCache
 from bertdemo.sessions import SessionStore
-from bertdemo.ui.cached_examples import ModelExamples
-from bertdemo.ui.context import AppContext, Visitor, handler
+from bertdemo.ui.parts.cached_examples import ModelExamples
+from bertdemo.ui.parts.context import AppContext, Visitor, handler
 
 CALLS = []
 

@@ -369,7 +369,7 @@ def test_real_minilm_weights_classify_unseen_sentences():
 def visitor(tiny_bert):
     from bertdemo.config import Settings
     from bertdemo.sessions import SessionStore
-    from bertdemo.ui.context import Visitor
+    from bertdemo.ui.parts.context import Visitor
 
     return Visitor(SessionStore(tiny_bert), Settings(model="tiny", device="cpu"), "s1", bertdemo.Engine())
 
@@ -379,7 +379,7 @@ def table(examples) -> list[list[str]]:
 
 
 def test_the_tab_trains_from_the_table_keeps_the_classifier_and_uses_it(visitor, tmp_path):
-    from bertdemo.ui import classify_tab as tab
+    from bertdemo.ui.tabs import classify_tab as tab
 
     with pytest.raises(ValueError, match="no classifier yet"):
         tab.on_classify(visitor, "the dog")
@@ -399,7 +399,7 @@ def test_the_tab_trains_from_the_table_keeps_the_classifier_and_uses_it(visitor,
 
 
 def test_the_tab_loads_bundled_and_uploaded_examples(visitor, tmp_path):
-    from bertdemo.ui import classify_tab as tab
+    from bertdemo.ui.tabs import classify_tab as tab
 
     for name in tab.EXAMPLE_SETS:
         rows = tab.on_example(visitor, name)
@@ -418,8 +418,8 @@ def test_the_tab_loads_bundled_and_uploaded_examples(visitor, tmp_path):
 
 
 def test_the_validator_puts_the_message_beside_the_field_and_claims_one_run(visitor):
-    from bertdemo.ui import live_run
-    from bertdemo.ui.context import AppContext, handler
+    from bertdemo.ui.parts import live_run
+    from bertdemo.ui.parts.context import AppContext, handler
 
     check = handler(AppContext(visitor.store, visitor.settings, visitor.engine), live_run.validator("train_classifier"))
     request = type("Request", (), {"session_hash": "s2"})()
@@ -436,7 +436,7 @@ def test_the_validator_puts_the_message_beside_the_field_and_claims_one_run(visi
 
 
 def test_stop_in_the_tab_ends_the_run_and_frees_the_slot(visitor):
-    from bertdemo.ui import classify_tab as tab
+    from bertdemo.ui.tabs import classify_tab as tab
 
     form = ClassifierForm(table(keyword_task()), 70, 3e-3, 8, False, 0)
     run = tab.on_train(visitor, form, progress=lambda *a, **k: None)
@@ -450,7 +450,7 @@ def test_stop_in_the_tab_ends_the_run_and_frees_the_slot(visitor):
 
 
 def test_a_new_run_clears_the_last_runs_tables_as_it_starts(visitor):
-    from bertdemo.ui import classify_tab as tab
+    from bertdemo.ui.tabs import classify_tab as tab
 
     form = ClassifierForm(table(keyword_task()), 1, 3e-3, 8, False, 0)
     first = list(tab.on_train(visitor, form, progress=lambda *a, **k: None))[-1]

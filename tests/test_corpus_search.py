@@ -207,13 +207,13 @@ def test_bad_input_says_how_to_fix_it(tiny_bert, cache, change, message):
 def visitor_for(lm, engine, **settings):
     from bertdemo.config import Settings
     from bertdemo.sessions import SessionStore
-    from bertdemo.ui.context import Visitor
+    from bertdemo.ui.parts.context import Visitor
 
     return Visitor(SessionStore(lm), Settings(**settings), "someone", engine)
 
 
 def test_the_tab_lists_the_hits_in_context_as_text(tiny_bert, engine):
-    from bertdemo.ui import search_tab
+    from bertdemo.ui.tabs import search_tab
 
     lines = "the cat <b>sat</b> on the mat & rug\na dog ran"
     status, hits, counts, raw = search_tab.on_search(visitor_for(tiny_bert, engine), "the cat sat", "cat", 2, 5, lines)
@@ -224,7 +224,7 @@ def test_the_tab_lists_the_hits_in_context_as_text(tiny_bert, engine):
 
 
 def test_the_tabs_stop_ends_a_build_and_says_so(tiny_bert, tmp_path):
-    from bertdemo.ui import search_tab
+    from bertdemo.ui.tabs import search_tab
 
     engine = bertdemo.Engine()
     engine.search = IndexCache(tmp_path)
@@ -240,7 +240,7 @@ def test_the_tabs_stop_ends_a_build_and_says_so(tiny_bert, tmp_path):
 
 
 def test_an_uploaded_file_fills_the_corpus_within_the_limit(tiny_bert, engine, tmp_path):
-    from bertdemo.ui import search_tab
+    from bertdemo.ui.tabs import search_tab
 
     visitor = visitor_for(tiny_bert, engine, search_max_chars=100)
     small, large, binary = tmp_path / "small.txt", tmp_path / "large.txt", tmp_path / "data.txt"

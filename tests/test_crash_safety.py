@@ -28,7 +28,7 @@ SLOW_EXPORT = """
 import onnxruntime.transformers.optimizer as optimizer
 real = optimizer.optimize_model
 def slowly(*args, **kwargs):  # the raw export is on disk, in the export's temporary folder
-    os.write(1, b"PHASE export\\n")  # past app.serve's redirect of sys.stdout
+    os.write(1, b"PHASE export\\n")  # past lifecycle.serve's redirect of sys.stdout
     time.sleep(120)
     return real(*args, **kwargs)
 optimizer.optimize_model = slowly
@@ -37,7 +37,7 @@ SLOW_INDEX = """
 from bertdemo.views import corpus_search
 real = corpus_search._batch_vectors
 def slowly(*args):
-    os.write(1, b"PHASE index\\n")  # past app.serve's redirect of sys.stdout
+    os.write(1, b"PHASE index\\n")  # past lifecycle.serve's redirect of sys.stdout
     time.sleep(0.5)
     return real(*args)
 corpus_search._batch_vectors = slowly
@@ -47,7 +47,7 @@ SLOW_LOAD = """
 from bertdemo.model import loading
 real = loading.load
 def slowly(*args, **kwargs):
-    os.write(1, b"PHASE load\\n")  # past app.serve's redirect of sys.stdout
+    os.write(1, b"PHASE load\\n")  # past lifecycle.serve's redirect of sys.stdout
     time.sleep(120)
     return real(*args, **kwargs)
 loading.load = slowly

@@ -12,7 +12,7 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from bertdemo.sessions import SessionStore
-from bertdemo.ui.health import Health
+from bertdemo.ui.serving.health import Health
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "deploy"))
 import nginx  # noqa: E402  deploy/nginx.py

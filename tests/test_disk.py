@@ -310,9 +310,9 @@ def test_the_health_endpoint_and_the_about_tab_say_used_and_budget(tiny_bert, tm
     from starlette.testclient import TestClient
 
     from bertdemo.sessions import SessionStore
-    from bertdemo.ui import about_tab
-    from bertdemo.ui.context import Visitor
-    from bertdemo.ui.health import Health
+    from bertdemo.ui.parts.context import Visitor
+    from bertdemo.ui.serving.health import Health
+    from bertdemo.ui.tabs import about_tab
 
     cache = DiskCache(tmp_path, budget=400)
     entry(cache.folder("search"), "an-index", 12.5)

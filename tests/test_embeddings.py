@@ -11,8 +11,8 @@ from bertdemo.views import embeddings
 from bertdemo.labelled import parse_examples, stratified_split
 from bertdemo.config import Settings
 from bertdemo.sessions import SessionStore
-from bertdemo.ui import classify_tab, embeddings_tab
-from bertdemo.ui.context import Visitor
+from bertdemo.ui.parts.context import Visitor
+from bertdemo.ui.tabs import classify_tab, embeddings_tab
 
 BANK = embeddings_tab.EXAMPLES["bank"]  # three river banks, then three money banks
 RIVER = {0, 1, 2}

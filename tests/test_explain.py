@@ -282,13 +282,13 @@ def test_work_cap_stops_long_texts_with_many_steps(tiny_bert, monkeypatch):
 def visitor(tiny_bert):
     from bertdemo.config import Settings
     from bertdemo.sessions import SessionStore
-    from bertdemo.ui.context import Visitor
+    from bertdemo.ui.parts.context import Visitor
 
     return Visitor(SessionStore(tiny_bert), Settings(model=tiny_bert.name, device="cpu"), "s1", bertdemo.Engine())
 
 
 def test_layers_handler_plots_the_chosen_mask(visitor):
-    from bertdemo.ui.explain_tab import on_layers
+    from bertdemo.ui.tabs.explain_tab import on_layers
 
     heatmap, ranks, entries = on_layers(visitor, TWO, 2, 4)
     assert entries == bertdemo.layer_predictions(visitor.lm, TWO, 4)
@@ -302,7 +302,7 @@ def test_layers_handler_plots_the_chosen_mask(visitor):
 
 def test_saliency_handler_shows_attribution_beside_attention(visitor):
     from bertdemo.views.attention_views import attention, mask_rows
-    from bertdemo.ui.explain_tab import on_saliency
+    from bertdemo.ui.tabs.explain_tab import on_saliency
 
     note, coloured, result = on_saliency(visitor, TWO, "", 1, "integrated_gradients", 16, 0)
     assert "convergence delta" in note
@@ -315,14 +315,14 @@ def test_saliency_handler_shows_attribution_beside_attention(visitor):
 @pytest.mark.parametrize("args, words", [
     ((TWO, 3, 5), "from 1 to 2"), ((TWO, 1, 51), "from 1 to 50"), (("No mask.", 1, 5), "No [MASK]")])
 def test_layers_handler_refuses_bad_input(visitor, args, words):
-    from bertdemo.ui.explain_tab import on_layers
+    from bertdemo.ui.tabs.explain_tab import on_layers
 
     with pytest.raises(ValueError, match=words.replace("[", r"\[")):
         on_layers(visitor, *args)
 
 
 def test_saliency_handler_refuses_a_layer_the_model_lacks(visitor):
-    from bertdemo.ui.explain_tab import on_saliency
+    from bertdemo.ui.tabs.explain_tab import on_saliency
 
     with pytest.raises(InputError, match="from 0 to 1") as err:
         on_saliency(visitor, TEXT, "", 1, "gradient_x_input", 1, 2)
@@ -330,7 +330,7 @@ def test_saliency_handler_refuses_a_layer_the_model_lacks(visitor):
 
 
 def test_tokens_are_escaped_in_the_page(real_vocab_bert):
-    from bertdemo.ui.explain_tab import token_rows
+    from bertdemo.ui.tabs.explain_tab import token_rows
 
     result = bertdemo.saliency(real_vocab_bert, "<script>alert(1)</script> is the [MASK].", steps=2)
     page = token_rows(result, [0.1] * len(result["tokens"]), 0)

@@ -156,8 +156,8 @@ def test_the_fine_tune_tabs_export_button_gives_the_sessions_last_run(client, ti
 def test_a_finished_run_names_a_hub_model_by_its_id(runs, tiny_bert):
     from bertdemo.config import Settings
     from bertdemo.sessions import SessionStore
-    from bertdemo.ui import export_button
-    from bertdemo.ui.context import Visitor
+    from bertdemo.ui.parts.context import Visitor
+    from bertdemo.ui.tabs import export_button
 
     store, settings = SessionStore(tiny_bert), Settings(model="bert-base-uncased")
     export.remember(store, "s1", export.finished_run(runs["dynamic"], "bert-base-uncased", TEXT,

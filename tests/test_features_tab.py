@@ -14,9 +14,9 @@ from bertdemo.features.run import FeaturesRequest
 from bertdemo.features.store import FeatureStore
 from bertdemo.features.training import FeatureSettings
 from bertdemo.sessions import SessionStore
-from bertdemo.ui import features_tab as tab
-from bertdemo.ui import live_run
-from bertdemo.ui.context import AppContext, Visitor, handler
+from bertdemo.ui.parts import live_run
+from bertdemo.ui.parts.context import AppContext, Visitor, handler
+from bertdemo.ui.tabs import features_tab as tab
 
 NOUNS = ["cat", "dog", "man", "woman", "car", "house", "book", "river", "city", "tower"]
 VERBS = ["made", "said", "went", "like", "know", "see"]
@@ -250,7 +250,7 @@ def test_a_card_exports_as_json_csv_png_and_svg(visitor, tiny_bert, features):
 
 def test_a_link_to_the_features_tab_sets_the_sentence_the_layer_and_the_cards_feature(tiny_bert_dir, features):
     import app
-    from bertdemo.ui import links
+    from bertdemo.ui.parts import links
 
     demo = app.build_demo(Settings(model=str(tiny_bert_dir), device="cpu"), features=features)
     endpoints = {fn.api_name: fn for fn in demo.fns.values() if getattr(fn, "api_name", None)}

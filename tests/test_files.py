@@ -16,6 +16,7 @@ import app
 from bertdemo.views.attention_views import VENDORED, Attention, bertviz_html
 from bertdemo.config import Settings
 from bertdemo.sessions import SessionStore
+from bertdemo.ui.serving import lifecycle
 
 FT_TEXT = "Paris is the capital of France.\nThe Eiffel Tower is a famous landmark."
 
@@ -26,7 +27,7 @@ def files_app(engine, tiny_bert_dir):
     settings = Settings(model=str(tiny_bert_dir), device="cpu", port=None, download_max_age=1)
     store = app.load_store(settings, engine)
     demo = app.build_demo(settings, store, engine)
-    url, _ = app.serve(demo, settings, block=False)
+    url, _ = lifecycle.serve(demo, settings, block=False)
     yield url, store
     demo.close()
 
@@ -143,11 +144,11 @@ def test_a_chosen_bertviz_view_is_capped_but_never_below_the_default_view():
 
 def test_the_app_uses_its_own_gradio_temp_folder_unless_the_operator_set_one(monkeypatch):
     monkeypatch.delenv("GRADIO_TEMP_DIR", raising=False)
-    app.use_own_gradio_temp_dir()
+    lifecycle.use_own_gradio_temp_dir()
     own = Path(os.environ["GRADIO_TEMP_DIR"])
     assert own.is_dir() and own.name.startswith("bertdemo-gradio-") and not any(own.iterdir())
     monkeypatch.setenv("GRADIO_TEMP_DIR", "/srv/operator-choice")
-    app.use_own_gradio_temp_dir()
+    lifecycle.use_own_gradio_temp_dir()
     assert os.environ["GRADIO_TEMP_DIR"] == "/srv/operator-choice"
 
 

@@ -565,7 +565,7 @@ def test_stopped_run_replaces_a_good_model_only_when_asked(tiny_bert):
     assert history.stopped == "stopped" and len(history.steps) == 2
     kept = keep_or_discard(caller, partial, history, False)
     assert not kept.kept and kept.had_previous and store.tuned("a") is good
-    from bertdemo.ui.live_run import kept_note  # the page's words for it
+    from bertdemo.ui.parts.live_run import kept_note  # the page's words for it
 
     note = kept_note(kept, caller.limits)
     assert "not kept" in note and "previous tuned model is unchanged" in note
@@ -580,7 +580,7 @@ def test_stopped_run_replaces_a_good_model_only_when_asked(tiny_bert):
 def test_the_tab_runs_on_its_own_with_its_endpoints(tiny_bert):
     from bertdemo.config import Settings
     from bertdemo.sessions import SessionStore
-    from bertdemo.ui import finetune_tab
+    from bertdemo.ui.tabs import finetune_tab
 
     demo = finetune_tab.create_demo(SessionStore(tiny_bert), Settings())
     names = {fn.api_name for fn in demo.fns.values()}
@@ -594,7 +594,7 @@ def test_the_tab_runs_on_its_own_with_its_endpoints(tiny_bert):
 def _visitor(lm, session="s1", **settings):
     from bertdemo.config import Settings
     from bertdemo.sessions import SessionStore
-    from bertdemo.ui.context import Visitor
+    from bertdemo.ui.parts.context import Visitor
 
     return Visitor(SessionStore(lm), Settings(device="cpu", **settings), session, bertdemo.Engine())
 
@@ -603,7 +603,7 @@ FORM = (REPEATED, 4, "steps", 1e-2, 8, 16, 0.15, "dynamic", 0)
 
 
 def test_finetune_handler_streams_then_keeps_the_model(tiny_bert):
-    from bertdemo.ui import finetune_tab
+    from bertdemo.ui.tabs import finetune_tab
 
     visitor = _visitor(tiny_bert)
     request = TuningRequest(*FORM, False, "Paris is the [MASK] of France.")
@@ -618,7 +618,7 @@ def test_finetune_handler_streams_then_keeps_the_model(tiny_bert):
 
 
 def test_stop_from_the_page_ends_the_handlers_run_within_one_step(tiny_bert):
-    from bertdemo.ui import finetune_tab
+    from bertdemo.ui.tabs import finetune_tab
 
     visitor = _visitor(tiny_bert, finetune_max_steps=300)
     form = (REPEATED, 300, *FORM[2:])
@@ -638,7 +638,7 @@ def test_stop_from_the_page_ends_the_handlers_run_within_one_step(tiny_bert):
 def test_validator_reserves_once_and_names_the_field(tiny_bert):
     import gradio as gr
 
-    from bertdemo.ui import live_run
+    from bertdemo.ui.parts import live_run
 
     visitor = _visitor(tiny_bert)
     ok = live_run.validator("finetune")(visitor, TuningRequest(*FORM, False, ""))
@@ -668,7 +668,7 @@ def test_an_error_names_the_forms_own_field_and_shows_beside_it(tiny_bert, field
     validator puts its message beside that field."""
     import dataclasses
 
-    from bertdemo.ui import live_run
+    from bertdemo.ui.parts import live_run
 
     form = dataclasses.replace(FinetuneForm(*FORM), **{"length_unit": unit, field: value})
     with pytest.raises(ValueError, match=message) as err:
@@ -684,7 +684,7 @@ def test_an_error_names_the_forms_own_field_and_shows_beside_it(tiny_bert, field
 
 
 def test_the_live_panel_says_overfitting_with_the_best_step():
-    from bertdemo.ui import finetune_tab
+    from bertdemo.ui.tabs import finetune_tab
     steps = [Step(6, 10, 1.0, 1e-3, 1.0)]
     evals = [Evaluation(step, loss, 0.0) for step, loss in ((0, 5.0), (2, 3.0), (4, 3.2), (6, 3.4))]
     assert "Overfitting" not in finetune_tab._live_status(steps, evals[:3])  # risen once: not yet

@@ -15,8 +15,9 @@ import bertdemo.views.compare
 from bertdemo.views.attention_views import view
 from bertdemo.config import Settings
 from bertdemo.sessions import SessionStore
-from bertdemo.ui import attention_tab, heads_panel
-from bertdemo.ui.context import Visitor
+from bertdemo.ui.parts import heads_panel
+from bertdemo.ui.parts.context import Visitor
+from bertdemo.ui.tabs import attention_tab
 
 SENTENCE = "Paris is the [MASK] of France."
 MARKUP = 'Paris <b>is</b> the [MASK] of "$France$".'

@@ -25,6 +25,7 @@ from bertdemo.config import Settings
 from bertdemo.serving.engine import Engine
 from bertdemo.model.loading import LoadedModel
 from bertdemo.sessions import SessionStore
+from bertdemo.ui.serving import lifecycle
 
 SENTENCE = "Paris is the [MASK] of France."
 TEXT = "\n".join(tiny_models.SENTENCES * 3)
@@ -63,7 +64,7 @@ def serve(settings: Settings):
     engine = Engine(max_batch=settings.max_batch)
     store = app.load_store(settings, engine)
     demo = app.build_demo(settings, store, engine)
-    url, _ = app.serve(demo, settings, block=False)
+    url, _ = lifecycle.serve(demo, settings, block=False)
     return demo, url, store
 
 

@@ -9,8 +9,8 @@ import gradio as gr
 import pytest
 
 from bertdemo.config import Settings
-from bertdemo.ui import links
-from bertdemo.ui.links import Control, link_query, parse_link, parse_value
+from bertdemo.ui.parts import links
+from bertdemo.ui.parts.links import Control, link_query, parse_link, parse_value
 
 ENDPOINTS = json.loads(Path(__file__).with_name("endpoints.json").read_text())
 ATTENTION = [Control("sentence", "text", "The cat sat."), Control("layer", "number", 1, 0, 1, True),

@@ -16,8 +16,8 @@ from bertdemo.forward import onnx_engine
 from bertdemo.config import DEFAULT_MODEL, Settings
 from bertdemo.serving.engine import Engine
 from bertdemo.sessions import SessionStore
-from bertdemo.ui.common import refuse_non_finite_numbers
-from bertdemo.ui.context import AppContext, handler
+from bertdemo.ui.parts.common import refuse_non_finite_numbers
+from bertdemo.ui.parts.context import AppContext, handler
 from conftest import launch
 
 

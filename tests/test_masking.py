@@ -259,7 +259,7 @@ def test_mask_sample_endpoint_matches_service(client, tiny_bert):
 
 
 def test_tables_escape_user_text(tiny_roberta):
-    from bertdemo.ui import masking_tab
+    from bertdemo.ui.tabs import masking_tab
 
     rows = bertdemo.mask_sample(tiny_roberta.tokenizer, "<b>Paris</b> & co", mask_probability=0.0)
     assert any("<" in r["token"] for r in rows)  # byte-level BPE keeps the characters
@@ -392,7 +392,7 @@ def test_labelling_steps_past_the_servers_cap_are_refused_beside_the_steps_field
 
 @pytest.mark.slow
 def test_article_finetune_endpoint(client, tiny_bert):
-    from bertdemo.ui import masking_tab
+    from bertdemo.ui.tabs import masking_tab
 
     plot, table, note = client.predict(REPEATED, 0, 8, 1e-2, api_name="/article_finetune")
     expected = masking_tab._consequence_frame(
@@ -412,13 +412,13 @@ def test_article_finetune_endpoint(client, tiny_bert):
 def _visitor(lm, session="s1"):
     from bertdemo.config import Settings
     from bertdemo.sessions import SessionStore
-    from bertdemo.ui.context import Visitor
+    from bertdemo.ui.parts.context import Visitor
 
     return Visitor(SessionStore(lm), Settings(device="cpu"), session, bertdemo.Engine())
 
 
 def test_sample_handler_matches_the_service(tiny_bert):
-    from bertdemo.ui import masking_tab
+    from bertdemo.ui.tabs import masking_tab
 
     strip, table, counts, rows = masking_tab.on_sample(_visitor(tiny_bert), TEXT, 3, 0.3, 0.5, 0.3, False)
     assert rows == bertdemo.mask_sample(tiny_bert.tokenizer, TEXT, 3, 0.3, 0.5, 0.3)
@@ -427,14 +427,14 @@ def test_sample_handler_matches_the_service(tiny_bert):
 
 def test_article_labelling_run_can_be_stopped_and_holds_one_slot(tiny_bert, monkeypatch):
     """The article-labelling comparison runs through bertdemo.runs: Stop ends it within one step."""
-    from bertdemo.ui import masking_tab
+    from bertdemo.ui.tabs import masking_tab
 
     import dataclasses
 
     from bertdemo.runs import kinds
     from bertdemo.training.experiments import LabellingForm
     from bertdemo.training.loop import Step
-    from bertdemo.ui import live_run
+    from bertdemo.ui.parts import live_run
 
     visitor, form = _visitor(tiny_bert), LabellingForm(REPEATED, 0, 60, 1e-2)
     reserve = live_run.validator("article_finetune")

@@ -37,11 +37,12 @@ def free_port() -> int:
 def mcp_url(tiny_bert_dir):
     """The whole app started as `app.py --model TINY --mcp`; yields its MCP endpoint."""
     import app
+    from bertdemo.ui.serving import lifecycle
 
     settings = app.parse_args(["--model", str(tiny_bert_dir), "--device", "cpu", "--mcp",
                                "--port", str(free_port())])
     demo = app.build_demo(settings)
-    url, _ = app.serve(demo, settings, block=False)
+    url, _ = lifecycle.serve(demo, settings, block=False)
     yield url.rstrip("/") + "/gradio_api/mcp/"
     demo.close()
 

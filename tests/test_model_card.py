@@ -95,9 +95,9 @@ def test_loading_a_model_leaves_the_process_environment_as_it_was(tiny_bert_dir,
 def test_every_model_line_and_the_fill_mask_output_say_the_head_is_untrained(headless_dir):
     from bertdemo.config import Settings
     from bertdemo.sessions import SessionStore
-    from bertdemo.ui import fillmask_tab
-    from bertdemo.ui.context import Visitor
-    from bertdemo.ui.model_line import model_card, model_line
+    from bertdemo.ui.parts.context import Visitor
+    from bertdemo.ui.parts.model_line import model_card, model_line
+    from bertdemo.ui.tabs import fillmask_tab
 
     lm = bertdemo.load(str(headless_dir), device="cpu")
     store = SessionStore(lm)
@@ -111,7 +111,7 @@ def test_every_model_line_and_the_fill_mask_output_say_the_head_is_untrained(hea
 
 def test_a_complete_model_has_no_warning_and_its_card_says_so(tiny_bert):
     from bertdemo.sessions import SessionStore
-    from bertdemo.ui.model_line import model_card, model_line
+    from bertdemo.ui.parts.model_line import model_card, model_line
 
     store = SessionStore(tiny_bert)
     assert model_line(store, "s1") == f"Model: **{tiny_bert.name}** on `cpu`"
@@ -122,8 +122,8 @@ def test_the_no_model_pages_button_serves_the_bundled_model_and_says_what_it_is(
     from bertdemo.model import bundled
     from bertdemo.config import Settings
     from bertdemo.sessions import SessionStore
-    from bertdemo.ui import model_banner
-    from bertdemo.ui.context import Visitor
+    from bertdemo.ui.parts import model_banner
+    from bertdemo.ui.parts.context import Visitor
 
     store = SessionStore(None, load_error="No model")
     banner, _ = model_banner.on_use_bundled(Visitor(store, Settings(device="cpu"), "s1", bertdemo.Engine()))

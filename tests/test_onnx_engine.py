@@ -140,13 +140,14 @@ def test_the_app_serves_fill_mask_through_onnx_runtime(tiny_bert_dir):
     from gradio_client import Client
 
     import app
+    from bertdemo.ui.serving import lifecycle
 
     engine = bertdemo.Engine(onnx=True)
     from test_mcp import free_port
 
     settings = app.parse_args(["--model", str(tiny_bert_dir), "--device", "cpu", "--onnx", "--port", str(free_port())])
     demo = app.build_demo(settings, engine=engine)
-    url, _ = app.serve(demo, settings, block=False)
+    url, _ = lifecycle.serve(demo, settings, block=False)
     try:
         lm = engine.load(str(tiny_bert_dir), device="cpu")  # the object the app serves
         assert engine.onnx_ready(lm, timeout=120)

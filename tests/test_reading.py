@@ -6,7 +6,7 @@ import pytest
 
 import bertdemo
 from bertdemo.views.reading import reading_notice, vocabulary_scripts
-from bertdemo.ui import fillmask_tab
+from bertdemo.ui.tabs import fillmask_tab
 
 HEBREW = "פריז היא [MASK] של צרפת."
 ARABIC = "باريس هي [MASK] فرنسا."

@@ -227,7 +227,7 @@ def test_the_keep_policy_returns_what_happened_as_facts(case):
                     "Reload the page to start again."),
 ])
 def test_the_page_words_what_the_keep_policy_did(case, said):
-    from bertdemo.ui import live_run
+    from bertdemo.ui.parts import live_run
 
     assert live_run.kept_note(KEEP_CASES[case][3], Limits(max_seconds=60)) == said
     assert live_run.kept_note(life.Kept("classifier", True), Limits()) == "It is your classifier model now."
@@ -391,7 +391,7 @@ def test_a_run_whose_page_closed_says_so_not_stop(tiny_bert):
     assert outcome.ended == "closed" and outcome.result[1].stopped == "closed"
     kept = life.keep_or_discard(caller(store), outcome.result[0], outcome.result[1], keep_partial=False)
     assert not kept.kept and kept.stopped == "closed"
-    from bertdemo.ui import live_run  # and the page says so
+    from bertdemo.ui.parts import live_run  # and the page says so
 
     assert "lost this page's connection" in live_run.kept_note(kept, Limits())
 
@@ -399,7 +399,7 @@ def test_a_run_whose_page_closed_says_so_not_stop(tiny_bert):
 # ---------------------------------------------------------------- a script's run among a crowd
 
 def test_the_queues_message_map_never_forgets_a_session_waiting_for_an_answer():
-    from bertdemo.ui.queue_watch import LiveSessions
+    from bertdemo.ui.serving.queue_watch import LiveSessions
 
     pending = {"script": {"its fine-tune"}}
     held = LiveSessions({}, max_size=3, pending=lambda: pending)

@@ -22,11 +22,12 @@ import app
 import bertdemo
 from bertdemo.__main__ import download
 from bertdemo.__main__ import main as bertdemo_cli
-from bertdemo.config import DEFAULT_MODEL, Settings
+from bertdemo.config import DEFAULT_MODEL, Settings, parse_auth
 from bertdemo.serving.engine import Engine
 from bertdemo.model import bundled
 from bertdemo.model.loading import MINILM_NAME, minilm_path
-from bertdemo.ui.model_banner import BUNDLED_BUTTON
+from bertdemo.ui.parts.model_banner import BUNDLED_BUTTON
+from bertdemo.ui.serving import lifecycle
 
 ROOT = Path(__file__).parent.parent
 SENTENCE = "Paris is the [MASK] of France."
@@ -65,7 +66,7 @@ def test_share_link_is_printed_with_a_warning_that_it_is_public(monkeypatch, cap
     monkeypatch.delenv("SPACE_ID", raising=False)
     monkeypatch.setattr(gradio.networking, "setup_tunnel", lambda **_: "https://abc123.gradio.live")
     demo = _hello_demo()
-    local_url, share_url = app.serve(demo, Settings(port=None, share=True, auth=auth), block=False)
+    local_url, share_url = lifecycle.serve(demo, Settings(port=None, share=True, auth=auth), block=False)
     demo.close()
     out = capsys.readouterr().out
     assert share_url == "https://abc123.gradio.live"
@@ -81,7 +82,7 @@ def test_on_a_space_share_is_not_attempted(monkeypatch, capsys):
     monkeypatch.setattr(gradio.networking, "setup_tunnel",
                         lambda **_: pytest.fail("a Space is already public: no tunnel"))
     demo = _hello_demo()
-    _, share_url = app.serve(demo, Settings(port=None, share=True), block=False)
+    _, share_url = lifecycle.serve(demo, Settings(port=None, share=True), block=False)
     demo.close()
     assert share_url is None and "share" not in capsys.readouterr().out.lower()
 
@@ -93,7 +94,7 @@ def private_url(tiny_bert_dir):
     """The whole app behind a login whose password contains a colon."""
     settings = Settings(model=str(tiny_bert_dir), device="cpu", port=None, auth="ann:open:sesame")
     demo = app.build_demo(settings)
-    url, _ = app.serve(demo, settings, block=False)
+    url, _ = lifecycle.serve(demo, settings, block=False)
     yield url
     demo.close()
 
@@ -113,12 +114,12 @@ def test_auth_and_share_flags_and_env(monkeypatch, capsys):
     for name in ["BERTDEMO_AUTH", "BERTDEMO_SHARE"]:
         monkeypatch.delenv(name, raising=False)
     settings = app.parse_args(["--share", "--auth", "ann:pw"])
-    assert settings.share and app.parse_auth(settings.auth) == ("ann", "pw")
+    assert settings.share and parse_auth(settings.auth) == ("ann", "pw")
     assert "pw" not in repr(settings)  # the password stays out of logs
     monkeypatch.setenv("BERTDEMO_AUTH", "eve:x:y")
     monkeypatch.setenv("BERTDEMO_SHARE", "1")
     settings = app.parse_args([])
-    assert settings.share and app.parse_auth(settings.auth) == ("eve", "x:y")
+    assert settings.share and parse_auth(settings.auth) == ("eve", "x:y")
     for bad in [["--auth", "no-password"], ["--auth", ":pw"], ["--auth", "ann:"]]:
         with pytest.raises(SystemExit):
             app.parse_args(bad)

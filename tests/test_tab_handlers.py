@@ -9,9 +9,10 @@ import bertdemo
 from bertdemo import plots
 from bertdemo.config import Settings
 from bertdemo.sessions import SessionStore
-from bertdemo.ui import about_tab, fillmask_tab, model_picker
-from bertdemo.ui.context import AppContext, Visitor
-from bertdemo.ui.model_line import model_line
+from bertdemo.ui.parts import model_picker
+from bertdemo.ui.parts.context import AppContext, Visitor
+from bertdemo.ui.parts.model_line import model_line
+from bertdemo.ui.tabs import about_tab, fillmask_tab
 from conftest import awaited
 
 SENTENCE = "Paris is the [MASK] of France."

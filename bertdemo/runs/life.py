@@ -12,8 +12,8 @@ its endpoint, the request it takes (a dataclass whose fields are the endpoint's 
 request is checked into a plan (`check(caller, request)`: the input checked and prepared once,
 InputError naming the field at fault), the job that runs the plan (`job(plan, on_event=...,
 should_stop=...)`) and what the session keeps of its result (`keep(caller, plan, result) -> Kept`: what
-happened, as facts; the page words them, in `ui/live_run.py`). Adding a run kind
-is a declaration in kinds.py plus its job; the UI wires any of them the same way (`ui/live_run.py`).
+happened, as facts; the page words them, in `ui/parts/live_run.py`). Adding a run kind
+is a declaration in kinds.py plus its job; the UI wires any of them the same way (`ui/parts/live_run.py`).
 
 Each session has one run slot (`slots.RunSlots`, held by the session store):
 

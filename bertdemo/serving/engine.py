@@ -1,6 +1,6 @@
 """The app's shared state in one object: the models it serves, and what their requests reuse.
 
-app.py builds one `Engine` and every handler reaches it through the context (`ui/context.py`);
+app.py builds one `Engine` and every handler reaches it through the context (`ui/parts/context.py`);
 a test builds its own, so nothing one test loads or caches reaches another. No other module of
 `bertdemo/` keeps state between requests.
 

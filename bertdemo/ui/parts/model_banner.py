@@ -8,8 +8,8 @@ import html
 
 import gradio as gr
 
-from ..config import Settings
-from ..model import bundled
+from ...config import Settings
+from ...model import bundled
 from .context import AppContext, Visitor, handler
 from .model_line import details, model_line
 

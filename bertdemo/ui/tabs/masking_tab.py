@@ -6,13 +6,13 @@ import math
 import gradio as gr
 import pandas as pd
 
-from .. import plots
-from ..config import Settings
-from ..training import experiments
-from ..training.experiments import LabellingForm
-from ..views import masking
-from . import live_run
-from .context import AppContext, Visitor, handler, standalone_demo
+from ... import plots
+from ...config import Settings
+from ...training import experiments
+from ...training.experiments import LabellingForm
+from ...views import masking
+from ..parts import live_run
+from ..parts.context import AppContext, Visitor, handler, standalone_demo
 
 EXAMPLES = [
     "Paris is the capital of France.",

@@ -1,9 +1,9 @@
 """The About tab: what masked-language modelling is, and the article's GLUE table as a chart."""
 import gradio as gr
 
-from .. import plots
-from ..config import Settings
-from .context import AppContext, Visitor, handler, standalone_demo
+from ... import plots
+from ...config import Settings
+from ..parts.context import AppContext, Visitor, handler, standalone_demo
 
 MLM_TEXT = r"""
 ### Masked-language modelling in one formula

@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict
 
-from ..runs import kinds
+from ...runs import kinds
 
 
 class QueueWatch:

@@ -6,15 +6,15 @@ import gradio as gr
 import pandas as pd
 from gradio.context import get_render_context
 
-from .. import plots, validate
-from ..config import Settings
-from ..model.loading import USER_MASK_RE, LoadedModel, allowed_choices, display_name
-from ..views import compare, fillmask, reading
-from .cached_examples import ModelExamples
-from .common import plotly_chart
-from .context import AppContext, Visitor, handler, standalone_demo
-from .model_line import model_line
-from .model_picker import pick
+from ... import plots, validate
+from ...config import Settings
+from ...model.loading import USER_MASK_RE, LoadedModel, allowed_choices, display_name
+from ...views import compare, fillmask, reading
+from ..parts.cached_examples import ModelExamples
+from ..parts.common import plotly_chart
+from ..parts.context import AppContext, Visitor, handler, standalone_demo
+from ..parts.model_line import model_line
+from ..parts.model_picker import pick
 
 MAX_BEAM = 5  # the beam slider's top: each step runs beam x masks rows
 JOINT_COLUMNS = ("filled words (p when filled)", "joint log-prob", "fill order", "sentence")

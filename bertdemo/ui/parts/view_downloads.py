@@ -35,7 +35,7 @@ def feature_card_files(card: dict, folder: Path) -> list[Path]:
     per context, promoted or suppressed token and co-firing feature in the CSV, and its histogram,
     output effects and top contexts drawn in the PNG and SVG (as `view_files` draws the attention
     views: matplotlib, its own figure, tokens as text)."""
-    from ..views import view_files
+    from ...views import view_files
 
     header = ["part", "rank", "text", "token", "value"]
     rows = [["context", i, c["text"], c["token"], round(c["activation"], 6)]

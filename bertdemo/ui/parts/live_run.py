@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import gradio as gr
 
-from ..config import Limits
-from ..runs import kinds, life
-from ..training.loop import EventLog
+from ...config import Limits
+from ...runs import kinds, life
+from ...training.loop import EventLog
 from .context import AppContext, Visitor, form_fields, handler
 
 FINETUNE_GROUP = "finetune"  # every run shares one concurrency group: the server never trains more at once

@@ -5,10 +5,10 @@ from __future__ import annotations
 import gradio as gr
 import pandas as pd
 
-from .. import plots
-from ..config import Settings
-from ..views import embeddings
-from .context import AppContext, Visitor, handler, standalone_demo
+from ... import plots
+from ...config import Settings
+from ...views import embeddings
+from ..parts.context import AppContext, Visitor, handler, standalone_demo
 
 EXAMPLES = {
     "bank": ["I sat on the river bank and watched the water.", "We fished from the bank of the river.",

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import gradio as gr
 
-from .. import plots
-from ..config import Settings
-from ..views import corpus_search, embeddings
-from .cached_examples import ModelExamples
-from .context import AppContext, Visitor, handler, standalone_demo
+from ... import plots
+from ...config import Settings
+from ...views import corpus_search, embeddings
+from ..parts.cached_examples import ModelExamples
+from ..parts.context import AppContext, Visitor, handler, standalone_demo
 
 EXAMPLES = [
     ["I sat on the river bank and watched the water.", "bank"],

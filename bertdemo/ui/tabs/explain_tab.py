@@ -6,11 +6,11 @@ import html
 
 import gradio as gr
 
-from .. import plots, validate
-from ..config import Settings
-from ..views import explain
-from ..views.attention_views import attention, mask_rows
-from .context import AppContext, Visitor, handler, standalone_demo
+from ... import plots, validate
+from ...config import Settings
+from ...views import explain
+from ...views.attention_views import attention, mask_rows
+from ..parts.context import AppContext, Visitor, handler, standalone_demo
 
 EXAMPLES = ["Paris is the [MASK] of France.", "The doctor said that [MASK] would be late.",
             "The man went to the [MASK] to buy a [MASK] of milk."]

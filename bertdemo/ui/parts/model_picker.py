@@ -4,8 +4,8 @@ import logging
 
 import gradio as gr
 
-from ..config import Settings
-from ..model.loading import LoadedModel, allowed_choices, allowed_entry, family_hint
+from ...config import Settings
+from ...model.loading import LoadedModel, allowed_choices, allowed_entry, family_hint
 from .context import AppContext, Visitor, handler, standalone_demo
 from .model_line import model_card, model_line
 

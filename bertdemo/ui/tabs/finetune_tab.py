@@ -10,15 +10,16 @@ once, not queued behind.
 import gradio as gr
 import pandas as pd
 
-from .. import plots
-from ..config import Limits, Settings
-from ..runs import life
-from ..training.fine_tuning import FinetuneForm, MLMHistory, TuningRequest, default_probes
-from ..training.loop import EventLog, overfitting
-from ..views.compare import compare_probes
-from . import export_button, live_run
-from .context import AppContext, Visitor, handler, standalone_demo
-from .model_line import model_line
+from ... import plots
+from ...config import Limits, Settings
+from ...runs import life
+from ...training.fine_tuning import FinetuneForm, MLMHistory, TuningRequest, default_probes
+from ...training.loop import EventLog, overfitting
+from ...views.compare import compare_probes
+from . import export_button
+from ..parts import live_run
+from ..parts.context import AppContext, Visitor, handler, standalone_demo
+from ..parts.model_line import model_line
 
 EXAMPLE_TEXT = """Paris is the capital of France.
 The Eiffel Tower is a famous landmark.

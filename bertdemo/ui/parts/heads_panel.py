@@ -16,13 +16,13 @@ from dataclasses import dataclass
 import gradio as gr
 import pandas as pd
 
-from .. import plots
-from ..model.loading import LoadedModel
-from ..views import view_files
-from ..views.attention_views import first_query
-from ..views.compare import compare_predictions
-from ..views.fillmask import fill_mask
-from ..views.heads import HeadsOff, format_heads, head_importance, neuron_view, parse_heads, read_heads, without
+from ... import plots
+from ...model.loading import LoadedModel
+from ...views import view_files
+from ...views.attention_views import first_query
+from ...views.compare import compare_predictions
+from ...views.fillmask import fill_mask
+from ...views.heads import HeadsOff, format_heads, head_importance, neuron_view, parse_heads, read_heads, without
 from . import view_downloads
 from .context import AppContext, Visitor, handler
 

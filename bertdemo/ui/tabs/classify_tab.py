@@ -13,19 +13,19 @@ from pathlib import Path
 import gradio as gr
 import pandas as pd
 
-from .. import plots
-from ..config import Limits
-from ..labelled import parse_examples, table_examples
-from ..runs import life
-from ..training.classification import (ADAPT_MLM_STEPS, MAX_TOKENS, Classifier, ClassifierForm, ClassifierHistory,
+from ... import plots
+from ...config import Limits
+from ...labelled import parse_examples, table_examples
+from ...runs import life
+from ...training.classification import (ADAPT_MLM_STEPS, MAX_TOKENS, Classifier, ClassifierForm, ClassifierHistory,
                                        classify)
-from ..training.forgetting import DEFAULT_SWEEP_LRS, SweepForm, forgetting
-from ..training.loop import EventLog
-from ..views import embeddings
-from . import live_run
-from .context import AppContext, Visitor, handler
+from ...training.forgetting import DEFAULT_SWEEP_LRS, SweepForm, forgetting
+from ...training.loop import EventLog
+from ...views import embeddings
+from ..parts import live_run
+from ..parts.context import AppContext, Visitor, handler
 
-ASSETS = Path(__file__).resolve().parents[2] / "assets" / "classify"
+ASSETS = Path(__file__).resolve().parents[3] / "assets" / "classify"
 WORD_ORDER = "Who acts: the same words in either order (96 lines)"  # where the layers differ
 EXAMPLE_SETS = {"Topics: sport, cooking, space (45 lines)": "topics.csv",
                 "Reviews: positive, negative (24 lines)": "reviews.csv",

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from gradio.helpers import Examples
 
-from .. import disk
+from ... import disk
 from .common import session_id
 from .context import AppContext
 

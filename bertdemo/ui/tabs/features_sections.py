@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import gradio as gr
 import pandas as pd
 
-from ..config import Limits
-from ..features.views import MAX_ADD, MAX_SCALE, sense_lists
-from . import view_downloads
+from ...config import Limits
+from ...features.views import MAX_ADD, MAX_SCALE, sense_lists
+from ..parts import view_downloads
 
 SENTENCE = "I sat on the river bank and watched the water."
 MASKED = "The [MASK] was on the table."

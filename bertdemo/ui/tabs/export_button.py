@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import gradio as gr
 
-from ..training import export
-from .context import AppContext, Visitor, handler
+from ...training import export
+from ..parts.context import AppContext, Visitor, handler
 
 
 def render(ctx: AppContext) -> None:

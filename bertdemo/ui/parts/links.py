@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import gradio as gr
 
-from ..model.loading import allowed_choices
+from ...model.loading import allowed_choices
 from .common import friendly_errors
 from .context import AppContext, Visitor
 from .model_line import model_line

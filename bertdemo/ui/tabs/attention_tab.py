@@ -12,15 +12,15 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from .. import plots, validate
-from ..config import Settings
-from ..model.loading import LoadedModel
-from ..sessions import SessionStore
-from ..views import view_files
-from ..views.attention_views import (VENDOR_DIR, VIEWS, Attention, attention, bertviz_html, default_selection,
+from ... import plots, validate
+from ...config import Settings
+from ...model.loading import LoadedModel
+from ...sessions import SessionStore
+from ...views import view_files
+from ...views.attention_views import (VENDOR_DIR, VIEWS, Attention, attention, bertviz_html, default_selection,
                                mask_rows, script_urls, srcdoc_iframe, standalone, view, view_height)
-from . import heads_panel, view_downloads
-from .context import AppContext, Visitor, handler, standalone_demo
+from ..parts import heads_panel, view_downloads
+from ..parts.context import AppContext, Visitor, handler, standalone_demo
 
 GRADIO_FILE_ROUTE = "gradio_api/file="  # where Gradio serves files by path (set_static_paths)
 

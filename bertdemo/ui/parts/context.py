@@ -19,15 +19,15 @@ from typing import TYPE_CHECKING, Callable
 
 import gradio as gr
 
-from ..config import Limits, Settings
-from ..model.loading import LoadedModel
-from ..serving.engine import Engine
-from ..sessions import SessionStore
+from ...config import Limits, Settings
+from ...model.loading import LoadedModel
+from ...serving.engine import Engine
+from ...sessions import SessionStore
 from .common import friendly_errors, session_id
-from .queue_watch import QueueWatch, keep_live_sessions
+from ..serving.queue_watch import QueueWatch, keep_live_sessions
 
 if TYPE_CHECKING:  # the store's module loads sparsify: only the tabs that use it import it
-    from ..features.store import FeatureStore
+    from ...features.store import FeatureStore
 
 
 @dataclass(frozen=True)

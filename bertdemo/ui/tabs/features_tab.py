@@ -17,19 +17,19 @@ import re
 import gradio as gr
 import pandas as pd
 
-from .. import plots, validate
-from ..config import Settings
-from ..features import making
-from ..features import views as features
-from ..features.run import FeatureProgress, FeaturesRequest
-from ..features.store import FeatureStore
-from ..forward import splice
-from ..model.loading import LoadedModel
-from ..training import export
-from ..training.loop import EventLog
+from ... import plots, validate
+from ...config import Settings
+from ...features import making
+from ...features import views as features
+from ...features.run import FeatureProgress, FeaturesRequest
+from ...features.store import FeatureStore
+from ...forward import splice
+from ...model.loading import LoadedModel
+from ...training import export
+from ...training.loop import EventLog
 from . import features_sections as sections
-from . import live_run, view_downloads
-from .context import AppContext, Visitor, handler, standalone_demo
+from ..parts import live_run, view_downloads
+from ..parts.context import AppContext, Visitor, handler, standalone_demo
 
 INTRO = """**What a layer represents, in features.** A *dictionary* (a sparse autoencoder, EleutherAI's
 sparsify) rewrites a layer's output at each token as a few active *features* out of thousands; each
