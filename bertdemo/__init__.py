@@ -32,6 +32,7 @@ _HOMES = {  # public name -> the module that defines it
     **dict.fromkeys(["load_features", "sentence_features", "feature_card", "steer", "prediction_features",
                      "contrast_features", "feature_quality", "tuning_drift"], "features.views"),
     "train_features": "features.making", "FeatureSettings": "features.training",
+    **dict.fromkeys(["train_transcoders", "transcoders_for"], "circuits.transcoders"),
     "attribution_graph": "circuits.attribution", "intervene": "circuits.interventions",
     "graph_json": "circuits.files",
 }

@@ -1,6 +1,7 @@
 """`python -m bertdemo download MODEL [--dir DIR]`: fetch a model once, to run the demo offline;
 `python -m bertdemo train-bundled`: make the bundled model (see `bertdemo/build/bundled_training.py`);
 `python -m bertdemo train-features`: make the bundled model's feature dictionaries (`bertdemo/features/making.py`);
+`python -m bertdemo train-transcoders`: make the bundled model's transcoders (`bertdemo/circuits/transcoders.py`);
 `python -m bertdemo warm MODEL [--into DIR]`: make a model's ONNX Runtime export ahead, so a server
 started on it serves its first request through it with no export (docs/operations.md);
 `python -m bertdemo config-doc`: print docs/configuration.md, every flag and environment variable.
@@ -97,6 +98,23 @@ def main(argv: list[str] | None = None) -> int:
     features.add_argument("--corpus", help="the bundled corpus (built if missing; default ~/.cache/bertdemo-bundled/corpus)")
     features.add_argument("--statistics-only", action="store_true", help="keep the coders in --out, make their "
                           "statistics and quality figures again")
+    transcoders = commands.add_parser("train-transcoders", help="train the bundled model's transcoders (every "
+                                      "layer's feed-forward block) and save them (default: assets/bundled/transcoders)")
+    transcoders.add_argument("--tokens", type=int, default=1_000_000, help="tokens each transcoder trains on")
+    transcoders.add_argument("--minutes", type=float, default=30, help="stop training after this long")
+    transcoders.add_argument("--latents", type=int, help="features per layer (default: 8 x the hidden size)")
+    transcoders.add_argument("--k", type=int, help="features kept per token (default: 32)")
+    transcoders.add_argument("--skip", action=argparse.BooleanOptionalAction, help="a linear skip path (W_skip; "
+                             "default: bertdemo.circuits.transcoders.SETTINGS)")
+    transcoders.add_argument("--out", help="folder to save in (default: assets/bundled/transcoders)")
+    transcoders.add_argument("--corpus", help="the bundled corpus (built if missing; default "
+                             "~/.cache/bertdemo-bundled/corpus)")
+    transcoders.add_argument("--statistics-only", action="store_true", help="keep the coders in --out, make their "
+                             "statistics and quality figures again")
+    transcoders.add_argument("--statistics-lines", type=int, default=6000, help="held-out lines the statistics "
+                             "are computed over")
+    transcoders.add_argument("--quality-lines", type=int, default=2000, help="the next held-out lines, the quality "
+                             "figures are measured on")
     warm = commands.add_parser("warm", help="make a model's ONNX Runtime export ahead, into a folder the server "
                                "reads and its disk budget never evicts")
     warm.add_argument("model", help="hub id, local folder, or `bundled`")
@@ -109,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         return train_bundled(args)
     if args.command == "train-features":
         return train_features(args)
+    if args.command == "train-transcoders":
+        return train_transcoders(args)
     if args.command == "warm":
         return warm_model(args, parser)
     if args.command == "config-doc":
@@ -161,22 +181,52 @@ def train_bundled(args) -> int:
     return 0
 
 
-def train_features(args) -> int:
+def bundled_corpus(args) -> Path:
+    """The bundled model's corpus (--corpus, default ~/.cache/bertdemo-bundled/corpus), built when missing."""
     from .build.bundled_corpus import build
-    from .features.making import finish_shipped, make_shipped
-    from .features.store import SHIPPED
-    from .features.training import FeatureSettings
-    from .model.bundled import FOLDER, load_bundled
+    from .model.bundled import FOLDER
 
     corpus = Path(args.corpus) if args.corpus else Path.home() / ".cache" / "bertdemo-bundled" / "corpus"
     if not (corpus / "train.txt").is_file():
         build(corpus, corpus.parent / "packages", tokenizer_file=FOLDER / "tokenizer.json")
+    return corpus
+
+
+def train_features(args) -> int:
+    from .features.making import finish_shipped, make_shipped
+    from .features.store import SHIPPED
+    from .features.training import FeatureSettings
+    from .model.bundled import load_bundled
+
+    corpus = bundled_corpus(args)
     out = Path(args.out) if args.out else SHIPPED
     if args.statistics_only:
         finish_shipped(load_bundled(device="cpu"), corpus, out)
         return 0
     settings = FeatureSettings(latents=args.latents, max_tokens=args.tokens, max_seconds=args.minutes * 60, pause=0.0)
     make_shipped(load_bundled(device="cpu"), corpus, out, settings)
+    return 0
+
+
+def train_transcoders(args) -> int:
+    from dataclasses import replace
+
+    from .circuits.transcoders import SETTINGS, SHIPPED, finish_all_layers, make_shipped
+    from .features.making import finish_shipped
+    from .model.bundled import load_bundled
+
+    corpus = bundled_corpus(args)
+    out = Path(args.out) if args.out else SHIPPED
+    lm = load_bundled(device="cpu")
+    lines = dict(statistics_lines=args.statistics_lines, held_out_lines=args.quality_lines)
+    if args.statistics_only:
+        finish_shipped(lm, corpus, out, **lines)
+        finish_all_layers(lm, corpus, out, **lines)
+        return 0
+    skip = SETTINGS.skip_connection if args.skip is None else args.skip
+    settings = replace(SETTINGS, latents=args.latents, k=args.k or SETTINGS.k, skip_connection=skip,
+                       max_tokens=args.tokens, max_seconds=args.minutes * 60, pause=0.0)
+    make_shipped(lm, corpus, out, settings, **lines)
     return 0
 
 

@@ -139,7 +139,8 @@ def test_a_bad_request_is_refused_before_it_takes_the_slot(tiny_bert):
 
 def test_every_run_kind_is_declared_once_with_its_endpoint():
     assert set(kinds.RUNS) == {"finetune", "compare_masking", "article_finetune", "train_classifier",
-                              "forgetting_sweep", "adapt_then_classify", "train_features"}
+                              "forgetting_sweep", "adapt_then_classify", "train_features",
+                              "train_transcoders"}
     assert all(spec.api_name == name and dataclasses.is_dataclass(spec.request)
                for name, spec in kinds.RUNS.items())
 

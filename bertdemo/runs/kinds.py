@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+from ..circuits.transcoder_run import TranscodersPlan, TranscodersRequest, run_transcoders
+from ..circuits.transcoders import app_store, default_store
 from ..features.run import FeaturesPlan, FeaturesRequest, run_features
 from ..training import export
 from ..training.classification import ClassifierForm, run_adaptation, run_classifier
@@ -62,6 +64,28 @@ def keep_features(caller, plan: FeaturesPlan, result) -> Kept:
                 steps_done=len(history.steps))
 
 
+def transcoder_store(caller):
+    """The app's transcoders: the caller's own store where it has one (`caller.transcoders`), else
+    the one in the disk cache of its feature dictionaries (one budget), else the default."""
+    own = getattr(caller, "transcoders", None)
+    if own is not None:
+        return own
+    features = getattr(caller, "features", None)
+    return app_store(features.cache) if features is not None else default_store()
+
+
+def check_transcoders(caller, request: TranscodersRequest) -> TranscodersPlan:
+    """Planned on the session's model (transcoders belong to the weights they were trained on),
+    kept in the app's transcoder store."""
+    return request.plan(session_model(caller), caller.limits, transcoder_store(caller))
+
+
+def keep_transcoders(caller, plan: TranscodersPlan, result) -> Kept:
+    """Nothing of the session's: the job has kept the transcoders in the app's store (or not). The facts."""
+    transcoders, history = result
+    return Kept(kind="transcoders", kept=bool(transcoders), stopped=history.stopped, steps_done=len(history.steps))
+
+
 def check_adaptation(caller, form: ClassifierForm):
     """From the base body and from the session's tuned one (or one tuned on the examples first)."""
     return form.adaptation(base_model(caller), caller.store.tuned(caller.session), caller.limits)
@@ -75,4 +99,5 @@ RUNS: dict[str, RunSpec] = {spec.api_name: spec for spec in (
     RunSpec("forgetting_sweep", SweepForm, planned_on(session_model), run_sweep, trainings=3),
     RunSpec("adapt_then_classify", ClassifierForm, check_adaptation, run_adaptation, trainings=3),
     RunSpec("train_features", FeaturesRequest, check_features, run_features, keep_features),
+    RunSpec("train_transcoders", TranscodersRequest, check_transcoders, run_transcoders, keep_transcoders),
 )}

@@ -1,0 +1,166 @@
+"""Transcoders per layer: each feed-forward block's output written as a sparse sum of features of its input.
+
+A transcoder of layer N (1..L) is a features `Dictionary` whose coder is EleutherAI's sparsify
+`SparseCoder` in its transcoder mode (`transcode=True`, TopK, a linear skip path when `SETTINGS`
+says so): it reads the block's input x (for BERT the attention block's normalised output; for a
+pre-LayerNorm family the block's normalised input) and predicts the block's output y before the
+residual add, y ~ decode(encode(x)) + W_skip x (`forward/mlp_points.py` finds both points through
+the anatomy). Everything else is the features' own, at that point (`features.data.FEED_FORWARD`):
+the data (plain and 15%-masked lines, [CLS], [SEP] and padding left out), the training loop
+(sparsify's transcoder step: decoder started at zeros and never normalised), the statistics
+(density, top contexts, labels: computed on the codes of the block's input, so a feature card
+works for a transcoder feature), the quality figures (FVU of the block's output; masked-LM loss
+with that output replaced at the kept positions, against zero- and mean-ablating it), the files
+and the store (of kind "transcoders").
+
+    transcoders, history = train_transcoders(lm, [1, 2])   # kept in the store under lm's weights
+    transcoders_for(lm)                                    # {layer: Dictionary}; {} when none
+    replaced_quality(lm, transcoders_for(lm), lines)       # every layer replaced at once: CE, KL
+
+Shipped for the bundled model in assets/bundled/transcoders (`python -m bertdemo train-transcoders`);
+trained ones in the server's disk cache, `<cache>/transcoders/<weights digest>/layer_N`.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from .. import disk
+from ..features import dictionary as files
+from ..features import making
+from ..features.data import FEED_FORWARD, Lines
+from ..features.dictionary import Dictionary
+from ..features.quality import logits_at, masked_batches, replacement
+from ..features.store import FeatureStore
+from ..features.training import FeatureHistory, FeatureSettings
+from ..forward import mlp_points
+from ..model.loading import LoadedModel
+
+KIND = "transcoders"  # the disk cache's kind
+SHIPPED = Path(__file__).resolve().parents[2] / "assets" / "bundled" / "transcoders"
+# 8 x the hidden size latents, k = 32, as the dictionaries; the skip path measured better (docs/circuits.md).
+SETTINGS = FeatureSettings(skip_connection=True)
+_STORE: FeatureStore | None = None
+_APP_STORES: dict[int, tuple[disk.DiskCache, FeatureStore]] = {}
+
+
+def default_store() -> FeatureStore:
+    """The store every call without one uses: the shipped transcoders, the default disk cache."""
+    global _STORE
+    if _STORE is None:
+        _STORE = FeatureStore(shipped=SHIPPED, kind=KIND)
+    return _STORE
+
+
+def app_store(cache: disk.DiskCache) -> FeatureStore:
+    """The app's one store of transcoders in the server's disk cache `cache` (an engine's), made once
+    per cache: the shipped ones, and those trained here within the one disk budget."""
+    known = _APP_STORES.get(id(cache))
+    if known is None or known[0] is not cache:
+        known = _APP_STORES[id(cache)] = (cache, FeatureStore(cache=cache, shipped=SHIPPED, kind=KIND))
+    return known[1]
+
+
+def transcoders_for(lm: LoadedModel, store: FeatureStore | None = None) -> dict[int, Dictionary]:
+    """{layer: transcoder} for every layer of `lm` that has one (shipped or trained here), {} when none."""
+    store = store or default_store()
+    found = {layer: store.get(lm, layer) for layer in store.layers(lm)}
+    return {layer: transcoder for layer, transcoder in found.items() if transcoder is not None}
+
+
+def train_transcoders(lm: LoadedModel, layers: list[int] | None = None, texts: list[str] | str | None = None,
+                      settings: FeatureSettings = SETTINGS, *, store: FeatureStore | None = None,
+                      on_event: Callable | None = None, should_stop: Callable[[], bool] | None = None,
+                      keep_partial: bool = True, resume: bool = False) -> tuple[dict[int, Dictionary], FeatureHistory]:
+    """Train `lm`'s transcoders of `layers` (default every layer, 1..L) from one forward per batch
+    on `texts` (None: the default corpus; one line in twenty held out), with their statistics and
+    quality, and keep them in `store` for every later visitor of this model. When every layer then
+    has one (trained now or kept before), each record's quality also says what replacing all of
+    them at once does (`replaced_quality`). `resume`: go on from the store's. Returns ({layer:
+    transcoder}, empty when a stopped run is not kept; the history)."""
+    store = store or default_store()
+    count = mlp_points.check(lm.model, "Transcoders")
+    layers = list(range(1, count + 1)) if layers is None else [FEED_FORWARD.check_layer(lm.model, l) for l in layers]
+    done, history, held_out = making.made(lm, layers, texts, settings, store=store, point=FEED_FORWARD,
+                                          on_event=on_event, should_stop=should_stop, keep_partial=keep_partial,
+                                          resume=resume)
+    if not done:
+        return {}, history
+    every = {**transcoders_for(lm, store), **done}
+    if sorted(every) == list(range(1, count + 1)):
+        together = replaced_quality(lm, every, held_out)
+        done = {layer: _with_all_layers(t, together) for layer, t in done.items()}
+    return {layer: store.put(lm, transcoder) for layer, transcoder in done.items()}, history
+
+
+def _with_all_layers(transcoder: Dictionary, together: dict) -> Dictionary:
+    record = {**transcoder.record, "quality": {**transcoder.record["quality"], "all_layers": together}}
+    return Dictionary(transcoder.coder, transcoder.layer, transcoder.folder, record, transcoder.stats)
+
+
+@torch.no_grad()
+def replaced_quality(lm: LoadedModel, transcoders: dict[int, Dictionary], lines: Lines,
+                     batch_tokens: int = 4096) -> dict:
+    """Every layer in `transcoders` replaced at once, on `lines` with the quality's fixed masks (each
+    block's output replaced by its transcoder's at the kept positions, each transcoder reading what
+    the replaced layers below it give): {"layers", "targets", "cross_entropy": {"clean",
+    "replaced"}, "kl"}: the masked-LM cross-entropy of both, and KL(clean || replaced) of the
+    predicted distributions, each a mean over the masked positions, in nats."""
+    sums = {"clean": 0.0, "replaced": 0.0, "kl": 0.0}
+    targets = 0
+    for batch in masked_batches(lm, lines, batch_tokens):
+        inputs = {k: v.to(lm.device) for k, v in batch.inputs.items()}
+        labels = batch.labels.to(lm.device)
+        rows, cols = (labels != -100).nonzero(as_tuple=True)
+        keep = batch.keep.to(lm.device)
+        edits = {layer: FEED_FORWARD.edit(replacement("spliced", t, None, keep)) for layer, t in transcoders.items()}
+        clean = logits_at(lm, inputs, rows, cols, {}, FEED_FORWARD).float().log_softmax(-1)
+        replaced = logits_at(lm, inputs, rows, cols, edits, FEED_FORWARD).float().log_softmax(-1)
+        words = labels[rows, cols]
+        sums["clean"] += float(F.nll_loss(clean, words, reduction="sum"))
+        sums["replaced"] += float(F.nll_loss(replaced, words, reduction="sum"))
+        sums["kl"] += float(F.kl_div(replaced, clean, log_target=True, reduction="sum"))
+        targets += len(rows)
+    if targets == 0:
+        raise ValueError("The held-out text is too short to mask: paste more text.")
+    return {"layers": sorted(transcoders), "targets": targets,
+            "cross_entropy": {"clean": sums["clean"] / targets, "replaced": sums["replaced"] / targets},
+            "kl": sums["kl"] / targets}
+
+
+def make_shipped(lm: LoadedModel, corpus: Path, out: Path, settings: FeatureSettings = SETTINGS, *,
+                 layers: list[int] | None = None, statistics_lines: int = 6000, held_out_lines: int = 4000,
+                 echo: Callable[[str], None] = print) -> dict:
+    """The shipped transcoders of `lm`, as the shipped dictionaries are made (`making.make_shipped`
+    at the feed-forward point: trained from one forward per batch, float16, statistics with every
+    feature's promoted tokens, quality), then every layer replaced at once, written into each
+    record and training.json. Returns training.json."""
+    making.make_shipped(lm, corpus, out, settings, layers=layers, statistics_lines=statistics_lines,
+                        held_out_lines=held_out_lines, echo=echo, point=FEED_FORWARD)
+    return finish_all_layers(lm, corpus, out, statistics_lines=statistics_lines, held_out_lines=held_out_lines,
+                             echo=echo)
+
+
+def finish_all_layers(lm: LoadedModel, corpus: Path, out: Path, *, statistics_lines: int = 6000,
+                      held_out_lines: int = 4000, echo: Callable[[str], None] = print) -> dict:
+    """The shipped transcoders in `out` replaced all at once on the quality's held-out lines:
+    the figures go into each layer's record.json and training.json. Returns training.json."""
+    started = time.perf_counter()
+    record = json.loads((out / "training.json").read_text(encoding="utf-8"))
+    transcoders = {layer: files.load(out / f"layer_{layer}") for layer in record["layers"]}
+    _, held_out = making.shipped_lines(lm, corpus, statistics_lines, held_out_lines)
+    together = replaced_quality(lm, transcoders, held_out)
+    for layer, transcoder in transcoders.items():
+        files.write_json(out / f"layer_{layer}" / files.RECORD, _with_all_layers(transcoder, together).record)
+    ce = together["cross_entropy"]
+    echo(f"all {len(transcoders)} layers replaced: cross-entropy {ce['clean']:.3f} clean, {ce['replaced']:.3f} "
+         f"replaced; KL {together['kl']:.3f}")
+    record["quality"] = {**record["quality"], "all_layers": together}
+    record["minutes_statistics"] = round(record.get("minutes_statistics", 0) + (time.perf_counter() - started) / 60, 2)
+    files.write_json(out / "training.json", record)
+    return record
