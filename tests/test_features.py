@@ -279,15 +279,18 @@ def test_steering_by_one_and_adding_nothing_is_the_clean_fill_mask(bundled, ship
 
 def steered_reference(bundled, text: str, layer: int, feature: int, scale: float, add: float) -> torch.Tensor:
     """Probabilities (masks, V) with a hook on the layer module itself: the feature's activation x
-    its decoder row, times (scale - 1), added at every position; `add` x its mean activation x its
-    decoder row added at each [MASK] where it does not fire."""
+    its decoder row, times (scale - 1), added at every position but [CLS] and [SEP] (the first and
+    the last: they pass through untouched); `add` x its mean activation x its decoder row added at
+    each [MASK] where it does not fire."""
     coder = reference_coder(shipped_layer(layer))
     typical = float(load_file(str(shipped_layer(layer) / dictionary.STATS))["mean"][feature])
     inputs = model_inputs(bundled, text)
     masks = inputs["input_ids"][0] == bundled.mask_token_id
+    kept = torch.zeros_like(masks)
+    kept[1:-1] = True
 
     def change(hidden):  # (1, T, H)
-        activation = dense_codes(coder, hidden[0])[:, feature]  # (T,)
+        activation = dense_codes(coder, hidden[0])[:, feature] * kept  # (T,)
         amount = (scale - 1) * activation + add * typical * (masks & (activation == 0)).float()
         return hidden + amount[None, :, None] * coder.W_dec[feature]
     with torch.no_grad(), layer_output_replaced(layer_module(bundled, layer), change):
@@ -528,8 +531,9 @@ def test_a_stopped_run_keeps_what_it_learnt_and_resumes_from_it(tiny, tmp_path, 
 
 def test_a_features_drop_is_the_measured_ablation_and_they_come_largest_first(bundled, shipped_store):
     """The drop shown is what switching the feature off does to the word's log-probability: its
-    activation x decoder row removed at every position, as `prediction_features` says and as the
-    steering view (scale 0) switches it off, so both views give a person the same number."""
+    activation x decoder row removed at every position but [CLS] and [SEP], as
+    `prediction_features` says and as the steering view (scale 0) switches it off, so both views
+    give a person the same number."""
     shown = views.prediction_features(bundled, SENTENCE, LAYER, top=10, candidates=20, store=shipped_store)
     coder = reference_coder(shipped_layer(LAYER))
     inputs = model_inputs(bundled, SENTENCE)
@@ -537,8 +541,9 @@ def test_a_features_drop_is_the_measured_ablation_and_they_come_largest_first(bu
     word, position = mask["token_id"], mask["position"]
 
     def log_p(feature=None) -> float:
-        def off(hidden):  # the feature's activation x decoder row taken out at every position
+        def off(hidden):  # the feature's activation x decoder row taken out between [CLS] and [SEP]
             activation = dense_codes(coder, hidden[0])[:, feature]
+            activation[[0, -1]] = 0
             return hidden - activation[None, :, None] * coder.W_dec[feature]
         hook = (layer_output_replaced(layer_module(bundled, LAYER), off) if feature is not None
                 else contextlib.nullcontext())

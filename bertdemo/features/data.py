@@ -98,13 +98,12 @@ class Lines:
     def _batch(self, lm: LoadedModel, group: np.ndarray, masked: np.ndarray, collate) -> TokenBatch:
         examples = [self.example(int(i)) for i in group]
         batch = collate(examples)  # masks every row; plain rows take their ids back below
-        special = _padded([e["special_tokens_mask"] for e in examples], 1)
         plain = _padded([e["input_ids"] for e in examples], lm.tokenizer.pad_token_id)
         rows = torch.as_tensor(masked)[:, None]
         ids = torch.where(rows, batch["input_ids"], plain)
         attention = batch["attention_mask"]
         return TokenBatch({"input_ids": ids, "attention_mask": attention},
-                          (special == 0) & attention.bool(), group, torch.where(rows, batch["labels"], -100))
+                          kept_positions(lm, plain, attention), group, torch.where(rows, batch["labels"], -100))
 
 
 def _groups(order: np.ndarray, lengths: np.ndarray, batch_tokens: int) -> Iterator[np.ndarray]:
@@ -190,7 +189,13 @@ def hidden_at(lm: LoadedModel, batch: TokenBatch, layers: list[int], device: tor
 
 
 def kept_positions(lm: LoadedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """(B, T) bool: positions that count (not [CLS], [SEP], <s>, </s> or padding; a [MASK] counts)."""
+    """(B, T) bool: the positions a coder reads and writes (every real token and every [MASK]; not
+    [CLS], [SEP], <s>, </s> or padding). The one rule of which positions count, used by everything
+    that codes a sentence: the training batches and statistics (`TokenBatch.keep`, from the ids
+    before masking), the quality's splice, every view (a sentence's features, steer, the features
+    behind a prediction, contrast: elsewhere the hidden state passes through untouched) and the
+    circuits' transcoders (`circuits.attribution.coded_positions`). A coder never saw the framing
+    tokens in training: there its reconstruction is not to be trusted."""
     tokenizer = lm.tokenizer
     framing = {tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id,
                tokenizer.pad_token_id} - {None}

@@ -5,7 +5,9 @@ contrasted, a dictionary's quality, and what a fine-tune changed.
 Every function takes a `LoadedModel` and finds its dictionary in a `FeatureStore` (the default
 one when none is given); hidden states come from the anatomy's splice point (`forward.splice`),
 never from a family's modules. A layer is counted as the rest of the page counts: 0 is the
-embeddings, N the N-th layer's output.
+embeddings, N the N-th layer's output. Every view reads and edits the positions the dictionary was
+trained on and only those (`data.kept_positions`): at [CLS], [SEP] and padding no feature is
+read, and the hidden state passes through untouched.
 """
 from __future__ import annotations
 
@@ -91,7 +93,7 @@ def sentence_features(lm: LoadedModel, text: str, layer: int, top: int = 5,
     dictionary = load_features(lm, layer, store)
     top = validate.whole_number(top, "number of features per token", 1, MAX_TOP, field="top")
     inputs = _tokenized(lm, text)
-    keep = kept_positions(lm, inputs["input_ids"], inputs["attention_mask"])[0]
+    keep = _kept(lm, inputs)[0]
     hidden = splice.read(lm.model, inputs, [dictionary.layer])[dictionary.layer][0]  # (T, H)
     positions = keep.nonzero().flatten().tolist()
     acts, indices = dictionary.encode(hidden[positions].float())  # (N, k)
@@ -118,6 +120,23 @@ def _heatmap(dictionary: Dictionary, acts, indices, per_token: list[dict], named
     chosen = sorted(shown, key=lambda f: -float(dense[:, f].max()))[:HEATMAP_FEATURES]
     return {"features": chosen, "labels": [named(f) for f in chosen],
             "activations": dense[:, chosen].tolist() if chosen else [[] for _ in per_token]}
+
+
+def _kept(lm: LoadedModel, inputs: dict) -> torch.Tensor:
+    """(B, T) bool on the model's device: the positions a dictionary reads and edits (the one rule,
+    `data.kept_positions`)."""
+    ids = inputs["input_ids"]
+    attention = inputs.get("attention_mask")
+    attention = torch.ones_like(ids) if attention is None else attention
+    return kept_positions(lm, ids.cpu(), attention.cpu()).to(ids.device)
+
+
+def _coded(dictionary: Dictionary, hidden: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """hidden (..., H), keep (...) -> every feature's activation (..., F): the dictionary's codes at
+    the kept positions, zero elsewhere (nothing fires on [CLS], [SEP] or padding)."""
+    dense = dictionary.dense(hidden.reshape(-1, hidden.shape[-1]).float())
+    dense = dense * keep.reshape(-1, 1).to(dense.device)
+    return dense.view(*hidden.shape[:-1], -1)
 
 
 def _tokenized(lm: LoadedModel, text: str) -> dict:
@@ -237,10 +256,12 @@ def promoted_ids(lm: LoadedModel, dictionary: Dictionary, keep: int = 3, chunk: 
 
 # ---------------------------------------------------------------- switched off, turned up
 
-def steering_edit(dictionary: Dictionary, feature: int, scale: float, add: float, add_at: torch.Tensor | None):
+def steering_edit(dictionary: Dictionary, feature: int, scale: float, add: float, add_at: torch.Tensor | None,
+                  keep: torch.Tensor):
     """The edit of layer (B, T, H) that scales `feature`'s contribution by `scale` where it fires
     (its activation x decoder row; the rest, the coder's error included, untouched) and adds `add`
-    x its mean activation x its decoder row at the positions `add_at` (B, T) where it does not fire.
+    x its mean activation x its decoder row at the positions `add_at` (B, T) where it does not fire,
+    all at the kept positions `keep` (B, T) alone: [CLS], [SEP] and padding pass through untouched.
     With scale 1 and add 0 the layer is returned exactly as it was."""
     direction = dictionary.direction(feature)
     typical = float(dictionary.stats["mean"][feature]) if dictionary.stats is not None else 1.0
@@ -248,11 +269,11 @@ def steering_edit(dictionary: Dictionary, feature: int, scale: float, add: float
     def edit(hidden):
         if scale == 1.0 and add == 0.0:
             return None
-        flat = hidden.reshape(-1, hidden.shape[-1]).float()
-        activation = dictionary.dense(flat)[:, feature].view(hidden.shape[:-1]).to(hidden.device)  # (B, T)
+        kept = keep.to(hidden.device).expand(hidden.shape[:-1])
+        activation = _coded(dictionary, hidden, kept)[..., feature].to(hidden.device)  # (B, T)
         change = (scale - 1.0) * activation
         if add and add_at is not None:
-            change = change + add * typical * (add_at.to(hidden.device) & (activation == 0)).float()
+            change = change + add * typical * (add_at.to(hidden.device) & kept & (activation == 0)).float()
         return hidden + (change[..., None] * direction.to(hidden.device)).to(hidden.dtype)
     return edit
 
@@ -277,13 +298,14 @@ def steer(lm: LoadedModel, text: str, layer: int, feature: int, scale: float = 0
     masks = torch.tensor(enc.mask_positions, device=lm.device)
     at_masks = torch.zeros_like(enc.input_ids, dtype=torch.bool)
     at_masks[0, masks] = True
-    edit = steering_edit(dictionary, feature, scale, add, at_masks)
+    keep = _kept(lm, enc.inputs)  # (1, T)
+    edit = steering_edit(dictionary, feature, scale, add, at_masks, keep)
     seen = {}
 
     copies = 1 if scale == 1.0 and add == 0.0 else 2  # no edit: one row, and after is before to the bit
 
     def second_row(hidden):  # (copies, T, H): row 0 stays as it is
-        seen["activation"] = dictionary.dense(hidden[0].float())[:, feature]
+        seen["activation"] = _coded(dictionary, hidden[0], keep[0])[:, feature]
         edited = edit(hidden[1:]) if copies == 2 else None
         return None if edited is None else torch.cat([hidden[:1], edited])
     batch = {k: v.repeat(copies, 1) for k, v in enc.inputs.items()}
@@ -314,11 +336,12 @@ def _before_after(lm: LoadedModel, m: int, position: int, before: torch.Tensor, 
 
 def prediction_features(lm: LoadedModel, text: str, layer: int, top: int = 10, candidates: int = 20,
                         store: FeatureStore | None = None, max_masks: int = DEFAULT_MAX_MASKS) -> dict:
-    """For each [MASK]'s top word: the features active at `layer` (over all tokens) that most lower
-    its log-probability when switched off. A first-order estimate (the gradient of the word's
-    log-probability at the layer, dotted with each feature's contribution) picks `candidates`; each
-    is then switched off for real (its activation x decoder row removed at every position, the
-    coder's error kept), and the number shown is that measured change.
+    """For each [MASK]'s top word: the features active at `layer` (over the sentence's kept positions:
+    every token but [CLS], [SEP] and padding) that most lower its log-probability when switched off.
+    A first-order estimate (the gradient of the word's log-probability at the layer, dotted with
+    each feature's contribution) picks `candidates`; each is then switched off for real (its
+    activation x decoder row removed at every kept position, the coder's error kept), and the
+    number shown is that measured change.
 
     Returns {"layer", "masks": [{"mask", "position", "word", "token_id", "log_prob", "features":
     [{"feature", "label", "drop", "estimate", "activation"}] largest drop first}]}."""
@@ -346,7 +369,8 @@ def prediction_features(lm: LoadedModel, text: str, layer: int, top: int = 10, c
 
 def _estimates(lm, dictionary: Dictionary, inputs: dict, masks: torch.Tensor):
     """(top word per mask (M,), first-order drop of its log-prob per feature (M, F), the features'
-    activations at every position (T, F): switched off where they fire, as `steer` does)."""
+    activations at every position (T, F), zero outside the kept positions: switched off where they
+    fire, as `steer` does)."""
     held = {}
 
     def grab(hidden):
@@ -360,7 +384,7 @@ def _estimates(lm, dictionary: Dictionary, inputs: dict, masks: torch.Tensor):
         grads = [torch.autograd.grad(chosen[m], held["h"], retain_graph=m + 1 < len(chosen))[0][0]
                  for m in range(len(chosen))]  # each (T, H)
     hidden = held["h"].detach()[0].float()
-    dense = dictionary.dense(hidden)  # (T, F)
+    dense = _coded(dictionary, hidden, _kept(lm, inputs)[0])  # (T, F)
     W = dictionary.coder.W_dec  # (F, H)
     estimates = torch.stack([(dense * (g.float().cpu() @ W.T)).sum(0) for g in grads])  # (M, F)
     return words.cpu(), estimates, dense
@@ -440,9 +464,10 @@ def _fired_on_word(lm, dictionary: Dictionary, lines: list[str], word: str, name
         validate.tokens_at_most(encoding["input_ids"].shape[1], lm.max_length, lm.name, field=name)
         offsets = encoding.pop("offset_mapping")[0].tolist()
         inputs = {k: v.to(lm.device) for k, v in encoding.items() if k in ("input_ids", "attention_mask")}
-        dense = dictionary.dense(splice.read(lm.model, inputs, [dictionary.layer])[dictionary.layer][0].float())
+        keep = _kept(lm, inputs)[0]
+        dense = _coded(dictionary, splice.read(lm.model, inputs, [dictionary.layer])[dictionary.layer][0], keep)
         for start, end in spans:
-            pieces = [i for i, (s, e) in enumerate(offsets) if e > s and s < end and e > start]
+            pieces = [i for i, (s, e) in enumerate(offsets) if e > s and s < end and e > start and keep[i]]
             if pieces:
                 rows.append((dense[pieces] > 0).any(0))
     if not rows:
