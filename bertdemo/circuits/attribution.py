@@ -36,7 +36,8 @@ MAX_TOKENS = 64  # the operator's limit on a sentence (special tokens included):
 MAX_WORDS = 10  # logit nodes at most
 TOP_SHARE = 0.95  # the mask's top words until their probabilities sum to this
 MAX_FEATURE_NODES = 4096
-BATCH = 512  # targets per batched backward
+BATCH = 512  # targets per pass through the transpose
+MAX_ENTRIES = 16_000_000  # rows x columns of the adjacency kept (64 MB in float32)
 
 
 def encode(lm: LoadedModel, text: str, mask: int = 1, max_tokens: int = MAX_TOKENS) -> tuple[dict, int]:
@@ -241,14 +242,15 @@ def _adjacency(lm: LoadedModel, attributor: _Attributor, max_feature_nodes: int,
     values = [attributor.logits.detach()]
     biases = [attributor.logit_bias]
     done: set[int] = set()
-    total = min(len(columns.features), max_feature_nodes)
+    # the adjacency's rows x columns within MAX_ENTRIES floats: pruning copies it a few times
+    total = min(len(columns.features), max_feature_nodes, max(BATCH, MAX_ENTRIES // columns.count))
     while len(done) < total:
         current = Adjacency([], [], torch.cat(rows), torch.tensor(row_nodes), torch.zeros(0), torch.zeros(0),
                             attributor.weights, 0)
         estimate = influence(current, normalized(current.rows))[:len(columns.features)].clone()
         if done:
             estimate[list(done)] = -1.0
-        batch = min(BATCH if len(columns.features) > max_feature_nodes else len(columns.features), total - len(done))
+        batch = min(BATCH if len(columns.features) > total else len(columns.features), total - len(done))
         chosen = estimate.topk(batch).indices.tolist()
         rows.append(attributor.feature_rows(chosen))
         value, bias = attributor.feature_values(chosen)
@@ -263,7 +265,7 @@ def _adjacency(lm: LoadedModel, attributor: _Attributor, max_feature_nodes: int,
     framing = frozenset(int(p) for p in (~attributor.sentence.coded).nonzero().flatten())
     return Adjacency(nodes, logits, torch.cat(rows).detach(), torch.tensor(row_nodes), torch.cat(biases).detach(),
                      torch.cat(values).detach(), attributor.weights.detach().abs(), attributor.sentence.mask, framing,
-                     {"words": attributor.words.tolist()})
+                     {"words": attributor.words.tolist(), "features": len(columns.features), "feature_rows": len(done)})
 
 
 def _word(lm: LoadedModel, token_id: int) -> str:
