@@ -91,7 +91,7 @@ ENDPOINTS = {
     "/contrast_features": [("text", "I sat on the river bank."), ("text", "The bank lent me money."),
                            ("text", "bank"), ("number", 1), ("number", 3)],
     "/feature_quality": [],
-    "/features_after_tuning": [("text", ""), ("number", 1), ("number", 3)],  # after /finetune: its tuned model
+    "/features_after_tuning": [("text", ""), ("number", 1), ("number", 3), ("choice", "share")],  # after /finetune
     "/train_features": [("number", 2), ("text", ""), ("flag", True)],
     "/stop_features": [],
 }

@@ -33,6 +33,8 @@ import bertdemo
 import tiny_models
 from bertdemo import disk
 from bertdemo.features import dictionary, making, quality, store, views  # dictionary first: sparsify's decoder switch
+from bertdemo.features import drift as views_drift
+from bertdemo.features import senses
 from bertdemo.features.data import Lines
 from bertdemo.features.training import FeatureSettings, train
 from bertdemo.forward import splice
@@ -575,7 +577,7 @@ def fired_on_word(lm, coder: SparseCoder, layer: int, lines: list[str], word: st
 
 
 def test_contrasting_two_uses_of_bank_counts_each_lists_occurrences(bundled, shipped_store):
-    river, money = views.sense_lists("bank")
+    river, money = senses.sense_lists("bank")
     shown = views.contrast_features(bundled, river, money, "bank", LAYER, top=8, store=shipped_store)
     coder = reference_coder(shipped_layer(LAYER))
     fired_a, fired_b = (fired_on_word(bundled, coder, LAYER, lines, "bank") for lines in (river, money))
@@ -601,7 +603,7 @@ def test_contrasting_two_uses_of_bank_counts_each_lists_occurrences(bundled, shi
 
 @pytest.mark.parametrize("missing", ["texts_a", "texts_b"])
 def test_a_list_without_the_word_is_refused_by_name(bundled, shipped_store, missing):
-    river, money = views.sense_lists("bank")
+    river, money = senses.sense_lists("bank")
     lists = {"texts_a": river, "texts_b": money, missing: ["The cat sat on the mat.", "It was a cold day."]}
     with pytest.raises(ValueError) as refused:
         views.contrast_features(bundled, lists["texts_a"], lists["texts_b"], "bank", LAYER, store=shipped_store)
@@ -750,29 +752,48 @@ def test_make_shipped_writes_what_the_store_and_sparsify_read(tiny, tmp_path):
 @pytest.mark.slow
 def test_after_a_fine_tune_the_base_dictionary_shows_what_changed(tiny, tmp_path):
     """`tuning_drift`: the base model against itself changes nothing; against a copy whose last
-    layer moved, its dictionary explains less (FVU up) and the features it names did change
-    (densities recomputed here from sparsify's coder on each model's own activations)."""
+    layer moved, its dictionary explains less (FVU up) and the features it names did change. The
+    change of firing share and the change of mean activation (where it fires) are two columns,
+    recomputed here from sparsify's coder on each model's own activations, and the table is sorted
+    by the one asked for."""
     _, lm = tiny("bert")
     feature_store = store.FeatureStore(tmp_path, shipped=None)
     made, _ = making.train_features(lm, 2, tiny_corpus(400), SMALL, store=feature_store)
     text = tiny_corpus(60, seed=3)
-    same = views.tuning_drift(lm, lm, text, 2, store=feature_store)
+    same = views_drift.tuning_drift(lm, lm, text, 2, store=feature_store)
     assert same["fvu"]["base"] == same["fvu"]["tuned"]
-    assert all(row["change"] == 0 for row in same["features"])
+    assert all(row["share_change"] == 0 and row["activation_change"] in (0, None) for row in same["features"])
     tuned_model = copy.deepcopy(lm.model)
     torch.manual_seed(0)
     with torch.no_grad():
         for parameter in layer_module(bertdemo.LoadedModel("t", lm.tokenizer, tuned_model, lm.device), 2).parameters():
             parameter.add_(0.05 * torch.randn_like(parameter))
     tuned = bertdemo.LoadedModel("tuned", lm.tokenizer, tuned_model, lm.device)
-    drift = views.tuning_drift(lm, tuned, text, 2, store=feature_store)
-    assert drift["fvu"]["tuned"] > drift["fvu"]["base"]
     coder = reference_coder(made.folder)
     lines = Lines(lm, text)
-    for name, model in (("base", lm), ("tuned", tuned)):
-        codes = torch.cat([dense_codes(coder, hidden_states(model, b.inputs, 2)[b.keep])
-                           for b in lines.batches(model, order=np.arange(len(lines)), masked_share=0.0, endless=False)])
+    codes = {name: torch.cat([dense_codes(coder, hidden_states(model, b.inputs, 2)[b.keep]) for b in
+                              lines.batches(model, order=np.arange(len(lines)), masked_share=0.0, endless=False)])
+             for name, model in (("base", lm), ("tuned", tuned))}
+    share = {name: (c > 0).float().mean(0) for name, c in codes.items()}
+    mean = {name: c.sum(0) / (c > 0).sum(0).clamp(min=1) for name, c in codes.items()}
+    both = (share["base"] > 0) & (share["tuned"] > 0)
+    for sort_by in ("share", "activation"):
+        drift = views_drift.tuning_drift(lm, tuned, text, 2, top=12, store=feature_store, sort_by=sort_by)
+        assert drift["fvu"]["tuned"] > drift["fvu"]["base"] and drift["sort_by"] == sort_by
         for row in drift["features"]:
-            assert row[f"density_{name}"] == pytest.approx(float((codes[:, row["feature"]] > 0).float().mean()), abs=1e-6)
-    changes = [row["change"] for row in drift["features"]]
-    assert changes == sorted(changes, reverse=True) and changes[0] > 0
+            f = row["feature"]
+            for name in ("base", "tuned"):
+                assert row[f"density_{name}"] == pytest.approx(float(share[name][f]), abs=1e-6)
+            assert row["share_change"] == pytest.approx(float(share["tuned"][f] - share["base"][f]), abs=1e-6)
+            if both[f]:
+                assert row["activation_change"] == pytest.approx(float(mean["tuned"][f] - mean["base"][f]), abs=1e-4)
+            else:
+                assert row["activation_change"] is None
+        key = "share_change" if sort_by == "share" else "activation_change"
+        sizes = [abs(row[key]) if row[key] is not None else -1 for row in drift["features"]]
+        assert sizes == sorted(sizes, reverse=True) and sizes[0] > 0
+        whole = (share["tuned"] - share["base"]) if sort_by == "share" else \
+            torch.where(both, mean["tuned"] - mean["base"], torch.zeros(()))
+        assert sizes[0] == pytest.approx(float(whole.abs().max()), abs=1e-4)  # nothing left out changed more
+    with pytest.raises(ValueError, match="Sort by one of 'share', 'activation'"):
+        views_drift.tuning_drift(lm, tuned, text, 2, store=feature_store, sort_by="change")

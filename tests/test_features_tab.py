@@ -271,7 +271,8 @@ def test_after_a_fine_tune_the_table_is_the_services_drift(visitor, tiny_bert, f
     import torch
 
     with pytest.raises(ValueError, match="no fine-tuned model yet"):
-        tab.on_tuning_drift(visitor, "", 1, 5)
+        tab.on_tuning_drift(visitor, "", 1, 5, "share")
+    assert tab.on_drift_sort(visitor, "", 1, 5, "activation") == (tab.gr.skip(), tab.gr.skip())  # quietly nothing
     model = copy.deepcopy(tiny_bert.model)
     torch.manual_seed(0)
     with torch.no_grad():
@@ -279,7 +280,24 @@ def test_after_a_fine_tune_the_table_is_the_services_drift(visitor, tiny_bert, f
             parameter.add_(0.02 * torch.randn_like(parameter))
     tuned = bertdemo.LoadedModel("tuned", tiny_bert.tokenizer, model, tiny_bert.device)
     visitor.store.put_model(visitor.session, "tuned", tuned)
-    note, table = tab.on_tuning_drift(visitor, "\n".join(CORPUS[:40]), 1, 5)
-    expected = bertdemo.tuning_drift(tiny_bert, tuned, "\n".join(CORPUS[:40]), 1, 5, features)
-    assert list(table["feature"]) == [row["feature"] for row in expected["features"]]
-    assert f"{expected['fvu']['tuned']:.1%}" in note and f"{expected['fvu']['base']:.1%}" in note
+    for sort_by, column in (("share", "change of firing share (points)"), ("activation", "change of mean activation")):
+        note, table = tab.on_tuning_drift(visitor, "\n".join(CORPUS[:40]), 1, 5, sort_by)
+        expected = bertdemo.tuning_drift(tiny_bert, tuned, "\n".join(CORPUS[:40]), 1, 5, features, sort_by)
+        assert list(table["feature"]) == [row["feature"] for row in expected["features"]]
+        assert f"{expected['fvu']['tuned']:.1%}" in note and f"{expected['fvu']['base']:.1%}" in note
+        assert "change of firing share (points)" in table.columns and "change of mean activation" in table.columns
+        assert "change" not in table.columns  # a share and an activation are never added
+        assert list(table["change of firing share (points)"]) == [
+            f"{100 * row['share_change']:+.2f}" for row in expected["features"]]
+        assert list(table["change of mean activation"]) == [
+            None if row["activation_change"] is None else f"{row['activation_change']:+.3f}"
+            for row in expected["features"]]
+        assert sorted_by(table, column)
+        assert sorted_by(tab.on_drift_sort(visitor, "\n".join(CORPUS[:40]), 1, 5, sort_by)[1], column)
+
+
+def sorted_by(table, column: str) -> bool:
+    """Whether `table` lists its rows by the size of `column`'s change, largest first (blank last)."""
+    sizes = [abs(float(v)) if v is not None else -1 for v in table[column]]
+    return sizes == sorted(sizes, reverse=True)
+

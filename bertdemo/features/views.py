@@ -12,9 +12,7 @@ read, and the hidden state passes through untouched.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
-import numpy as np
 import torch
 
 from .. import validate
@@ -37,7 +35,6 @@ EFFECT_CONTEXTS = ("The [MASK] was on the table.", "She said that [MASK] would c
                    "It was a very [MASK] day.", "They went to the [MASK] after school.",
                    "He [MASK] the door and left.", "I think the [MASK] is right.",
                    "We saw [MASK] in the park.", "The old man [MASK] slowly.")
-SENSES = Path(__file__).resolve().parents[2] / "assets" / "corpus" / "senses.txt"
 _STORE: FeatureStore | None = None
 
 
@@ -476,16 +473,7 @@ def _fired_on_word(lm, dictionary: Dictionary, lines: list[str], word: str, name
     return torch.stack(rows)
 
 
-def sense_lists(word: str = "bank") -> tuple[list[str], list[str]]:
-    """Two uses of `word` from assets/corpus/senses.txt, for the contrast's example: its lines
-    using the word, split where the first use's run of lines ends (the river bank, then the money
-    bank)."""
-    lines = [line for line in SENSES.read_text(encoding="utf-8").splitlines() if re.search(rf"\b{word}\b", line)]
-    half = len(lines) // 2
-    return lines[:half], lines[half:]
-
-
-# ---------------------------------------------------------------- how far to trust it; after a fine-tune
+# ---------------------------------------------------------------- how far to trust it
 
 def feature_quality(lm: LoadedModel, layer: int, store: FeatureStore | None = None) -> dict:
     """The dictionary's quality figures as measured when it was made (`quality.measure`: FVU, dead,
@@ -515,45 +503,3 @@ def quality_summary(lm: LoadedModel, store: FeatureStore | None = None) -> str |
         span = f"{min(recovered):.0%}-{max(recovered):.0%}" if len(recovered) > 1 else f"{recovered[0]:.0%}"
         parts.append(f"loss recovered {span} (zero-ablated)")
     return ": ".join(parts[:1]) + (": " + ", ".join(parts[1:]) if len(parts) > 1 else "") + " (the Features tab)."
-
-
-@torch.no_grad()
-def tuning_drift(base: LoadedModel, tuned: LoadedModel, text: str | list[str], layer: int, top: int = 10,
-                 store: FeatureStore | None = None) -> dict:
-    """What a fine-tune changed at `layer`, seen through the base model's dictionary: per feature,
-    how often (density) and how strongly (mean activation where it fires) it fires on `text` in the
-    base and the tuned model, the features that changed most, and the base dictionary's FVU on
-    each model's activations.
-
-    Returns {"layer", "tokens", "fvu": {"base", "tuned"}, "features": [{"feature", "label",
-    "density_base", "density_tuned", "mean_base", "mean_tuned", "change"}] largest change first}."""
-    from .data import Lines, hidden_at
-
-    dictionary = load_features(base, layer, store)
-    top = validate.whole_number(top, "number of features", 1, MAX_TOP, field="top")
-    lines = Lines(base, text.splitlines() if isinstance(text, str) else list(text))
-    counts, sums, fvu = {}, {}, {}
-    for name, lm in (("base", base), ("tuned", tuned)):
-        fired = torch.zeros(dictionary.latents)
-        total = torch.zeros(dictionary.latents)
-        error = squared = 0.0
-        mean_sum, n = torch.zeros(dictionary.width, dtype=torch.float64), 0
-        for batch in lines.batches(lm, seed=0, masked_share=0.0, order=np.arange(len(lines)), endless=False):
-            x = hidden_at(lm, batch, [dictionary.layer])[dictionary.layer]
-            dense = dictionary.dense(x)
-            fired += (dense > 0).float().sum(0)
-            total += dense.sum(0)
-            error += float((x - dictionary.decode(*dictionary.encode(x))).pow(2).sum())
-            squared += float(x.double().pow(2).sum())
-            mean_sum += x.double().sum(0)
-            n += x.shape[0]
-        counts[name], sums[name] = fired, total
-        fvu[name] = error / (squared - n * float((mean_sum / n).pow(2).sum()))
-    density = {k: v / n for k, v in counts.items()}
-    mean = {k: sums[k] / counts[k].clamp(min=1) for k in sums}
-    change = (density["tuned"] - density["base"]).abs() + (sums["tuned"] - sums["base"]).abs() / max(n, 1)
-    order = change.argsort(descending=True)[:top].tolist()
-    return {"layer": dictionary.layer, "tokens": n, "fvu": fvu, "features": [
-        {"feature": f, "label": label(base, dictionary, f), "density_base": float(density["base"][f]),
-         "density_tuned": float(density["tuned"][f]), "mean_base": float(mean["base"][f]),
-         "mean_tuned": float(mean["tuned"][f]), "change": float(change[f])} for f in order]}

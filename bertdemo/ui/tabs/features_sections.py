@@ -9,7 +9,9 @@ import gradio as gr
 import pandas as pd
 
 from ...config import Limits
-from ...features.views import MAX_ADD, MAX_SCALE, sense_lists
+from ...features.drift import SORTS
+from ...features.senses import sense_lists
+from ...features.views import MAX_ADD, MAX_SCALE
 from ..parts import view_downloads
 
 SENTENCE = "I sat on the river bank and watched the water."
@@ -139,8 +141,8 @@ def quality_section():
     return button, [table, raw]
 
 
-DRIFT_COLUMNS = ("feature", "fires on (base)", "fires on (tuned)", "mean activation (base)",
-                 "mean activation (tuned)", "change", "label")
+DRIFT_COLUMNS = ("feature", "fires on (base)", "fires on (tuned)", "change of firing share (points)",
+                 "mean activation (base)", "mean activation (tuned)", "change of mean activation", "label")
 
 
 def drift_section():
@@ -149,11 +151,13 @@ def drift_section():
         text = gr.Textbox(label="Text to compare on, one sentence per line (empty: the text your last fine-tune "
                                 "trained on, else the default corpus)", lines=3, max_lines=8, scale=4)
         top = gr.Slider(1, 30, value=10, step=1, label="Features listed", scale=1)
+    sort_by = gr.Radio([(what, key) for key, what in SORTS.items()], value="share", label="Sort by",
+                       elem_id="features-drift-sort", info="Largest first, whichever way it changed.")
     button = gr.Button("Compare the base model's features with your fine-tuned model's")
     note = gr.Markdown(elem_id="features-drift-note")
     table = _table(DRIFT_COLUMNS, "The base dictionary's features that changed most (click a row for its card)",
                    "features-drift")
-    return text, top, button, [note, table]
+    return text, top, sort_by, button, [note, table]
 
 
 def training_section(limits: Limits, layer: int):

@@ -19,7 +19,7 @@ import pandas as pd
 
 from ... import plots, validate
 from ...config import Settings
-from ...features import making
+from ...features import drift, making
 from ...features import views as features
 from ...features.run import FeatureProgress, FeaturesRequest
 from ...features.store import FeatureStore
@@ -51,7 +51,7 @@ def render(ctx: AppContext) -> None:
     masked, scale, add, top_k, steer, steered, why_top, why, why_outputs = sections.prediction_section()
     texts_a, texts_b, word, contrast_top, contrast, contrasted = sections.contrast_section()
     quality, quality_outputs = sections.quality_section()
-    drift_text, drift_top, drift, drifted = sections.drift_section()
+    drift_text, drift_top, drift_sort, drift, drifted = sections.drift_section()
     texts, keep_partial, train, stop, stopping, trained = sections.training_section(ctx.settings.limits, start)
 
     layer.change(handler(ctx, on_layer), layer, [available, train], api_visibility="private",
@@ -76,8 +76,10 @@ def render(ctx: AppContext) -> None:
                    api_name="contrast_features", concurrency_id="model")
     quality.click(handler(ctx, on_quality), None, quality_outputs, api_name="feature_quality",
                   concurrency_id="model")
-    drift.click(handler(ctx, on_tuning_drift), [drift_text, layer, drift_top], drifted, api_name="features_after_tuning",
-                concurrency_id="model")
+    drift.click(handler(ctx, on_tuning_drift), [drift_text, layer, drift_top, drift_sort], drifted,
+                api_name="features_after_tuning", concurrency_id="model")
+    drift_sort.change(handler(ctx, on_drift_sort), [drift_text, layer, drift_top, drift_sort], drifted,
+                      api_visibility="private", concurrency_id="model", trigger_mode="always_last")
     live_run.wire(ctx, "train_features", train, {"layer": layer, "texts": texts, "keep_partial": keep_partial},
                   [*trained, available, stopping], on_train_features)
     stop.click(handler(ctx, on_stop), None, stopping, api_name="stop_features", queue=False)
@@ -223,7 +225,7 @@ def on_quality(visitor: Visitor):
     return quality_frame(rows), rows
 
 
-def on_tuning_drift(visitor: Visitor, text, layer, top):
+def on_tuning_drift(visitor: Visitor, text, layer, top, sort_by):
     """What your fine-tune changed at one layer, through the base model's dictionary: which features
     fire more or less often, or more or less strongly, on the text, and how well the base dictionary
     still explains the tuned model's layer (FVU).
@@ -233,10 +235,12 @@ def on_tuning_drift(visitor: Visitor, text, layer, top):
             (else the default corpus).
         layer: 0 = the embeddings, N = the N-th layer's output; the base model needs a dictionary there.
         top: features listed, 1 to 50.
+        sort_by: "share" (the change of firing share) or "activation" (the change of mean activation
+            where it fires): the features that changed most by that column, largest first.
 
     Returns:
         a summary line (the FVU of the base dictionary on each model) and a table of the features
-        that changed most.
+        that changed most, the two changes in columns of their own.
     """
     tuned = visitor.store.tuned(visitor.session)
     if tuned is None:
@@ -245,15 +249,22 @@ def on_tuning_drift(visitor: Visitor, text, layer, top):
     if not (isinstance(text, str) and text.strip()):
         last = visitor.store.result(visitor.session, export.LAST_RUN)
         text = last.text if last is not None else None
-    result = features.tuning_drift(base, tuned, text if text else making.default_texts(), layer, top,
-                                   _store(visitor))
+    result = drift.tuning_drift(base, tuned, text if text else making.default_texts(), layer, top,
+                                _store(visitor), sort_by)
     fvu = result["fvu"]
     note = (f"Layer {result['layer']}, {result['tokens']:,} tokens: the base model's dictionary leaves "
             f"{fvu['base']:.1%} of the base model's layer unexplained (FVU) and {fvu['tuned']:.1%} of the "
-            "tuned model's. Change = the change in how often a feature fires plus in how strongly, per token.")
-    rows = [[r["feature"], f"{r['density_base']:.1%}", f"{r['density_tuned']:.1%}", round(r["mean_base"], 3),
-             round(r["mean_tuned"], 3), round(r["change"], 4), r["label"]] for r in result["features"]]
-    return note, pd.DataFrame(rows, columns=list(sections.DRIFT_COLUMNS))
+            f"tuned model's. Sorted by {drift.SORTS[result['sort_by']]}, largest first: the share of tokens "
+            "it fires on, tuned − base, in points; its mean activation where it fires, tuned − base (blank "
+            "where it fires in one model only).")
+    return note, drift_frame(result)
+
+
+def on_drift_sort(visitor: Visitor, text, layer, top, sort_by):
+    """The drift table again, sorted by the change just picked; nothing before a fine-tune."""
+    if visitor.store.tuned(visitor.session) is None:
+        return gr.skip(), gr.skip()
+    return on_tuning_drift(visitor, text, layer, top, sort_by)
 
 
 # ---------------------------------------------------------------- handlers: the run
@@ -407,6 +418,16 @@ def prediction_frame(result: dict) -> pd.DataFrame:
 def contrast_frame(rows: list[dict]) -> pd.DataFrame:
     return pd.DataFrame([[r["feature"], f"{r['share_a']:.0%}", f"{r['share_b']:.0%}", round(r["separation"], 3),
                           r["label"]] for r in rows], columns=list(sections.CONTRAST_COLUMNS))
+
+
+def drift_frame(result: dict) -> pd.DataFrame:
+    def activation(value):
+        return None if value is None else round(value, 3)
+    rows = [[r["feature"], f"{r['density_base']:.2%}", f"{r['density_tuned']:.2%}", f"{100 * r['share_change']:+.2f}",
+             activation(r["mean_base"]), activation(r["mean_tuned"]),
+             None if r["activation_change"] is None else f"{r['activation_change']:+.3f}", r["label"]]
+            for r in result["features"]]
+    return pd.DataFrame(rows, columns=list(sections.DRIFT_COLUMNS))
 
 
 def quality_frame(rows: list[dict]) -> pd.DataFrame:
