@@ -1,0 +1,221 @@
+"""Circuits: exact, faithful in the real model, complete, and fast enough to click through.
+
+Goals (2 CPU threads; the bundled model and its shipped transcoders unless said):
+- exactness: for every target node of every graph, its incoming edges plus its bias equal its clean
+  value within 1e-4 relative; sampled edges equal the change when their source alone is removed
+  in the frozen replacement;
+- faithful in the real model, over the 20 everyday sentences below (target: the mask's top word):
+  switching off the graph's 10 most influential feature nodes lowers the target's log-probability
+  more than 10 random active features at the same layers in >= 90% of sentences; over the top 20
+  nodes, one at a time, Spearman's rank correlation of the graph's predicted logit change and the
+  measured one >= 0.6 (median over sentences);
+- completeness >= 0.8 (replacement reported);
+- speed: a 12-token graph <= 5 s from the call to the drawing's JSON; how it grows with 12, 32 and
+  64 tokens; a bert-base-sized model (random weights) with transcoders trained live (`--bert-base`)
+  <= 60 s for 12 tokens, RSS growth while building it <= 500 MB.
+Run: python bench/bench_circuits.py [--sentences N] [--bert-base] [--train-seconds S]
+"""
+import argparse
+import random
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+from scipy.stats import spearmanr  # noqa: E402
+
+import bertdemo  # noqa: E402
+from bertdemo.circuits import attribution, interventions  # noqa: E402
+from bertdemo.circuits.replacement import Replacement  # noqa: E402
+from bertdemo.circuits.transcoders import transcoders_for  # noqa: E402
+from common import load_bert_base, machine, sentence_of  # noqa: E402
+
+SENTENCES = [
+    "Paris is the [MASK] of France.",
+    "She poured milk into her [MASK] of coffee.",
+    "The cat is sleeping on the [MASK].",
+    "I brush my [MASK] every morning.",
+    "We went to the [MASK] to buy some bread.",
+    "He opened the door with his [MASK].",
+    "The sun rises in the [MASK].",
+    "My sister plays the [MASK] in a band.",
+    "It was raining, so I took my [MASK].",
+    "The children are playing in the [MASK].",
+    "She wrote a [MASK] to her grandmother.",
+    "The doctor told him to take the [MASK] twice a day.",
+    "They watched a [MASK] at the cinema last night.",
+    "The train to London leaves at nine [MASK].",
+    "I need a new pair of [MASK] for running.",
+    "The baby is crying because she is [MASK].",
+    "He drank a glass of [MASK] after the game.",
+    "The river flows into the [MASK].",
+    "We eat breakfast in the [MASK].",
+    "The teacher asked the students to open their [MASK].",
+]
+
+
+def rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def current_rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def target_logprob(lm, text: str, nodes: list[str], graph, word: int, scale: float = 0.0) -> float:
+    """The change of the target word's log-probability when `nodes` are scaled, in the real model."""
+    result = interventions.intervene(lm, text, nodes, scale, graph=graph)
+    after = next(w for w in result["words"] if w["word"] == lm.tokenizer.convert_ids_to_tokens(word))
+    return float(torch.log(torch.tensor(after["probability_after"])) - torch.log(torch.tensor(after["probability_before"])))
+
+
+def faithfulness(lm, sentences: list[str], rng: random.Random) -> None:
+    beats, correlations, completeness, replacement, exact, sampled = 0, [], [], [], [], []
+    for text in sentences:
+        graph = attribution.attribution_graph(lm, text, target=_top_word(lm, text))
+        exact.append(attribution.check_exactness(graph))
+        sampled.append(_sampled_edges(lm, text, graph, rng))
+        completeness.append(graph.scores["completeness"])
+        replacement.append(graph.scores["replacement"])
+        adjacency = graph.adjacency
+        word = adjacency.logits[0].feature
+        features = [n for n in adjacency.columns if n.kind == "feature"]
+        ranked = sorted(range(len(adjacency.columns)), key=lambda i: -float(_influence(graph)[i]))
+        top = [adjacency.columns[i] for i in ranked if adjacency.columns[i].kind == "feature"][:10]
+        random_same_layers = []
+        for node in top:
+            pool = [n for n in features if n.layer == node.layer and n not in top and n not in random_same_layers]
+            random_same_layers.append(rng.choice(pool))
+        drop_top = target_logprob(lm, text, [n.id for n in top], graph, word)
+        drop_random = target_logprob(lm, text, [n.id for n in random_same_layers], graph, word)
+        beats += drop_top < drop_random
+        effects = interventions.total_effects(adjacency)[0]
+        twenty = [adjacency.columns[i] for i in ranked if adjacency.columns[i].kind == "feature"][:20]
+        index = {n.id: i for i, n in enumerate(adjacency.columns)}
+        predicted = [-float(effects[index[n.id]]) for n in twenty]
+        measured = [interventions.intervene(lm, text, [n.id], 0.0, graph=graph)["words"][0]["change"] for n in twenty]
+        rho = spearmanr(predicted, measured).statistic
+        correlations.append(rho)
+        print(f"  {text:<62} top10 {drop_top:+.3f} random10 {drop_random:+.3f} nats; rank corr {rho:.2f}; "
+              f"completeness {graph.scores['completeness']:.2f} replacement {graph.scores['replacement']:.2f}",
+              flush=True)
+    n = len(sentences)
+    print(f"exactness: largest relative gap {max(exact):.2e} (goal <= 1e-4); sampled edges vs removal: "
+          f"largest gap {max(sampled):.2e}")
+    print(f"faithful: top-10 off beat 10 random at the same layers in {beats}/{n} = {beats / n:.0%} (goal >= 90%)")
+    print(f"rank correlation (top 20 nodes, predicted vs measured logit change): median "
+          f"{statistics.median(correlations):.2f}, min {min(correlations):.2f} (goal median >= 0.6)")
+    print(f"completeness: mean {statistics.mean(completeness):.3f}, min {min(completeness):.3f} (goal >= 0.8); "
+          f"replacement: mean {statistics.mean(replacement):.3f}, min {min(replacement):.3f}")
+
+
+def _influence(graph) -> torch.Tensor:
+    from bertdemo.circuits.graph import influence
+
+    return influence(graph.adjacency)
+
+
+def _top_word(lm, text: str) -> str:
+    inputs, position = attribution.encode(lm, text)
+    with torch.no_grad():
+        return lm.tokenizer.convert_ids_to_tokens(int(lm.model(**inputs).logits[0, position].argmax()))
+
+
+def _sampled_edges(lm, text: str, graph, rng: random.Random, count: int = 5) -> float:
+    """Largest gap between an edge into a logit and the logit's change with its source zeroed."""
+    replacement = Replacement(lm, transcoders_for(lm))
+    inputs, position = attribution.encode(lm, text)
+    ids = inputs["input_ids"][0]
+    sentence = replacement.trace(inputs, position, lm.tokenizer.convert_ids_to_tokens(ids.tolist()),
+                                 attribution.coded_positions(lm, ids))
+    words = torch.tensor(graph.adjacency.extra["words"])
+    with torch.no_grad():
+        clean = replacement.forward(sentence, sentence.leaves)[words]
+    gaps = []
+    for column in rng.sample(range(len(graph.adjacency.columns)), count):
+        node = graph.adjacency.columns[column]
+        leaves = sentence.leaves.requiring_grad()
+        with torch.no_grad():
+            if node.kind == "feature":
+                slot = int((sentence.indices[node.layer][node.position] == node.feature).nonzero()[0])
+                leaves.features[node.layer][node.position, slot] = 0
+            elif node.kind == "error":
+                leaves.errors[node.layer][node.position] = 0
+            else:
+                leaves.tokens[node.position] = 0
+            removed = replacement.forward(sentence, leaves)[words]
+        edge = graph.adjacency.rows[:len(words), column]
+        gaps.append(float(((clean - removed) - edge).abs().max() / clean.abs().max()))
+    return max(gaps)
+
+
+def speed(lm, lengths=(12, 32, 64), repeats: int = 3) -> None:
+    try:
+        from bertdemo.circuits import drawing
+    except ImportError:
+        drawing = None
+    for length in lengths:
+        text = sentence_of(lm, length, 1)
+        times, parts = [], None
+        before = current_rss_mb()
+        for _ in range(repeats):
+            start = time.perf_counter()
+            graph = attribution.attribution_graph(lm, text)
+            if drawing is not None:
+                drawing.figure(graph).to_json()
+            times.append(time.perf_counter() - start)
+            parts = graph.timings
+        features = sum(n.kind == "feature" for n in graph.adjacency.columns)
+        print(f"{length:>3} tokens: {statistics.median(times):.2f} s median of {repeats} (trace {parts['trace']:.2f} s, "
+              f"edges {parts['edges']:.2f} s), {features:,} active features, {graph.adjacency.rows.shape[0]:,} rows; "
+              f"RSS now +{current_rss_mb() - before:.0f} MB", flush=True)
+
+
+def bert_base(train_seconds: float) -> None:
+    from bertdemo.circuits.transcoders import train_transcoders
+    from bertdemo.features.training import FeatureSettings
+
+    lm = load_bert_base()
+    start = time.perf_counter()
+    trained, history = train_transcoders(lm, None, None, FeatureSettings(max_seconds=train_seconds, max_tokens=10**9))
+    print(f"bert-base-sized (random weights): transcoders for {len(trained)} layers trained live in "
+          f"{time.perf_counter() - start:.0f} s ({history.tokens:,} tokens)", flush=True)
+    text = sentence_of(lm, 12, 1)
+    attribution.attribution_graph(lm, text)  # warm
+    before = current_rss_mb()
+    start = time.perf_counter()
+    graph = attribution.attribution_graph(lm, text)
+    print(f"bert-base-sized, 12 tokens: {time.perf_counter() - start:.1f} s (goal <= 60 s); "
+          f"{sum(n.kind == 'feature' for n in graph.adjacency.columns):,} active features; peak RSS "
+          f"{rss_mb():.0f} MB, growth over the build {current_rss_mb() - before:+.0f} MB (goal <= 500 MB)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sentences", type=int, default=len(SENTENCES))
+    parser.add_argument("--bert-base", action="store_true")
+    parser.add_argument("--train-seconds", type=float, default=600.0)
+    parser.add_argument("--skip-faithfulness", action="store_true")
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    print(machine())
+    lm = bertdemo.load_bundled()
+    if not transcoders_for(lm):
+        sys.exit("The bundled model has no transcoders: python -m bertdemo train-transcoders")
+    speed(lm)
+    if not args.skip_faithfulness:
+        faithfulness(lm, SENTENCES[:args.sentences], random.Random(0))
+    if args.bert_base:
+        bert_base(args.train_seconds)
+
+
+if __name__ == "__main__":
+    main()
