@@ -29,16 +29,16 @@ from bertdemo.ui.parts.context import AppContext, forget_session, handler
 from bertdemo.ui.parts.links import Links, slug
 from bertdemo.ui.serving import queue_watch
 from bertdemo.ui.serving.lifecycle import Signals, serve, shut_down, use_own_gradio_temp_dir
-from bertdemo.ui.tabs import (about_tab, attention_tab, classify_tab, embeddings_tab, explain_tab, features_tab,
-                              fillmask_tab, finetune_tab, masking_tab, search_tab)
+from bertdemo.ui.tabs import (about_tab, attention_tab, circuits_tab, classify_tab, embeddings_tab, explain_tab,
+                              features_tab, fillmask_tab, finetune_tab, masking_tab, search_tab)
 
 log = logging.getLogger("bertdemo")
 
 
 TABS = [("Fill mask", fillmask_tab), ("Attention", attention_tab), ("Inside a prediction", explain_tab),
         ("Embeddings", embeddings_tab), ("Corpus search", search_tab), ("Features", features_tab),
-        ("Mask sampling", masking_tab), ("Fine-tune", finetune_tab), ("Classify", classify_tab),
-        ("About", about_tab)]
+        ("Circuits", circuits_tab), ("Mask sampling", masking_tab), ("Fine-tune", finetune_tab),
+        ("Classify", classify_tab), ("About", about_tab)]
 
 
 def parse_args(argv: list[str] | None = None) -> Settings:

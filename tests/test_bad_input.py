@@ -27,6 +27,7 @@ from bertdemo.features.making import train_features
 from bertdemo.features.store import FeatureStore
 from bertdemo.features.training import FeatureSettings
 from bertdemo.ui.serving import lifecycle
+from bertdemo.ui.tabs import circuits_tab
 
 SENTENCE = "Paris is the [MASK] of France."
 TEXT = "Paris is the capital of France."
@@ -94,6 +95,14 @@ ENDPOINTS = {
     "/features_after_tuning": [("text", ""), ("number", 1), ("number", 3), ("choice", "share")],  # after /finetune
     "/train_features": [("number", 2), ("text", ""), ("flag", True)],
     "/stop_features": [],
+    # the Circuits tab: the suite's model has random transcoders (`suite_app`); 0_1_4 is layer 1's error at [MASK]
+    "/circuit_graph": [("text", SENTENCE), ("number", 1), ("text", ""), ("number", 0.8), ("number", 0.98)],
+    "/circuit_intervene": [("text", SENTENCE), ("number", 1), ("text", ""), ("text", "0_1_4"), ("number", 0),
+                           ("text", "")],
+    "/circuit_json": [("text", SENTENCE), ("number", 1), ("text", ""), ("number", 0.8), ("number", 0.98),
+                      ("text", "group: 0_1_4")],
+    "/train_transcoders": [("text", ""), ("flag", True)],
+    "/stop_transcoders": [],
 }
 # Gradio component -> kind of input in the table above.
 KINDS = {"Textbox": "text", "Number": "number", "Slider": "number", "Radio": "choice",
@@ -149,12 +158,15 @@ def suite_app(tmp_path_factory):
     settings = Settings(model=str(model), models=str(other), device="cpu", port=None,
                         finetune_max_steps=20, finetune_max_chars=5_000, features_max_tokens=3_000)
     features = FeatureStore(root / "features", shipped=None)
-    train_features(bertdemo.load(str(model), device="cpu"), 1, None, FeatureSettings(max_tokens=3_000),
-                   store=features)
-    demo = app.build_demo(settings, features=features)
-    url, _ = lifecycle.serve(demo, settings, block=False)
-    yield url, [str(root), str(Path(app.__file__).parent)]
-    demo.close()
+    lm = bertdemo.load(str(model), device="cpu")
+    train_features(lm, 1, None, FeatureSettings(max_tokens=3_000), store=features)
+    coders = tiny_models.tiny_transcoders(lm)
+    with pytest.MonkeyPatch.context() as patch:  # the Circuits tab's transcoders: random ones, built here
+        patch.setattr(circuits_tab, "transcoders", lambda holder, lm: coders)
+        demo = app.build_demo(settings, features=features)
+        url, _ = lifecycle.serve(demo, settings, block=False)
+        yield url, [str(root), str(Path(app.__file__).parent)]
+        demo.close()
 
 
 @pytest.fixture(scope="module")

@@ -38,13 +38,14 @@ TABS = {
     "embeddings": ("embedding_map", True),
     "corpus-search": ("search_corpus", True),
     "features": ("sentence_features", True),  # its event goes on to draw the card of `feature`
+    "circuits": ("circuit_graph", True),  # its event goes on to apply the intervention of `nodes`
     "mask-sampling": ("mask_sample", True),
     "fine-tune": ("finetune", False),  # a training run: the link fills the form only
     "classify": ("train_classifier", False),
     "about": (None, False),
 }
 # tab -> other endpoints whose parameters a link also sets (the main view's event draws them)
-ALSO = {"features": ("feature_card",)}
+ALSO = {"features": ("feature_card",), "circuits": ("circuit_intervene",)}
 MAX_TEXT = 5_000  # characters of one text value in a link (a longer one falls back to the default)
 # Run the linked tab's main view: click its button once the tab is drawn (a tab's content is
 # drawn when it is first selected, after the load event that selects it has returned).

@@ -1,0 +1,575 @@
+"""The Circuits tab: how the model reaches a [MASK] prediction, drawn as an attribution graph of
+transcoder features (Ameisen et al. 2025), with each node's card, the attention heads behind an
+edge, and nodes switched off or turned up in the real model beside what the graph predicted.
+
+The graph, the heads and the interventions are `bertdemo.circuits`'; this tab lays them out, wires
+one line per event and words the results. Every view uses the session's model and its transcoders
+(`transcoders`: the one place the tab asks for them; tests replace it). A session's last graph is
+kept between its events (the store's kept results), so a click on a node, a new threshold or an
+intervention does not build the graph again.
+"""
+from __future__ import annotations
+
+import html
+import re
+
+import gradio as gr
+import pandas as pd
+import plotly.graph_objects as go
+from gradio.context import get_render_context
+
+from ... import validate
+from ...circuits import attribution, drawing, files, heads, interventions
+from ...circuits.graph import Graph
+from ...circuits.transcoder_run import TranscodersRequest
+from ...config import Settings
+from ...features.run import FeatureProgress
+from ...model.loading import LoadedModel
+from ...plots import shown_token
+from . import circuits_sections as sections
+from ..parts import live_run, view_downloads
+from ..parts.context import AppContext, Visitor, handler, standalone_demo
+from ..parts.model_line import model_line
+
+KEPT = "circuit_graph"  # the session's last graph, under this name in the store's kept results
+TOP_NODES = 40  # rows of the nodes table
+LISTED_EDGES = 5_000  # edges in the graph's raw JSON at most (the drawing shows the strongest 300)
+MAX_GROUPS, MAX_NODES = 20, 200  # named groups, and node ids in one intervention
+MAX_TARGET = 100  # characters of the target box
+INTRO = """**How the model reaches its prediction, as a graph.** Each layer's feed-forward block is replaced by a
+*transcoder*: a few active features out of thousands, plus an *error* node for what they miss. With
+attention and every normalisation frozen for this one sentence, the prediction at the `[MASK]` is a
+sum of direct effects between nodes, and the graph draws the strongest of them: from the words
+(bottom), through features layer by layer, to the predicted words (top). Node size = influence on
+the prediction; blue edges raise their target, red ones lower it. Click a node for its card and
+the attention heads behind its strongest edge from another word; then switch nodes off or turn
+them up in the real model and compare with what the graph predicted. Unlike a decoder's graph, a
+`[MASK]` draws on words on both sides of it: the scores say how much from each."""
+# The page side of a click on a node: the drawing's plotly_click writes the node's id (its first
+# customdata) into the node box and presses "Open its card". Re-attached whenever plotly draws
+# the plot again (a new graph), checked every 300 ms; installed once per page.
+CLICK_JS = """() => {
+    if (window.__circuitClicks) return;
+    window.__circuitClicks = true;
+    const pick = (id) => {
+        const box = document.querySelector("#circuit-node textarea, #circuit-node input");
+        if (!box) return;
+        box.value = id;
+        box.dispatchEvent(new Event("input", {bubbles: true}));
+        setTimeout(() => { const open = document.getElementById("circuit-open-node"); if (open) open.click(); }, 60);
+    };
+    setInterval(() => {
+        document.querySelectorAll("#circuit-graph .js-plotly-plot").forEach((plot) => {
+            if (!plot.on || !plot._fullLayout || plot.__circuitLayout === plot._fullLayout) return;
+            plot.__circuitLayout = plot._fullLayout;
+            if (plot.removeAllListeners) plot.removeAllListeners("plotly_click");
+            plot.on("plotly_click", (event) => {
+                const point = event && event.points && event.points[0];
+                const data = point && point.customdata;
+                if (data) pick(Array.isArray(data) ? data[0] : data);
+            });
+        });
+    }, 300);
+}"""
+ADD_JS = """(node, nodes) => {
+    const id = (node || "").trim();
+    const listed = (nodes || "").split(/[\\s,]+/).filter((n) => n);
+    if (id && !listed.includes(id)) listed.push(id);
+    return listed.join(", ");
+}"""
+
+
+def render(ctx: AppContext) -> None:
+    """Layout (`circuits_sections`), then one line per event."""
+    gr.Markdown(INTRO)
+    line = gr.Markdown(availability(ctx), elem_id="circuits-available")
+    query = sections.query_section()
+    drawn, card = sections.graph_section()
+    change = sections.intervention_section()
+    downloads = sections.downloads_section()
+    training = sections.training_section(ctx.settings.limits)
+
+    graph = [*query.inputs]
+    drawing = query.draw.click(handler(ctx, on_graph), graph, [drawn.plot, drawn.scores, drawn.nodes, drawn.raw, line],
+                               api_name="circuit_graph", concurrency_id="model")
+    drawing.then(None, None, None, js=CLICK_JS)
+    intervention = [*graph[:3], change.nodes, change.scale, change.supernodes]
+    drawing.success(handler(ctx, on_linked_intervention), intervention, change.outputs, api_visibility="private",
+                    concurrency_id="model")
+    card.open.click(handler(ctx, on_node), [*graph, card.node], card.outputs, api_visibility="private",
+                    concurrency_id="model")
+    drawn.nodes.select(on_pick_node, None, card.node, api_visibility="private", queue=False).success(
+        handler(ctx, on_node), [*graph, card.node], card.outputs, api_visibility="private", concurrency_id="model")
+    card.add.click(None, [card.node, change.nodes], change.nodes, js=ADD_JS)
+    change.apply.click(handler(ctx, on_intervene), intervention, change.outputs, api_name="circuit_intervene",
+                       concurrency_id="model")
+    downloads.viewer.click(handler(ctx, on_graph_json), [*graph, change.supernodes], downloads.viewer_json,
+                           api_name="circuit_json", concurrency_id="model")
+    downloads.export.click(handler(ctx, on_export), [*graph, change.supernodes], downloads.files,
+                           api_visibility="private", concurrency_id="model")
+    live_run.wire(ctx, "train_transcoders", training.train, {"texts": training.texts,
+                                                             "keep_partial": training.keep_partial},
+                  [training.status, training.curves, line, training.stopping], on_train_transcoders)
+    training.stop.click(handler(ctx, on_stop), None, training.stopping, api_name="stop_transcoders", queue=False)
+    tab = get_render_context()
+    if isinstance(tab, gr.Tab):  # back on this tab: the model may have changed
+        tab.select(handler(ctx, on_show), None, line, api_visibility="private", queue=False)
+
+
+def create_demo(store=None, settings: Settings | None = None) -> gr.Blocks:
+    """The tab on its own, for running or testing it alone."""
+    return standalone_demo("circuits", render, store, settings)
+
+
+# ---------------------------------------------------------------- the service, through one door
+
+def transcoders(holder, lm: LoadedModel) -> dict:
+    """`lm`'s transcoders in the app's store (`holder`: a Visitor or the AppContext), {layer:
+    Dictionary}; ValueError saying how to get them when it has none. Every handler asks here (a
+    test replaces it with transcoders of its own)."""
+    try:
+        from ...circuits.transcoders import transcoders_for
+        from ...runs.kinds import transcoder_store
+    except ImportError:  # this build has no transcoders
+        found = {}
+    else:
+        found = transcoders_for(lm, transcoder_store(holder))
+    if not found:
+        raise validate.InputError("model", f"{lm.name} has no transcoders yet, so there is no circuit to draw: "
+                                           "train them below ('Train transcoders'), or bertdemo.train_transcoders.")
+    return found
+
+
+def graph_of(visitor: Visitor, sentence, mask_number, target, node_threshold=0.8, edge_threshold=0.98) -> Graph:
+    """The graph of the query, pruned at the thresholds: the session's kept one when it is of the
+    same sentence, mask, target, model and transcoders (pruned again if the thresholds changed),
+    else built and kept."""
+    lm = visitor.lm
+    coders = transcoders(visitor, lm)
+    node_threshold, edge_threshold = attribution.graph_check_thresholds(node_threshold, edge_threshold)
+    wanted = target_of(target)
+    key = (id(lm), sentence, _whole(mask_number), wanted, tuple((l, id(d)) for l, d in sorted(coders.items())))
+    kept = visitor.store.result(visitor.session, KEPT) if visitor.session else None
+    if kept is not None and kept[0] == key:
+        graph = kept[1]
+        if (graph.node_threshold, graph.edge_threshold) == (node_threshold, edge_threshold):
+            return graph
+        graph = graph.pruned_at(node_threshold, edge_threshold)
+    else:
+        graph = attribution.attribution_graph(lm, sentence, mask_number, wanted, transcoders=coders,
+                                              node_threshold=node_threshold, edge_threshold=edge_threshold,
+                                              max_tokens=visitor.settings.circuit_max_tokens)
+    if visitor.session:
+        visitor.store.keep_result(visitor.session, KEPT, (key, graph), _graph_bytes(graph))
+    return graph
+
+
+def target_of(target) -> str | tuple[str, str] | None:
+    """The target box in the service's terms: None (empty), a word, or two words ('a vs b', 'a, b')."""
+    if target is None or not str(target).strip():
+        return None
+    if len(str(target)) > MAX_TARGET:
+        raise validate.InputError("target", f"The target is a word or two, at most {MAX_TARGET} characters "
+                                            "('capital', or 'capital vs city').")
+    words = [w for w in re.split(r"\s+vs\.?\s+|\s*,\s*|\s+-\s+", str(target).strip()) if w]
+    if len(words) > 2:
+        raise validate.InputError("target", "The target is one word, or two to compare ('capital vs city').")
+    return words[0] if len(words) == 1 else (words[0], words[1])
+
+
+# ---------------------------------------------------------------- handlers
+
+def on_graph(visitor: Visitor, sentence, mask_number, target, node_threshold, edge_threshold):
+    """The attribution graph of one [MASK]'s prediction: transcoder features, error and token nodes
+    and the predicted words, with the direct effects between them (Ameisen et al. 2025).
+
+    Args:
+        sentence: text with at least one [MASK] (any case), e.g. "Paris is the [MASK] of France."; at most the server's circuit limit (64 tokens by default).
+        mask_number: which [MASK] to explain, 1 = the first.
+        target: empty for the mask's top words (weighted by probability), a word for its logit, or "capital vs city" for the logit difference of two words.
+        node_threshold: 0 to 1: keep the nodes that make up this share of the influence on the prediction (0.8 by default).
+        edge_threshold: 0 to 1: then keep the edges that make up this share of the edge scores (0.98 by default).
+
+    Returns:
+        the graph drawn (plotly; each node's id is its first customdata), its scores in words, a table of the most influential nodes, the raw graph {"text", "tokens", "mask_position", "target", "scores": {"replacement", "completeness", "left", "right", "mask", "framing"}, "nodes": [{"id", "kind", "layer", "position", "feature", "activation", "label", "token", "influence"}], "edges": [{"source", "target", "weight"}]}, and the model line.
+    """
+    graph = graph_of(visitor, sentence, mask_number, target, node_threshold, edge_threshold)
+    return (drawing.figure(graph), scores_words(graph), node_frame(graph), raw_graph(graph),
+            availability(visitor, visitor.session))
+
+
+def on_node(visitor: Visitor, sentence, mask_number, target, node_threshold, edge_threshold, node):
+    """A node's card (what it is, its activation and influence; a feature's card where its transcoder
+    has statistics) and the attention heads behind its strongest kept edge from another position."""
+    graph = graph_of(visitor, sentence, mask_number, target, node_threshold, edge_threshold)
+    found = graph.node(str(node or "").strip())
+    card = _feature_card(visitor, found)
+    summary = card_html(found, card)
+    effects = gr.update(value=_effects(card), visible=True) if card else gr.update(value=None, visible=False)
+    source = heads.strongest_across(graph, found["id"])
+    if source is None:
+        why = ("A token node has no incoming edge." if found["kind"] == "token"
+               else "No kept edge comes into it from another position.")
+        return summary, effects, why, sections.empty(sections.HEAD_COLUMNS)
+    split = heads.edge_heads(visitor.lm, graph, source, found["id"], transcoders=transcoders(visitor, visitor.lm))
+    return summary, effects, heads_words(graph, split), head_frame(split)
+
+
+def on_show(visitor: Visitor) -> str:
+    return availability(visitor, visitor.session)
+
+
+def on_pick_node(evt: gr.SelectData):
+    """A click on a row of the nodes table: its node id (the first column)."""
+    row = getattr(evt, "row_value", None)
+    try:
+        return str(row[0]) if row and row[0] else gr.skip()
+    except (TypeError, IndexError):
+        return gr.skip()
+
+
+def on_intervene(visitor: Visitor, sentence, mask_number, target, nodes, scale, supernodes):
+    """Switch graph nodes off or turn them up in the real model (attention not frozen, the
+    transcoder's error kept) and compare the prediction with what the graph predicted.
+
+    Args:
+        sentence: text with at least one [MASK] (any case), e.g. "Paris is the [MASK] of France.".
+        mask_number: which [MASK], 1 = the first.
+        target: as for /circuit_graph: empty (the top words), a word, or "capital vs city".
+        nodes: feature or error node ids of the graph (e.g. "2_117_4, 1_12_6"), or names of groups given in supernodes.
+        scale: 0 to 10: each node's contribution times this (0 = switched off, 1 = unchanged, 2 = doubled).
+        supernodes: named groups of node ids, "name: id id; name2: id", usable in nodes.
+
+    Returns:
+        a summary (top words before and after), bars of the graph's words' probability before and after, a table per word (probability before and after, the logit change measured and as the graph predicted it), and the raw result {"nodes", "scale", "before", "after": [{"word", "probability"}], "words": [{"word", "logit_before", "logit_after", "change", "predicted_change", "probability_before", "probability_after"}]}.
+    """
+    groups = parse_groups(supernodes)
+    chosen = chosen_nodes(nodes, groups)
+    graph = graph_of(visitor, sentence, mask_number, target)
+    result = interventions.intervene(visitor.lm, sentence, chosen, scale, mask_number, graph=graph,
+                                     transcoders=transcoders(visitor, visitor.lm))
+    return intervention_words(result, groups, nodes), intervention_bars(result), word_frame(result), result
+
+
+def on_linked_intervention(visitor: Visitor, sentence, mask_number, target, nodes, scale, supernodes):
+    """After a graph is drawn: the intervention its nodes box names (a link's), else nothing; a
+    node the new graph lacks is said in the note, not raised."""
+    if not str(nodes or "").strip():
+        return (gr.skip(),) * 4
+    try:
+        return on_intervene(visitor, sentence, mask_number, target, nodes, scale, supernodes)
+    except ValueError as err:
+        return f"The intervention was not applied: {_escape_markdown(str(err))}", None, gr.skip(), gr.skip()
+
+
+def on_graph_json(visitor: Visitor, sentence, mask_number, target, node_threshold, edge_threshold, supernodes):
+    """The graph in the JSON format circuit-tracer's viewer and Neuronpedia's graph pages read
+    ({"metadata", "qParams", "nodes", "links"}), with the named groups as its supernodes.
+
+    Args:
+        sentence: text with at least one [MASK] (any case), e.g. "Paris is the [MASK] of France.".
+        mask_number: which [MASK], 1 = the first.
+        target: as for /circuit_graph.
+        node_threshold: 0 to 1, as for /circuit_graph.
+        edge_threshold: 0 to 1, as for /circuit_graph.
+        supernodes: named groups of node ids, "name: id id; name2: id" (may be empty).
+    """
+    graph = graph_of(visitor, sentence, mask_number, target, node_threshold, edge_threshold)
+    return files.graph_json(graph, supernodes=_checked_groups(graph, supernodes), model=visitor.lm.name)
+
+
+def on_export(visitor: Visitor, sentence, mask_number, target, node_threshold, edge_threshold, supernodes) -> dict:
+    """The graph as files: the viewer's JSON, a CSV of its nodes and edges, the drawing as PNG and SVG."""
+    graph = graph_of(visitor, sentence, mask_number, target, node_threshold, edge_threshold)
+    paths = drawing.graph_files(graph, view_downloads.folder(visitor), supernodes=_checked_groups(graph, supernodes),
+                                model=visitor.lm.name)
+    return view_downloads.listed(paths)
+
+
+# ---------------------------------------------------------------- handlers: training transcoders
+
+def on_train_transcoders(visitor: Visitor, request: TranscodersRequest, progress=gr.Progress()):
+    """Train transcoders for every layer of this session's model (a run: one per visitor,
+    /stop_transcoders ends it); kept for every visitor of that model. Parameters: `texts` (one
+    sentence per line; empty: the default corpus), `keep_partial` (keep a run stopped early).
+    Yields the status, the live FVU curves (one per layer), the model line and the Stop line."""
+    outcome = yield from live_run.stream(
+        visitor, "train_transcoders", request, progress, lambda log: _live_outputs(log, progress),
+        cleared=("Starting: reading the corpus…", None, gr.skip(), ""))
+    _, history = outcome.result
+    yield (trained_status(outcome.kept, history, outcome.plan), training_curves(history.steps),
+           availability(visitor, visitor.session), gr.skip())
+
+
+def _live_outputs(log, progress) -> tuple:
+    events = [e for e in log.latest.evals if isinstance(e, FeatureProgress)]
+    if not events:
+        return (gr.skip(),) * 4
+    last = events[-1].step
+    progress(events[-1].done, desc=f"training transcoders: {last.tokens:,} tokens")
+    fvu = ", ".join(f"{v:.3f}" for v in last.fvu)
+    status = (f"Step {last.step}: {last.tokens:,} tokens, FVU per layer {fvu}, {last.tokens_per_s:,.0f} tokens/s. "
+              "When training ends, their statistics and quality are measured before they are kept.")
+    return status, training_curves([e.step for e in events]), gr.skip(), gr.skip()
+
+
+def on_stop(visitor: Visitor) -> str:
+    if live_run.stop(visitor):
+        return "Stop asked: the run ends after its current step."
+    return "Nothing is running: there is no training of yours to stop."
+
+
+def trained_status(kept, history, plan) -> str:
+    """What the run did, in the page's words: how it ended, whether its transcoders were kept."""
+    done = f"{len(history.steps)} steps, {history.tokens:,} tokens in {history.seconds:.0f} s"
+    if history.stopped is None:
+        head = f"**Done**: {done}."
+    else:
+        why = live_run.ENDED_BECAUSE.get(history.stopped, history.stopped).format(
+            seconds=int(plan.settings.max_seconds))
+        head = f"**Ended early** because {why}, after {done}."
+    name = _escape_markdown(plan.lm.name)
+    if kept is not None and kept.kept:
+        return (f"{head} The transcoders of **{name}** (layers {plan.layers[0]}-{plan.layers[-1]}) are **kept**: "
+                "every visitor of this model can draw its circuits now.")
+    if not history.steps:
+        return f"{head} No step ran, so there are no transcoders to keep."
+    return (f"{head} They were **not kept** (tick “Keep the transcoders if I press Stop…” to keep a stopped "
+            f"run's): **{name}** still has none.")
+
+
+def training_curves(steps: list) -> go.Figure:
+    """The transcoders' training, live: each layer's FVU against tokens seen."""
+    fig = go.Figure()
+    layers = len(steps[0].fvu) if steps else 0
+    for i in range(layers):
+        fig.add_trace(go.Scatter(x=[s.tokens for s in steps], y=[s.fvu[i] for s in steps], mode="lines",
+                                 name=f"layer {i + 1}", hovertemplate="%{x:,} tokens: FVU %{y:.3f}<extra></extra>"))
+    fig.update_layout(height=320, margin=dict(l=10, r=10, t=30, b=10), legend=dict(orientation="h", y=-0.25),
+                      xaxis=dict(title="tokens seen", rangemode="tozero"),
+                      yaxis=dict(title="FVU (lower is better)", rangemode="tozero"))
+    return fig
+
+
+# ---------------------------------------------------------------- what the page shows
+
+def availability(holder, session: str | None = None) -> str:
+    """The model line, and whether the session's model has transcoders (else how to get them).
+    `holder`: a Visitor or the AppContext (whose store and transcoders are the app's)."""
+    line = model_line(holder.store, session)
+    try:
+        lm = holder.store.for_session(session)
+    except ValueError:
+        return line
+    try:
+        found = transcoders(holder, lm)
+    except ValueError as err:
+        return f"{line}  \n⚠️ {_escape_markdown(str(err))}"
+    layers = sorted(found)
+    return f"{line}  \nTranscoders of layers {layers[0]}-{layers[-1]} ({found[layers[0]].latents:,} features each)."
+
+
+def scores_words(graph: Graph) -> str:
+    """The graph's scores, each with what it measures, and what they were measured on."""
+    s, adjacency = graph.scores, graph.adjacency
+    active = sum(1 for n in adjacency.columns if n.kind == "feature")
+    traced = int((adjacency.row_nodes >= 0).sum())
+    return (f"**Replacement score {s['replacement']:.0%}**: of the influence that reaches the prediction from the "
+            "sentence, the share that starts at its words rather than at error nodes: how much of the whole path the "
+            "transcoders' features explain.  \n"
+            f"**Completeness {s['completeness']:.0%}**: per node, the share of its direct inputs that are features or "
+            "words rather than errors, weighted by influence: how well each single step is explained.  \n"
+            f"**Left {s['left']:.0%} · right {s['right']:.0%}** of the [MASK], the mask itself {s['mask']:.0%}, "
+            f"[CLS]/[SEP] {s['framing']:.0%}: where the influence sits in the sentence (a decoder could only use "
+            "the left).  \n"
+            f"Measured on this one sentence: {len(graph.tokens)} tokens, {active:,} active features of which "
+            f"{traced:,} were traced to their inputs; {len(graph.nodes):,} nodes and {len(graph.edges):,} edges kept "
+            f"at thresholds {graph.node_threshold:g} / {graph.edge_threshold:g}; "
+            f"built in {_seconds(graph.timings.get('seconds', 0.0))}.")
+
+
+def node_frame(graph: Graph, top: int = TOP_NODES) -> pd.DataFrame:
+    """The most influential kept nodes, then the predicted words."""
+    ordered = sorted(graph.nodes, key=lambda n: (n["kind"] == "logit", -(n.get("influence") or 0.0)))[:top]
+    rows = [[n["id"], n["kind"], n["layer"], f"{shown_token(n['token'])} ({n['position']})", n["label"],
+             round(n.get("influence") or 0.0, 4)] for n in ordered]
+    return pd.DataFrame(rows, columns=list(sections.NODE_COLUMNS))
+
+
+def raw_graph(graph: Graph) -> dict:
+    edges = [{"source": e.source, "target": e.target, "weight": e.weight} for e in graph.edges[:LISTED_EDGES]]
+    return {"text": graph.text, "tokens": graph.tokens, "mask_position": graph.mask_position, "target": graph.target,
+            "scores": graph.scores, "node_threshold": graph.node_threshold, "edge_threshold": graph.edge_threshold,
+            "nodes": graph.nodes, "edges": edges, "edges_kept": len(graph.edges)}
+
+
+KIND_WORDS = {"feature": "Transcoder feature", "error": "Error node", "token": "Token", "logit": "Predicted word"}
+
+
+def card_html(node: dict, card: dict | None) -> str:
+    """A node's card as HTML: every piece of text escaped."""
+    e = lambda text: html.escape(str(text))  # noqa: E731
+    token = f"“{e(shown_token(node['token']))}” (position {node['position']})"
+    influence = node.get("influence")
+    facts = [f"influence {influence:.2%}" if influence is not None else ""]
+    if node["kind"] == "feature":
+        head = f"Feature {node['feature']} of layer {node['layer']}'s transcoder, at {token}"
+        facts.insert(0, f"activation {node['activation']:.3f}")
+    elif node["kind"] == "error":
+        head = f"What layer {node['layer']}'s transcoder misses at {token}"
+        facts.insert(0, f"size (norm) {node['activation']:.3f}")
+    elif node["kind"] == "token":
+        head = f"The embedding of {token}"
+    else:
+        head = f"The logit of “{e(shown_token(node['token']))}” at the [MASK]"
+        facts = [f"probability {node['activation']:.3f}"]
+    parts = [f"<p><b>{head}</b> <code>{e(node['id'])}</code><br>{e(', '.join(f for f in facts if f))}</p>"]
+    if node["kind"] == "feature":
+        parts.append(f"<p>Label: <i>{e(node['label'])}</i></p>")
+        if card is None:
+            parts.append("<p>This transcoder has no statistics yet: no contexts or outputs to show.</p>")
+        else:
+            parts.append(f"<p>Fires on {card['density']:.2%} of the {card['statistics_tokens']:,} tokens its "
+                         f"statistics counted; mean activation {card['mean']:.3f} where it fires.</p>")
+            contexts = "".join(f"<li>{e(c['text'][:c['start']])}<mark>{e(c['text'][c['start']:c['end']] or c['token'])}"
+                               f"</mark>{e(c['text'][c['end']:])} <small>({c['activation']:.2f})</small></li>"
+                               for c in card["contexts"][:8])
+            if contexts:
+                parts.append(f"<p>Top contexts:</p><ul>{contexts}</ul>")
+    return "".join(parts)
+
+
+def _feature_card(visitor: Visitor, node: dict) -> dict | None:
+    """The Features tab's card of a feature node's transcoder feature, where it has statistics."""
+    if node["kind"] != "feature":
+        return None
+    coder = transcoders(visitor, visitor.lm).get(node["layer"])
+    if coder is None or coder.stats is None:
+        return None
+    from ...features import views as features
+
+    return features.feature_card(visitor.lm, node["layer"], node["feature"], _Transcoders({node["layer"]: coder}))
+
+
+class _Transcoders:
+    """The transcoders as the features' views ask a store for a layer's dictionary."""
+
+    def __init__(self, coders: dict):
+        self.coders = coders
+
+    def get(self, lm, layer):
+        return self.coders.get(layer)
+
+
+def _effects(card: dict) -> go.Figure:
+    from ... import plots
+
+    return plots.feature_effects(card)
+
+
+def heads_words(graph: Graph, split: dict) -> str:
+    source, target = graph.node(split["source"]), graph.node(split["target"])
+    shown = lambda n: f"{n['id']} at “{_escape_markdown(shown_token(n['token']))}”"  # noqa: E731
+    where = (f"All of it crosses at layer {split['layer']}'s attention, so its heads' parts add up to the edge."
+             if split["adjacent"] and split["across"] else
+             f"The split is of layer {split['layer']}'s attention only (the target's); {split['elsewhere']:+.4f} of it "
+             "reached the target's position at an earlier layer.")
+    return (f"Its strongest kept edge from another position: **{shown(source)} → {shown(target)}**, weight "
+            f"{split['weight']:+.4f}. At frozen attention an edge across positions is a sum over heads. {where}")
+
+
+def head_frame(split: dict) -> pd.DataFrame:
+    rows = [[f"{split['layer']}:{h['head']}", round(h["weight"], 5),
+             "" if h["share"] is None else f"{h['share']:.0%}"] for h in split["heads"]]
+    return pd.DataFrame(rows, columns=list(sections.HEAD_COLUMNS))
+
+
+def intervention_words(result: dict, groups: dict, asked) -> str:
+    scale = result["scale"]
+    what = "switched off" if scale == 0 else "unchanged" if scale == 1 else f"scaled by {scale:g}"
+    listed = lambda words: ", ".join(f"{_escape_markdown(shown_token(w['word']))} {w['probability']:.1%}"  # noqa: E731
+                                     for w in words)
+    named = [g for g in groups if g in re.split(r"[\s,]+", str(asked or ""))]
+    groups_note = f" (groups: {', '.join(_escape_markdown(g) for g in named)})" if named else ""
+    return (f"{len(result['nodes'])} node(s){groups_note} {what} in the real model (attention not frozen, the "
+            f"transcoders' errors kept).  \n**Before**: {listed(result['before'])}  \n**After**: "
+            f"{listed(result['after'])}  \nThe graph's prediction is linear: it assumes every other node follows "
+            "its edges, with no attention or normalisation changing.")
+
+
+def intervention_bars(result: dict) -> go.Figure:
+    words = [shown_token(w["word"]) for w in result["words"]]
+    fig = go.Figure([go.Bar(name=name, x=words, y=[w[key] for w in result["words"]],
+                            hovertemplate=f"{name}<br>%{{x}}: %{{y:.3f}}<extra></extra>")
+                     for name, key in (("before", "probability_before"), ("after", "probability_after"))])
+    fig.update_layout(barmode="group", height=320, yaxis=dict(title="probability", rangemode="tozero"),
+                      legend=dict(orientation="h", y=-0.2), margin=dict(l=10, r=10, t=30, b=10))
+    return fig
+
+
+def word_frame(result: dict) -> pd.DataFrame:
+    rows = [[shown_token(w["word"]), round(w["probability_before"], 4), round(w["probability_after"], 4),
+             round(w["change"], 4), round(w["predicted_change"], 4)] for w in result["words"]]
+    return pd.DataFrame(rows, columns=list(sections.WORD_COLUMNS))
+
+
+# ---------------------------------------------------------------- node lists and groups
+
+def parse_groups(text) -> dict[str, list[str]]:
+    """"name: id id, id; name2: id" (or one group per line) -> {name: [ids]}; ValueError in words."""
+    groups: dict[str, list[str]] = {}
+    for part in (p.strip() for p in re.split(r"[;\n]+", str(text or ""))):
+        if not part:
+            continue
+        name, colon, ids = part.partition(":")
+        name, ids = name.strip(), [i for i in re.split(r"[\s,]+", ids) if i]
+        if not colon or not re.fullmatch(r"[\w.-]{1,40}", name) or not ids:
+            raise validate.InputError("supernodes", "A named group is a name (letters, digits, '-', '_', at most 40), "
+                                                    "a colon and node ids, e.g. 'capital: 2_117_4 2_30_4'.")
+        groups[name] = ids
+    if len(groups) > MAX_GROUPS:
+        raise validate.InputError("supernodes", f"At most {MAX_GROUPS} named groups.")
+    return groups
+
+
+def chosen_nodes(nodes, groups: dict[str, list[str]]) -> list[str]:
+    """The node ids `nodes` names (ids or group names, comma or space separated), each once."""
+    chosen: list[str] = []
+    for item in (i for i in re.split(r"[\s,]+", str(nodes or "")) if i):
+        for node in groups.get(item, [item]):
+            if node not in chosen:
+                chosen.append(node)
+    if len(chosen) > MAX_NODES:
+        raise validate.InputError("nodes", f"At most {MAX_NODES} nodes at once.")
+    return chosen
+
+
+def _checked_groups(graph: Graph, supernodes) -> dict[str, list[str]]:
+    groups = parse_groups(supernodes)
+    for ids in groups.values():
+        for node in ids:
+            graph.node(node)  # ValueError in words for an id not in the graph
+    return groups
+
+
+# ---------------------------------------------------------------- helpers
+
+def _graph_bytes(graph: Graph) -> int:
+    a = graph.adjacency
+    return int(a.rows.numel() * a.rows.element_size() + 200 * (len(a.columns) + len(graph.edges)))
+
+
+def _seconds(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds >= 1 else f"{seconds * 1000:.0f} ms"
+
+
+def _whole(value):
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return value
+
+
+def _escape_markdown(text: str) -> str:
+    """Text shown as itself in Markdown: its markup characters escaped."""
+    return re.sub(r"([\\`*_{}\[\]()#+\-.!|<>~])", r"\\\1", str(text))
