@@ -20,7 +20,7 @@ import torch
 from .. import validate
 from ..forward import mlp_points
 from ..model.loading import LoadedModel
-from .attribution import attribution_graph, encode
+from .attribution import MAX_TOKENS, attribution_graph, encode
 from .graph import Adjacency, Graph, influence
 
 MAX_SCALE = 100.0
@@ -53,18 +53,18 @@ def _chosen(graph: Graph, nodes) -> list[dict]:
 
 @torch.no_grad()
 def intervene(lm: LoadedModel, text: str, nodes, scale: float = 0.0, mask: int = 1, *, graph: Graph | None = None,
-              transcoders: dict | None = None, top: int = 5, **graph_options) -> dict:
+              transcoders: dict | None = None, top: int = 5, max_tokens: int = MAX_TOKENS, **graph_options) -> dict:
     """The prediction at the `mask`-th [MASK] before and after scaling `nodes` (ids) by `scale`,
     and, per logit node of the graph, its measured and predicted change. `graph`: the sentence's
     graph when already built (else built here with `graph_options`)."""
     scale = validate.number(scale, "scale", -MAX_SCALE, MAX_SCALE, field="scale")
     if graph is None:
-        graph = attribution_graph(lm, text, mask, transcoders=transcoders, **graph_options)
+        graph = attribution_graph(lm, text, mask, transcoders=transcoders, max_tokens=max_tokens, **graph_options)
     chosen = _chosen(graph, nodes)
     from .attribution import transcoders_of
 
     coders = transcoders_of(lm, transcoders)
-    inputs, position = encode(lm, text, mask)
+    inputs, position = encode(lm, text, mask, max_tokens)
     before = lm.model(**inputs).logits[0, position].float()
     by_layer: dict[int, list[dict]] = {}
     for node in chosen:

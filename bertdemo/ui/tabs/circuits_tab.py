@@ -247,7 +247,8 @@ def on_intervene(visitor: Visitor, sentence, mask_number, target, nodes, scale, 
     chosen = chosen_nodes(nodes, groups)
     graph = graph_of(visitor, sentence, mask_number, target)
     result = interventions.intervene(visitor.lm, sentence, chosen, scale, mask_number, graph=graph,
-                                     transcoders=transcoders(visitor, visitor.lm))
+                                     transcoders=transcoders(visitor, visitor.lm),
+                                     max_tokens=visitor.settings.circuit_max_tokens)
     return intervention_words(result, groups, nodes), intervention_bars(result), word_frame(result), result
 
 
