@@ -27,7 +27,7 @@ import torch  # noqa: E402
 from schedulefree import ScheduleFreeWrapper  # noqa: E402
 
 import bertdemo  # noqa: E402
-from bertdemo.features import making, views  # noqa: E402
+from bertdemo.features import making, quality_views, views  # noqa: E402
 from bertdemo.features.data import Lines  # noqa: E402
 from bertdemo.features.dictionary import SignSGD, new_coder  # noqa: E402
 from bertdemo.features.store import FeatureStore  # noqa: E402
@@ -179,8 +179,9 @@ def live(lm, layer: int = 3, seconds: float = 120.0) -> None:
         step = next((s for s in curve if s.elapsed >= mark), None)
         if step is not None:
             print(f"  at {mark:3d} s: training FVU {step.fvu[0]:.3f}, dead {step.dead[0]:.1%}")
-    print(f"  held-out FVU {q['fvu']:.3f} (goal <= 0.2), dead {q['dead']:.1%}, loss recovered "
-          f"{q['loss_recovered']['zero']:.3f} vs zero-ablation")
+    print("  " + making.quality_echo(layer, q))
+    for note in quality_views.feature_quality(lm, layer, store)["notes"]:  # held-out tokens, intervals, overfitting
+        print(f"  {note}")
     for key, values in latencies.items():
         print(f"  fill-mask beside it, {key:8s}: median {statistics.median(values) * 1e3:6.1f} ms, "
               f"p90 {sorted(values)[int(0.9 * len(values))] * 1e3:6.1f} ms over {len(values)} requests")

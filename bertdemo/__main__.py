@@ -98,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     features.add_argument("--corpus", help="the bundled corpus (built if missing; default ~/.cache/bertdemo-bundled/corpus)")
     features.add_argument("--statistics-only", action="store_true", help="keep the coders in --out, make their "
                           "statistics and quality figures again")
+    features.add_argument("--quality-only", action="store_true", help="keep the coders and statistics in --out, "
+                          "measure their quality again on the same held-out lines")
     transcoders = commands.add_parser("train-transcoders", help="train the bundled model's transcoders (every "
                                       "layer's feed-forward block) and save them (default: assets/bundled/transcoders)")
     transcoders.add_argument("--tokens", type=int, default=1_000_000, help="tokens each transcoder trains on")
@@ -193,13 +195,16 @@ def bundled_corpus(args) -> Path:
 
 
 def train_features(args) -> int:
-    from .features.making import finish_shipped, make_shipped
+    from .features.making import finish_shipped, make_shipped, measure_shipped
     from .features.store import SHIPPED
     from .features.training import FeatureSettings
     from .model.bundled import load_bundled
 
     corpus = bundled_corpus(args)
     out = Path(args.out) if args.out else SHIPPED
+    if args.quality_only:
+        measure_shipped(load_bundled(device="cpu"), corpus, out)
+        return 0
     if args.statistics_only:
         finish_shipped(load_bundled(device="cpu"), corpus, out)
         return 0

@@ -123,6 +123,13 @@ def test_the_quality_table_lists_every_layer_with_a_dictionary(visitor, tiny_ber
     table, raw = tab.on_quality(visitor)
     assert list(table["layer"]) == [1] and "folder" not in raw[0]
     assert table["FVU"][0] == pytest.approx(raw[0]["fvu"], abs=1e-3) and table["tokens trained"][0] > 0
+    assert list(table.columns[1:4]) == ["cross-entropy added (nats)", "perplexity ratio", "KL (nats)"]  # cost first
+    cost = raw[0]["splice_cost"]
+    assert table["KL (nats)"][0] == pytest.approx(cost["kl"], abs=1e-3)
+    assert table["cross-entropy added (nats)"][0] == pytest.approx(cost["added_cross_entropy"], abs=1e-3)
+    assert table["held-out tokens"][0] == raw[0]["held_out"]["tokens"] and table["passes"][0] > 1
+    words = tab.quality_notes(raw)
+    assert words.startswith("**Layer 1.** Measured on") and "fewer than the 20,000 wanted" in words
     json.dumps(raw)  # the API sends it as it is
     empty = Visitor(visitor.store, visitor.settings, "s2", visitor.engine,
                     features=FeatureStore(features.folder.parent / "none", shipped=None))
@@ -132,7 +139,8 @@ def test_the_quality_table_lists_every_layer_with_a_dictionary(visitor, tiny_ber
 
 def test_the_layer_line_says_which_layers_have_a_dictionary_and_offers_training(visitor):
     line, button = tab.on_layer(visitor, 1)
-    assert "layers 1." in line and "Layer 1: 256 features, 32 active per token, FVU" in line
+    assert "layers 1." in line and "Layer 1: 256 features, 32 active per token; replacing the layer by" in line
+    assert line.index("nats") < line.index("FVU")  # the splice's cost first
     line, button = tab.on_layer(visitor, 2)
     assert "**Layer 2 has none**: press **Train features for layer 2**" in line
     assert button["value"] == "Train features for layer 2"

@@ -4,8 +4,9 @@
     dictionary, history = train_features(lm, 3, texts=my_lines, settings=FeatureSettings(max_seconds=60))
 
 The default corpus is the corpus search's (assets/corpus/everyday.txt); a visitor's own text works
-too. One line in twenty (chosen by a hash of the line, so the same whatever the order) is held out
-for the quality figures. A stopped run's dictionary is kept when `keep_partial` (it has trained on
+too. Lines are held out for the quality figures by a hash of each (the same whatever the order):
+20,000 tokens where the corpus has five times that, else a fifth of its tokens (the quality figures
+say how few: the default corpus has ~16,000). A stopped run's dictionary is kept when `keep_partial` (it has trained on
 fewer tokens, and its figures say so), else discarded; either way the history says how it ended.
 `make_shipped` trains every layer of a model from one forward per batch, for the files shipped in
 assets/bundled/features (`python -m bertdemo train-features`). Transcoders are made by the same
@@ -18,7 +19,7 @@ import json
 import shutil
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from ..model.loading import LoadedModel
 from ..views.corpus_search import DEFAULT_CORPUS
@@ -32,18 +33,26 @@ from .training import FeatureHistory, FeatureSettings, machine, train
 from .views import default_store, promoted_ids
 
 MIN_TOKENS = 1_000  # kept positions: below this a dictionary learns nothing worth showing
-MAX_HELD_OUT = 2_000  # lines measured
+HELD_OUT_TOKENS = 20_000  # the held-out text, where the corpus allows
+HELD_OUT_SHARE = 0.2  # of a corpus's tokens at most: the rest is what it trains on
 
 
-def split_corpus(texts: list[str]) -> tuple[list[str], list[str]]:
-    """(training lines, held-out lines): one line in twenty held out by a hash of its text; a
-    corpus too small to hold any out measures on its last line in ten."""
+def split_corpus(texts: list[str], sizes: Sequence[int] | None = None) -> tuple[list[str], list[str]]:
+    """(training lines, held-out lines): lines held out in the order of a hash of their text until
+    HELD_OUT_TOKENS tokens, or HELD_OUT_SHARE of the corpus's when that is fewer; each kept in the
+    corpus's order. `sizes`: each line's tokens (default: its words)."""
     lines = [t.strip() for t in texts if t and t.strip()]
-    held = [t for t in lines if int(hashlib.sha1(t.encode()).hexdigest()[:8], 16) % 20 == 0]
-    if not held:
-        held = lines[-max(1, len(lines) // 10):]
-    train_lines = [t for t in lines if t not in set(held)] or lines
-    return train_lines, held[:MAX_HELD_OUT]
+    if sizes is None:
+        sizes = [len(t.split()) for t in lines]
+    goal = min(HELD_OUT_TOKENS, HELD_OUT_SHARE * sum(sizes))
+    held, tokens = set(), 0
+    for i in sorted(range(len(lines)), key=lambda i: hashlib.sha1(lines[i].encode()).hexdigest()):
+        if tokens >= goal and held:
+            break
+        held.add(lines[i])
+        tokens += sizes[i]
+    train_lines = [t for t in lines if t not in held] or lines
+    return train_lines, [t for t in dict.fromkeys(lines) if t in held]
 
 
 def default_texts() -> list[str]:
@@ -56,7 +65,8 @@ def corpus_lines(lm: LoadedModel, texts: list[str] | str | None) -> tuple[Lines,
     if isinstance(texts, str):
         texts = texts.splitlines()
     chosen = texts if texts and any(t.strip() for t in texts) else default_texts()
-    training, held_out = split_corpus(chosen)
+    whole = Lines(lm, chosen)
+    training, held_out = split_corpus(whole.texts, whole.lengths.tolist())
     lines = Lines(lm, training)
     if lines.tokens < MIN_TOKENS:
         from .. import validate
@@ -95,14 +105,15 @@ def made(lm: LoadedModel, layers: list[int], texts: list[str] | str | None, sett
                              start_from=start)
     if not history.steps or (history.stopped is not None and not keep_partial):
         return {}, history, held_out
-    return finish(lm, trained, lines, held_out), history, held_out
+    return finish(lm, trained, lines, held_out, training=lines), history, held_out
 
 
 def finish(lm: LoadedModel, trained: dict[int, Dictionary], lines: Lines, held_out: Lines,
-           effects: bool = False) -> dict[int, Dictionary]:
+           effects: bool = False, training: Lines | None = None) -> dict[int, Dictionary]:
     """Each trained dictionary with its statistics (over `lines`, plain, at what it reads; with the
-    promoted tokens of every feature when `effects`) and its quality figures (over `held_out`) in
-    its record. The dictionaries are all of one point (all transcoders, or none)."""
+    promoted tokens of every feature when `effects`) and its quality figures (over `held_out`; its
+    FVU on `training`, the text it trained on, beside them) in its record. The dictionaries are
+    all of one point (all transcoders, or none)."""
     points = {point_of(d) for d in trained.values()}
     if len(points) != 1:
         raise ValueError("finish takes dictionaries of one point: the transcoders apart from the others")
@@ -115,7 +126,7 @@ def finish(lm: LoadedModel, trained: dict[int, Dictionary], lines: Lines, held_o
         with_stats = Dictionary(dictionary.coder, layer, None, dictionary.record, stats)
         if effects:
             stats.tensors["promoted"] = promoted_ids(lm, with_stats)
-        quality = measure(lm, with_stats, held_out)
+        quality = measure(lm, with_stats, held_out, training=training)
         record = {**dictionary.record, "weights": weights_digest(lm.model), "quality": quality,
                   "statistics": {"lines": len(lines), "tokens": codes[layer].tokens}}
         done[layer] = Dictionary(dictionary.coder, layer, None, record, stats)
@@ -149,31 +160,70 @@ def make_shipped(lm: LoadedModel, corpus: Path, out: Path, settings: FeatureSett
         "weights": weights_digest(lm.model), "model": lm.name, "layers": layers, "tokens": history.tokens,
         "minutes": round((time.perf_counter() - started) / 60, 2), "machine": machine(),
         "corpus": corpus.name, "settings": trained[layers[0]].record["training"]["settings"]})
-    return finish_shipped(lm, corpus, out, statistics_lines=statistics_lines, held_out_lines=held_out_lines, echo=echo)
+    return finish_shipped(lm, corpus, out, statistics_lines=statistics_lines, held_out_lines=held_out_lines, echo=echo,
+                          training=lines)
 
 
 def finish_shipped(lm: LoadedModel, corpus: Path, out: Path, *, statistics_lines: int = 6000, held_out_lines: int = 4000,
-                   echo: Callable[[str], None] = print) -> dict:
+                   echo: Callable[[str], None] = print, training: Lines | None = None) -> dict:
     """The shipped coders in `out` (as stored, float16) with their statistics over the first
     `statistics_lines` of `corpus`/heldout.txt (one contexts.txt for all), the promoted tokens of
-    every feature, and their quality over the next `held_out_lines`; training.json gets the figures."""
+    every feature, and their quality over the next `held_out_lines` (with their FVU on `training`,
+    default `corpus`/train.txt); training.json gets the figures."""
     started = time.perf_counter()
     record = json.loads((out / "training.json").read_text(encoding="utf-8"))
     trained = {layer: files.load(out / f"layer_{layer}") for layer in record["layers"]}
     trained = {layer: Dictionary(d.coder, layer, None, d.record) for layer, d in trained.items()}
     stats_lines, held_out = shipped_lines(lm, corpus, statistics_lines, held_out_lines)
-    done = finish(lm, trained, stats_lines, held_out, effects=True)
+    training = training or shipped_training(lm, corpus)
+    done = finish(lm, trained, stats_lines, held_out, effects=True, training=training)
     (out / files.CONTEXTS).unlink(missing_ok=True)
     for layer, dictionary in done.items():
         files.save(dictionary, out / f"layer_{layer}", half=True, contexts=f"../{files.CONTEXTS}")
-        q = dictionary.record["quality"]
-        echo(f"layer {layer}: FVU {q['fvu']:.3f}, dead {q['dead']:.1%}, L0 {q['l0']:.1f}, loss recovered "
-             f"{_figure(q['loss_recovered']['zero'])} (zero) {_figure(q['loss_recovered']['mean'])} (mean)")
+        echo(quality_echo(layer, dictionary.record["quality"]))
     record.update(minutes_statistics=round((time.perf_counter() - started) / 60, 2),
                   statistics={"lines": len(stats_lines), "held_out_lines": len(held_out)},
                   quality={layer: d.record["quality"] for layer, d in done.items()})
     files.write_json(out / "training.json", record)
     return record
+
+
+def measure_shipped(lm: LoadedModel, corpus: Path, out: Path, *, statistics_lines: int = 6000,
+                    held_out_lines: int = 4000, echo: Callable[[str], None] = print) -> dict:
+    """The shipped coders and statistics in `out` left as they are, their quality measured again
+    (`quality.measure`, as defined now) on the same held-out lines as when they were made, with their
+    FVU on `corpus`/train.txt and the passes over it: each layer's record.json (its quality and its
+    training's text and passes) and training.json are written again. Returns training.json."""
+    record = json.loads((out / "training.json").read_text(encoding="utf-8"))
+    _, held_out = shipped_lines(lm, corpus, statistics_lines, held_out_lines)
+    training = shipped_training(lm, corpus)
+    text = {"lines": len(training), "tokens": training.tokens}
+    for layer in record["layers"]:
+        dictionary = files.load(out / f"layer_{layer}")
+        quality = {**dictionary.record.get("quality", {}), **measure(lm, dictionary, held_out, training=training)}
+        trained = dictionary.record.get("training", {})
+        files.write_json(out / f"layer_{layer}" / files.RECORD, {
+            **dictionary.record, "quality": quality,
+            "training": {**trained, "text": text, "passes": trained.get("tokens", 0) / max(1, training.tokens)}})
+        record.setdefault("quality", {})[str(layer)] = quality
+        echo(quality_echo(layer, quality))
+    record.update(text=text, passes=record.get("tokens", 0) / max(1, training.tokens))
+    files.write_json(out / "training.json", record)
+    return record
+
+
+def quality_echo(layer: int, q: dict) -> str:
+    """One line of a layer's quality for a terminal, the splice's cost first."""
+    cost = q["splice_cost"]
+    return (f"layer {layer}: cross-entropy +{cost['added_cross_entropy']:.3f} nats (perplexity "
+            f"x{cost['perplexity_ratio']:.3f}, KL {cost['kl']:.3f}); FVU {q['fvu']:.3f}, dead {q['dead']:.1%} "
+            f"over {q['dead_window']:,} tokens, L0 {q['l0']:.1f}, loss recovered "
+            f"{_figure(q['loss_recovered']['zero'])} (zero) {_figure(q['loss_recovered']['mean'])} (mean)")
+
+
+def shipped_training(lm: LoadedModel, corpus: Path) -> Lines:
+    """The text a shipped set trained on: `corpus`/train.txt."""
+    return Lines(lm, (corpus / "train.txt").read_text(encoding="utf-8").splitlines())
 
 
 def shipped_lines(lm: LoadedModel, corpus: Path, statistics_lines: int, held_out_lines: int) -> tuple[Lines, Lines]:

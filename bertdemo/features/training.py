@@ -219,7 +219,7 @@ def train(lm: LoadedModel, layers: list[int], lines: Lines, settings: FeatureSet
         history.steps.append(event)
         if on_event is not None:
             on_event(event)
-    return {layer: _dictionary(lm, layer, coders[layer], settings, history, start_from, point)
+    return {layer: _dictionary(lm, layer, coders[layer], settings, history, start_from, point, lines)
             for layer in layers}, history
 
 
@@ -234,11 +234,13 @@ def _stop_reason(should_stop, started: float, settings: FeatureSettings, tokens:
 
 
 def _dictionary(lm: LoadedModel, layer: int, trained: _Layer, settings: FeatureSettings, history: FeatureHistory,
-                start_from: dict[int, Dictionary] | None, point: Point) -> Dictionary:
+                start_from: dict[int, Dictionary] | None, point: Point, lines: Lines) -> Dictionary:
     before = (start_from or {}).get(layer)
     earlier = before.record.get("training", {}) if before is not None else {}
+    tokens = history.tokens + earlier.get("tokens", 0)
     record = {"model": lm.name, "layer": layer, "point": point.name, "training": {
-        "tokens": history.tokens + earlier.get("tokens", 0),
+        "tokens": tokens, "text": {"lines": len(lines), "tokens": lines.tokens},
+        "passes": tokens / max(1, lines.tokens),  # times it went through its training text
         "minutes": round(history.seconds / 60 + earlier.get("minutes", 0.0), 3),
         "steps": len(history.steps) + earlier.get("steps", 0),
         "stopped": history.stopped, "machine": machine(),

@@ -1,6 +1,6 @@
 """What the page shows of a layer's features: a sentence's features, a feature's card, a feature
 switched off or turned up in fill-mask, the features behind a prediction, two uses of a word
-contrasted, a dictionary's quality, and what a fine-tune changed.
+contrasted (a dictionary's quality: `quality_views`; what a fine-tune changed: `drift`).
 
 Every function takes a `LoadedModel` and finds its dictionary in a `FeatureStore` (the default
 one when none is given); hidden states come from the anatomy's splice point (`forward.splice`),
@@ -471,35 +471,3 @@ def _fired_on_word(lm, dictionary: Dictionary, lines: list[str], word: str, name
         raise validate.InputError(name, f"No sentence in {_LIST_NAMES[name]} uses the word {word!r}: each "
                                         "sentence should, in the sense that list stands for.")
     return torch.stack(rows)
-
-
-# ---------------------------------------------------------------- how far to trust it
-
-def feature_quality(lm: LoadedModel, layer: int, store: FeatureStore | None = None) -> dict:
-    """The dictionary's quality figures as measured when it was made (`quality.measure`: FVU, dead,
-    L0, cross-entropies, loss recovered) and its training record (tokens, minutes, machine)."""
-    dictionary = load_features(lm, layer, store)
-    return {"layer": dictionary.layer, "folder": str(dictionary.folder) if dictionary.folder else None,
-            "latents": dictionary.latents, "k": dictionary.k, **dictionary.record.get("quality", {}),
-            "training": dictionary.record.get("training", {})}
-
-
-def quality_summary(lm: LoadedModel, store: FeatureStore | None = None) -> str | None:
-    """One line for a model card: which layers have dictionaries and how far to trust them, e.g.
-    "Feature dictionaries for layers 1-6: FVU 0.12-0.19, loss recovered 90-96% (zero-ablated)";
-    None for a model with none."""
-    store = store or default_store()
-    layers = store.layers(lm)
-    if not layers:
-        return None
-    figures = [load_features(lm, layer, store).record.get("quality", {}) for layer in layers]
-    fvu = [q["fvu"] for q in figures if "fvu" in q]
-    recovered = [q["loss_recovered"]["zero"] for q in figures if (q.get("loss_recovered") or {}).get("zero") is not None]
-    named = f"{layers[0]}-{layers[-1]}" if layers == list(range(layers[0], layers[-1] + 1)) else ", ".join(map(str, layers))
-    parts = [f"Feature dictionaries for layer{'s' if len(layers) > 1 else ''} {named}"]
-    if fvu:
-        parts.append(f"FVU {min(fvu):.2f}-{max(fvu):.2f}" if len(fvu) > 1 else f"FVU {fvu[0]:.2f}")
-    if recovered:
-        span = f"{min(recovered):.0%}-{max(recovered):.0%}" if len(recovered) > 1 else f"{recovered[0]:.0%}"
-        parts.append(f"loss recovered {span} (zero-ablated)")
-    return ": ".join(parts[:1]) + (": " + ", ".join(parts[1:]) if len(parts) > 1 else "") + " (the Features tab)."

@@ -58,7 +58,8 @@ def test_a_words_two_lists_are_its_first_two_blocks_not_its_lines_cut_in_half(wr
     the candle", a match's sentence using the word light, is not one of light's senses."""
     assert senses.sense_lists("bank", written) == (["I sat on the river bank.", "Ducks waddled up the grassy bank."],
                                                    ["The bank lent me money."])
-    assert senses.sense_lists("LIGHT", written) == (["Turn on the light."], ["The box is light.", "The bag was light too."])
+    assert senses.sense_lists("LIGHT", written) == (["Turn on the light."],
+                                                    ["The box is light.", "The bag was light too."])
     assert [s.name for s in senses.senses_of("spring", written)] == ["the season", "a coil of metal",
                                                                        "water from the ground"]
     with pytest.raises(ValueError, match=r"1 sense\(s\) of 'match'; these words have two or more: bank, light, spring"):

@@ -93,7 +93,7 @@ def model_card(store, session: str | None = None, features=None) -> str:
         lines.append("In the checkpoint but not used by a masked LM: "
                      + ", ".join(f"`{k}`" for k in card.unused[:8]) + ".")
     if features is not None:
-        from ...features.views import quality_summary
+        from ...features.quality_views import quality_summary
 
         summary = quality_summary(lm, features)
         if summary:

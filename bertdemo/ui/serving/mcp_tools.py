@@ -36,7 +36,8 @@ TOOLS = {
     "feature_card": "one feature of a layer: label, density, top contexts, tokens it promotes and suppresses",
     "steer_feature": "fill-mask with one feature switched off, turned up or added at the [MASK]s",
     "prediction_features": "the features at one layer whose removal most lowers each [MASK]'s top word",
-    "feature_quality": "how well each layer's feature dictionary explains it (FVU, dead, L0, loss recovered)",
+    "feature_quality": "how far to trust each layer's feature dictionary: what replacing the layer by it costs "
+                       "(cross-entropy added, perplexity ratio, KL), then FVU, dead, L0, loss recovered",
     "circuit_graph": "the attribution graph of a [MASK]'s prediction: transcoder features, their edges, its scores",
     "circuit_intervene": "graph nodes switched off or turned up in the real model, beside the graph's prediction",
     "circuit_json": "the attribution graph as circuit-tracer's graph file (its viewer and Neuronpedia read it)",

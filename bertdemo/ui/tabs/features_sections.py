@@ -20,9 +20,10 @@ TOKEN_COLUMNS = ("feature", "token", "position", "activation", "label")
 COFIRING_COLUMNS = ("feature", "fires with it (share)", "label")
 PREDICTION_COLUMNS = ("feature", "mask", "word", "rank", "measured drop in log p", "first-order estimate", "label")
 CONTRAST_COLUMNS = ("feature", "share of list A", "share of list B", "separation", "label")
-QUALITY_COLUMNS = ("layer", "features", "k", "FVU", "dead", "L0", "cross-entropy clean", "spliced",
-                   "zero-ablated", "mean-ablated", "loss recovered (zero)", "loss recovered (mean)",
-                   "tokens trained", "minutes", "machine", "ended")
+QUALITY_COLUMNS = ("layer", "cross-entropy added (nats)", "perplexity ratio", "KL (nats)", "FVU", "FVU 95% interval",
+                   "dead (in tokens)", "L0", "loss recovered (zero)", "loss recovered (mean)", "held-out tokens",
+                   "features", "k", "cross-entropy clean", "spliced", "zero-ablated", "mean-ablated",
+                   "tokens trained", "passes", "minutes", "machine", "ended")
 
 
 def empty(columns) -> pd.DataFrame:
@@ -133,12 +134,18 @@ def contrast_section():
 
 def quality_section():
     gr.Markdown("### How far to trust them")
+    gr.Markdown("What replacing a layer by its dictionary's reconstruction costs the masked LM on held-out text "
+                "comes first: the cross-entropy it adds (nats), the perplexity ratio, and the KL divergence of the "
+                "predictions from the clean model's at the masked words; then how much of the layer it explains "
+                "(FVU: the share left unexplained), its dead features, the features active per token (L0) and the "
+                "loss recovered against replacing the layer by zeros or by its mean.")
     button = gr.Button("Show every dictionary's quality")
     table = _table(QUALITY_COLUMNS, "Each layer's dictionary, measured on held-out text", "features-quality",
                    wrap=False)
+    words = gr.Markdown(elem_id="features-quality-notes")
     with gr.Accordion("Raw quality (JSON)", open=False):
         raw = gr.JSON()
-    return button, [table, raw]
+    return button, [table, raw], words
 
 
 DRIFT_COLUMNS = ("feature", "fires on (base)", "fires on (tuned)", "change of firing share (points)",

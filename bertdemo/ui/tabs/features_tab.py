@@ -19,7 +19,7 @@ import pandas as pd
 
 from ... import plots, validate
 from ...config import Settings
-from ...features import drift, making
+from ...features import drift, making, quality_views
 from ...features import views as features
 from ...features.run import FeatureProgress, FeaturesRequest
 from ...features.store import FeatureStore
@@ -37,7 +37,8 @@ feature tends to mean one thing (a word, a sense, a grammatical role), read off 
 it fires and the words it makes the model predict. Pick a layer, then look at a sentence's features,
 open a feature's card (click a row of any table), switch a feature off or turn it up and watch the
 prediction change, see which features made a prediction, and contrast two uses of a word. A
-dictionary explains most of its layer, not all of it: the quality table says how much."""
+dictionary explains most of its layer, not all of it: the quality table says what replacing the layer by
+it costs the model, and how much of the layer it explains."""
 
 
 def render(ctx: AppContext) -> None:
@@ -50,7 +51,7 @@ def render(ctx: AppContext) -> None:
     feature, open_card, card, export = sections.card_section(default_feature(ctx, start))
     masked, scale, add, top_k, steer, steered, why_top, why, why_outputs = sections.prediction_section()
     texts_a, texts_b, word, contrast_top, contrast, contrasted = sections.contrast_section()
-    quality, quality_outputs = sections.quality_section()
+    quality, quality_outputs, quality_words = sections.quality_section()
     drift_text, drift_top, drift_sort, drift, drifted = sections.drift_section()
     texts, keep_partial, train, stop, stopping, trained = sections.training_section(ctx.settings.limits, start)
 
@@ -75,7 +76,8 @@ def render(ctx: AppContext) -> None:
     contrast.click(handler(ctx, on_contrast), [texts_a, texts_b, word, layer, contrast_top], contrasted,
                    api_name="contrast_features", concurrency_id="model")
     quality.click(handler(ctx, on_quality), None, quality_outputs, api_name="feature_quality",
-                  concurrency_id="model")
+                  concurrency_id="model").success(quality_notes, quality_outputs[1], quality_words,
+                                                  api_visibility="private", queue=False)
     drift.click(handler(ctx, on_tuning_drift), [drift_text, layer, drift_top, drift_sort], drifted,
                 api_name="features_after_tuning", concurrency_id="model")
     drift_sort.change(handler(ctx, on_drift_sort), [drift_text, layer, drift_top, drift_sort], drifted,
@@ -213,7 +215,7 @@ def on_quality(visitor: Visitor):
     """How far to trust each layer's dictionary of the model: measured on held-out text when it was made.
 
     Returns:
-        a table with one row per layer with a dictionary (FVU, dead share, L0, masked-LM cross-entropy clean, spliced, zero- and mean-ablated, loss recovered, the training's tokens, minutes and machine) and the raw figures, one dict per layer.
+        a table with one row per layer with a dictionary: what replacing the layer by its reconstruction costs the masked LM first (cross-entropy added in nats, perplexity ratio, KL divergence of the spliced from the clean predictions at the masked positions), then FVU (with its 95% interval), dead share (over the window it states), L0, loss recovered against zero- and mean-ablation, the held-out tokens, the cross-entropies, and the training (tokens, passes over its text, minutes, machine); and the raw figures, one dict per layer, each with "notes": the same in words (how few held-out tokens, intervals, overfitting).
     """
     lm, store = visitor.lm, _store(visitor)
     splice.layer_count(lm.model)
@@ -221,8 +223,14 @@ def on_quality(visitor: Visitor):
     if not layers:
         raise ValueError(f"{lm.name} has no feature dictionary yet: pick a layer and press "
                          "'Train features for layer N' (or call bertdemo.train_features).")
-    rows = [_public(features.feature_quality(lm, layer, store)) for layer in layers]
+    rows = [_public(quality_views.feature_quality(lm, layer, store)) for layer in layers]
     return quality_frame(rows), rows
+
+
+def quality_notes(rows) -> str:
+    """The quality table's figures in words, one paragraph per layer (from the raw figures)."""
+    return "\n\n".join(f"**Layer {row['layer']}.** " + " ".join(row.get("notes") or [])
+                        for row in rows or [] if isinstance(row, dict) and "layer" in row)
 
 
 def on_tuning_drift(visitor: Visitor, text, layer, top, sort_by):
@@ -280,7 +288,7 @@ def on_train_features(visitor: Visitor, request: FeaturesRequest, progress=gr.Pr
         cleared=("Starting: reading the corpus…", None, sections.empty(sections.QUALITY_COLUMNS), gr.skip(), ""))
     dictionary, history = outcome.result
     plan = outcome.plan
-    quality = quality_frame([_public(features.feature_quality(plan.lm, plan.layer, plan.store))]) \
+    quality = quality_frame([_public(quality_views.feature_quality(plan.lm, plan.layer, plan.store))]) \
         if dictionary is not None else sections.empty(sections.QUALITY_COLUMNS)
     yield (final_status(outcome.kept, history, plan), plots.feature_curves(history.steps), quality,
            availability(plan.lm, plan.store, plan.layer), gr.skip())
@@ -318,8 +326,9 @@ def final_status(kept, history, plan) -> str:
     if kept is not None and kept.kept:
         partial = (" (“Keep the dictionary if I press Stop…” was ticked: it has trained on fewer tokens, as its "
                    "figures show)" if history.stopped is not None else "")
+        figures = quality_views.feature_quality(plan.lm, plan.layer, plan.store)
         return (f"{head} Its dictionary is **kept** as the one of {where}{partial}: every visitor of this model "
-                f"can use it now. {quality_line(plan.lm, plan.store, plan.layer)}")
+                f"can use it now. {quality_views.quality_line(figures)}\n\n" + " ".join(figures["notes"]))
     if not steps:
         return f"{head} No step ran, so there is no dictionary to keep."
     return (f"{head} Its dictionary was **not kept** (tick “Keep the dictionary if I press Stop…” to keep a "
@@ -348,13 +357,8 @@ def availability(lm: LoadedModel | None, store: FeatureStore, layer) -> str:
 
 
 def quality_line(lm: LoadedModel, store: FeatureStore, layer: int) -> str:
-    """One line of a layer's dictionary's quality, e.g. for the model card: "Layer 3: 3,072
-    features, FVU 0.45, loss recovered 89% (zero-ablated)"."""
-    q = features.feature_quality(lm, layer, store)
-    recovered = (q.get("loss_recovered") or {}).get("zero")
-    shown = f", loss recovered {recovered:.0%} (zero-ablated)" if recovered is not None else ""
-    fvu = f", FVU {q['fvu']:.2f}" if "fvu" in q else ""
-    return f"Layer {q['layer']}: {q['latents']:,} features, {q['k']} active per token{fvu}{shown}."
+    """One line of a layer's dictionary's quality, the splice's cost first (`quality_views.quality_line`)."""
+    return quality_views.quality_line(quality_views.feature_quality(lm, layer, store))
 
 
 def card_summary(card: dict, model: str) -> str:
@@ -431,6 +435,7 @@ def drift_frame(result: dict) -> pd.DataFrame:
 
 
 def quality_frame(rows: list[dict]) -> pd.DataFrame:
+    """One row per layer, the splice's cost first (sections.QUALITY_COLUMNS)."""
     def number(value, digits=3):
         return round(value, digits) if isinstance(value, (int, float)) else None
 
@@ -440,11 +445,18 @@ def quality_frame(rows: list[dict]) -> pd.DataFrame:
     table = []
     for q in rows:
         ce, training = q.get("cross_entropy") or {}, q.get("training") or {}
-        table.append([q["layer"], q["latents"], q["k"], number(q.get("fvu")),
-                      f"{q['dead']:.1%}" if "dead" in q else None, number(q.get("l0"), 1),
-                      *(number(ce.get(v)) for v in ("clean", "spliced", "zero", "mean")),
-                      recovered(q, "zero"), recovered(q, "mean"), training.get("tokens"), training.get("minutes"),
-                      training.get("machine"), training.get("stopped") or "its token limit"])
+        cost = quality_views.splice_cost(q) or {}
+        interval = (q.get("interval") or {}).get("fvu")
+        window = f" in {q['dead_window']:,}" if "dead_window" in q else ""
+        passes, held = training.get("passes"), (q.get("held_out") or {}).get("tokens", q.get("tokens"))
+        table.append([q["layer"], number(cost.get("added_cross_entropy")), number(cost.get("perplexity_ratio")),
+                      number(cost.get("kl")), number(q.get("fvu")),
+                      f"{interval[0]:.3f}–{interval[1]:.3f}" if interval else None,
+                      f"{q['dead']:.1%}{window}" if "dead" in q else None, number(q.get("l0"), 1),
+                      recovered(q, "zero"), recovered(q, "mean"), held,
+                      q["latents"], q["k"], *(number(ce.get(v)) for v in ("clean", "spliced", "zero", "mean")),
+                      training.get("tokens"), number(passes, 1), training.get("minutes"), training.get("machine"),
+                      training.get("stopped") or "its token limit"])
     return pd.DataFrame(table, columns=list(sections.QUALITY_COLUMNS))
 
 
