@@ -43,7 +43,7 @@ from ..model.loading import LoadedModel
 
 KIND = "transcoders"  # the disk cache's kind
 SHIPPED = Path(__file__).resolve().parents[2] / "assets" / "bundled" / "transcoders"
-# 8 x the hidden size latents, k = 32, as the dictionaries; the skip path measured better (docs/circuits.md).
+# 8 x the hidden size latents, k = 32, as the dictionaries; the skip path measured better (docs/features.md#transcoders).
 SETTINGS = FeatureSettings(skip_connection=True)
 _STORE: FeatureStore | None = None
 _APP_STORES: dict[int, tuple[disk.DiskCache, FeatureStore]] = {}
