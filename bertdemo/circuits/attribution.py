@@ -306,9 +306,11 @@ def _column_nodes(lm: LoadedModel, attributor: _Attributor, labels: bool) -> lis
 
 
 def check_exactness(graph: Graph) -> float:
-    """The largest relative gap, over every target row, between its incoming edges plus its bias
-    and its clean value (a feature's pre-activation, a logit)."""
+    """The largest gap, over every target row, between its incoming edges plus its bias and its
+    clean value (a feature's pre-activation, a logit), relative to the size of what is added up
+    (the edges' and the bias' magnitudes, at least the value's): a value that is a near-cancellation
+    of large terms is exact to float32's rounding of those terms, not of the small result."""
     adjacency = graph.adjacency
     rebuilt = adjacency.rows.sum(1) + adjacency.bias
-    scale = adjacency.value.abs().clamp(min=1e-6)
+    scale = torch.maximum(adjacency.rows.abs().sum(1) + adjacency.bias.abs(), adjacency.value.abs()).clamp(min=1e-12)
     return float(((rebuilt - adjacency.value).abs() / scale).max())

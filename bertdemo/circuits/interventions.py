@@ -21,19 +21,34 @@ from .. import validate
 from ..forward import mlp_points
 from ..model.loading import LoadedModel
 from .attribution import MAX_TOKENS, attribution_graph, encode
-from .graph import Adjacency, Graph, influence
+from .graph import Adjacency, Graph
 
 MAX_SCALE = 100.0
 
 
 def total_effects(adjacency: Adjacency) -> torch.Tensor:
-    """(logits, C): the total (signed) effect of each column node on each logit node."""
+    """(logits, C): the total (signed) effect of each column node on each logit node: what the
+    logit changes by when the node is removed, times -1, with every feature downstream following
+    linearly. An edge s -> t is t's pre-activation's share from s (its sensitivity to s times s's
+    value), so along a path each intermediate feature's edge out is divided by its activation:
+    effect(s) = e(s->t1) * e(t1->t2) / a_t1 * ... * e(tk->logit) / a_tk."""
+    activation = torch.tensor([n.activation if n.kind == "feature" and n.activation else 0.0
+                               for n in adjacency.columns], dtype=adjacency.rows.dtype)
+    feature_rows = adjacency.row_nodes >= 0
+    nodes = adjacency.row_nodes[feature_rows]
+    per_unit = torch.where(activation[nodes] > 0, 1.0 / activation[nodes].clamp(min=1e-12), 0.0)
     effects = []
     for i in range(len(adjacency.logits)):
-        one = Adjacency(adjacency.columns, adjacency.logits, adjacency.rows, adjacency.row_nodes, adjacency.bias,
-                        adjacency.value, torch.eye(len(adjacency.logits), dtype=adjacency.rows.dtype)[i],
-                        adjacency.mask_position)
-        effects.append(influence(one, adjacency.rows))
+        weights = (adjacency.row_nodes == -1 - i).to(adjacency.rows.dtype)
+        total = torch.zeros(adjacency.rows.shape[1], dtype=adjacency.rows.dtype)
+        for _ in range(10_000):  # every path goes down a layer: this ends
+            step = weights @ adjacency.rows  # (C,)
+            total += step
+            weights = torch.zeros_like(weights)
+            weights[feature_rows] = step[nodes] * per_unit
+            if not bool(weights.any()):
+                break
+        effects.append(total)
     return torch.stack(effects)
 
 

@@ -205,22 +205,30 @@ def test_an_intervention_at_scale_one_is_the_clean_model_and_at_zero_changes_it(
     assert all(math.isfinite(w["predicted_change"]) for w in off["words"])
 
 
-def test_the_predicted_change_is_the_total_effect_in_the_replacement(bert):
-    """With one error node (no encoder downstream depends on its own value but through edges) set
-    to zero, the graph's predicted logit change equals minus the sum of its paths' effects."""
+def test_the_predicted_change_is_the_change_in_the_replacement_with_features_following(bert):
+    """Remove a layer-1 feature in the frozen replacement and let every active feature above it
+    follow its pre-activation (no gating): the logits move by exactly the graph's prediction."""
     lm, transcoders = bert
     graph = attribution.attribution_graph(lm, TEXT, transcoders=transcoders)
-    effects = interventions.total_effects(graph.adjacency)
+    replacement, _, sentence = traced(lm, transcoders)
     adjacency = graph.adjacency
-    token = next(i for i, n in enumerate(adjacency.columns) if n.kind == "token" and n.position == 1)
-    direct = adjacency.rows[:len(adjacency.logits), token]
-    assert effects.shape == (len(adjacency.logits), len(adjacency.columns))
-    # a token's total effect is its direct effect plus what flows through the features it feeds
-    through = torch.zeros_like(direct)
-    for r, node in enumerate(adjacency.row_nodes.tolist()):
-        if node >= 0:
-            through += effects[:, node] * adjacency.rows[r, token]
-    assert torch.allclose(effects[:, token], direct + through, atol=1e-5)
+    words = torch.tensor(adjacency.extra["words"])
+    column = next(i for i, n in enumerate(adjacency.columns) if n.kind == "feature" and n.layer == 1)
+    node = adjacency.columns[column]
+    leaves = sentence.leaves.requiring_grad()
+    with torch.no_grad():
+        clean = replacement.forward(sentence, sentence.leaves)[words]
+        slot = int((sentence.indices[1][node.position] == node.feature).nonzero()[0])
+        leaves.features[1][node.position, slot] = 0
+        active = {l: sentence.leaves.features[l] > 0 for l in leaves.features}
+        for layer in range(2, replacement.layers + 1):  # each layer's active features follow the change below
+            reads: dict = {}
+            replacement.forward(sentence, leaves, reads=reads, upto=layer)
+            pre = replacement.pre_activations(sentence, layer, reads)
+            leaves.features[layer] = torch.where(active[layer], pre, torch.zeros_like(pre))
+        moved = replacement.forward(sentence, leaves)[words] - clean
+    predicted = -interventions.total_effects(adjacency)[:, column]
+    assert torch.allclose(moved, predicted, atol=1e-4 * float(clean.abs().max())), (moved, predicted)
 
 
 def test_pruning_keeps_every_logit_and_token_node_and_drops_nodes_with_no_way_out(bert):
