@@ -40,6 +40,20 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.slow)
 
 
+@pytest.fixture(scope="module")
+def bundled():
+    """The bundled model, once per module that asks (the feature tests' real model)."""
+    return bertdemo.load_bundled("cpu")
+
+
+@pytest.fixture(scope="module")
+def shipped_store(tmp_path_factory):
+    """The store a server has: the shipped dictionaries, and an empty cache."""
+    from bertdemo.features import store
+
+    return store.FeatureStore(tmp_path_factory.mktemp("feature-cache"), shipped=store.SHIPPED)
+
+
 @pytest.fixture(scope="session")
 def tiny_bert_dir(tmp_path_factory) -> Path:
     return tiny_models.save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))

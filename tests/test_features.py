@@ -118,17 +118,6 @@ def folder_bytes(folder: Path) -> int:
 
 
 @pytest.fixture(scope="module")
-def bundled():
-    return bertdemo.load_bundled("cpu")
-
-
-@pytest.fixture(scope="module")
-def shipped_store(tmp_path_factory):
-    """The store a server has: the shipped dictionaries, and an empty cache."""
-    return store.FeatureStore(tmp_path_factory.mktemp("feature-cache"), shipped=store.SHIPPED)
-
-
-@pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """tiny(family, seed=0) -> (folder, LoadedModel): one tiny random model per family and seed, saved once."""
     made = {}

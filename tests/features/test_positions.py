@@ -24,16 +24,6 @@ SENTENCE = "Paris is the [MASK] of France."
 
 
 @pytest.fixture(scope="module")
-def bundled():
-    return bertdemo.load_bundled("cpu")
-
-
-@pytest.fixture(scope="module")
-def shipped_store(tmp_path_factory):
-    return store.FeatureStore(tmp_path_factory.mktemp("feature-cache"), shipped=store.SHIPPED)
-
-
-@pytest.fixture(scope="module")
 def coder() -> SparseCoder:
     with contextlib.redirect_stdout(None):
         return SparseCoder.load_from_disk(store.SHIPPED / f"layer_{LAYER}").float().eval().requires_grad_(False)

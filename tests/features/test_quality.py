@@ -25,16 +25,6 @@ SMALL = FeatureSettings(max_tokens=3000, batch_tokens=512, pause=0.0)
 
 
 @pytest.fixture(scope="module")
-def bundled():
-    return bertdemo.load_bundled("cpu")
-
-
-@pytest.fixture(scope="module")
-def shipped_store(tmp_path_factory):
-    return store.FeatureStore(tmp_path_factory.mktemp("feature-cache"), shipped=store.SHIPPED)
-
-
-@pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     folder = tiny_models.save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
     return bertdemo.load(str(folder), device="cpu")

@@ -101,6 +101,16 @@ def ended_because(stopped: str | None, limits: Limits) -> str:
     return ENDED_BECAUSE.get(stopped, "").format(seconds=int(limits.max_seconds))
 
 
+def how_it_ended(history, max_seconds: float) -> str:
+    """A coder run's first words on the page: "**Done**: 120 steps, 400,000 tokens in 118 s." or
+    "**Ended early** because you pressed Stop, after ..." (`history`: steps, tokens, seconds, stopped)."""
+    done = f"{len(history.steps)} steps, {history.tokens:,} tokens in {history.seconds:.0f} s"
+    if history.stopped is None:
+        return f"**Done**: {done}."
+    why = ENDED_BECAUSE.get(history.stopped, history.stopped).format(seconds=int(max_seconds))
+    return f"**Ended early** because {why}, after {done}."
+
+
 def kept_note(kept: life.Kept, limits: Limits) -> str:
     """The sentence the page shows under a run's result: what its keep policy did."""
     kind = kept.kind

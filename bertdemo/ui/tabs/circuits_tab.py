@@ -322,13 +322,7 @@ def on_stop(visitor: Visitor) -> str:
 
 def trained_status(kept, history, plan) -> str:
     """What the run did, in the page's words: how it ended, whether its transcoders were kept."""
-    done = f"{len(history.steps)} steps, {history.tokens:,} tokens in {history.seconds:.0f} s"
-    if history.stopped is None:
-        head = f"**Done**: {done}."
-    else:
-        why = live_run.ENDED_BECAUSE.get(history.stopped, history.stopped).format(
-            seconds=int(plan.settings.max_seconds))
-        head = f"**Ended early** because {why}, after {done}."
+    head = live_run.how_it_ended(history, plan.settings.max_seconds)
     name = _escape_markdown(plan.lm.name)
     if kept is not None and kept.kept:
         return (f"{head} The transcoders of **{name}** (layers {plan.layers[0]}-{plan.layers[-1]}) are **kept**: "

@@ -314,22 +314,15 @@ def on_stop(visitor: Visitor) -> str:
 
 def final_status(kept, history, plan) -> str:
     """What the run did, in the page's words: how it ended, whether its dictionary was kept."""
-    steps, seconds = len(history.steps), history.seconds
-    done = f"{steps} steps, {history.tokens:,} tokens in {seconds:.0f} s"
     where = f"layer {plan.layer} of **{_markdown(plan.lm.name)}**"
-    if history.stopped is None:
-        head = f"**Done**: {done}."
-    else:
-        why = live_run.ENDED_BECAUSE.get(history.stopped, history.stopped).format(
-            seconds=int(plan.settings.max_seconds))
-        head = f"**Ended early** because {why}, after {done}."
+    head = live_run.how_it_ended(history, plan.settings.max_seconds)
     if kept is not None and kept.kept:
         partial = (" (“Keep the dictionary if I press Stop…” was ticked: it has trained on fewer tokens, as its "
                    "figures show)" if history.stopped is not None else "")
         figures = quality_views.feature_quality(plan.lm, plan.layer, plan.store)
         return (f"{head} Its dictionary is **kept** as the one of {where}{partial}: every visitor of this model "
                 f"can use it now. {quality_views.quality_line(figures)}\n\n" + " ".join(figures["notes"]))
-    if not steps:
+    if not history.steps:
         return f"{head} No step ran, so there is no dictionary to keep."
     return (f"{head} Its dictionary was **not kept** (tick “Keep the dictionary if I press Stop…” to keep a "
             f"stopped run's): {where} still has none.")
