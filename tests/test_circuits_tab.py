@@ -156,13 +156,19 @@ def test_the_operators_token_limit_holds(visitor):
     assert tab.graph_of(visitor, SENTENCE, 1, "").tokens[-1] == "[SEP]"
 
 
-def test_an_unknown_node_and_a_model_without_transcoders_are_refused_in_words(visitor, monkeypatch, caplog):
+def test_an_unknown_node_and_a_model_without_transcoders_are_refused_in_words(visitor, monkeypatch, caplog, tmp_path):
     ctx = AppContext(visitor.store, visitor.settings, visitor.engine)
     with pytest.raises(gr.Error, match="No node '9_9_9'"):
         handler(ctx, tab.on_intervene)(SENTENCE, 1, "", "9_9_9", 0, "", request=None)
     with pytest.raises(gr.Error, match="No node"):
         handler(ctx, tab.on_node)(SENTENCE, 1, "", 0.8, 0.98, "9_9_9", request=None)
-    monkeypatch.undo()  # the real door: this model has no transcoders
+    monkeypatch.undo()  # the real door, to a store where this model has no transcoders (another test may
+    # have trained some for the same tiny model in the session's default store)
+    from bertdemo.circuits.transcoders import KIND, FeatureStore
+    from bertdemo.runs import kinds
+
+    empty = FeatureStore(tmp_path / "transcoders", shipped=None, kind=KIND)
+    monkeypatch.setattr(kinds, "default_store", lambda: empty)
     with caplog.at_level(logging.INFO, logger="bertdemo"), pytest.raises(gr.Error, match="has no transcoders"):
         handler(ctx, tab.on_graph)(SENTENCE, 1, "", 0.8, 0.98, request=None)
     assert [r.levelno for r in caplog.records if r.name == "bertdemo"] == [logging.INFO]
