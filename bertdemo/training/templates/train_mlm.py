@@ -204,6 +204,10 @@ def main(argv: list[str] | None = None) -> None:
         if trainer.state.best_model_checkpoint:
             print(f"kept the weights of {Path(trainer.state.best_model_checkpoint).name} (lowest held-out loss)")
         print(f"saved to {training.output_dir}")
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        # under torchrun: the process group's threads end before the interpreter does (else an
+        # occasional "terminate called without an active exception" abort after the save)
+        torch.distributed.destroy_process_group()
 
 
 def has_accelerator() -> bool:
