@@ -142,7 +142,7 @@ def _sampled_edges(lm, text: str, graph, rng: random.Random, count: int = 5) -> 
     gaps = []
     for column in rng.sample(range(len(graph.adjacency.columns)), count):
         node = graph.adjacency.columns[column]
-        leaves = sentence.leaves.requiring_grad()
+        leaves = sentence.leaves.copy()
         with torch.no_grad():
             if node.kind == "feature":
                 slot = int((sentence.indices[node.layer][node.position] == node.feature).nonzero()[0])

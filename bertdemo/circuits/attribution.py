@@ -107,7 +107,6 @@ class _Columns:
             acts = sentence.leaves.features[layer]
             for position, slot in (acts > 0).nonzero().tolist():
                 self.features.append((layer, position, slot))
-        self.index = {key: i for i, key in enumerate(self.features)}
         self.slots = torch.tensor(self.features, dtype=torch.long).reshape(-1, 3)  # (features, 3)
         self.by_layer = {layer: (self.slots[:, 0] == layer).nonzero().flatten() for layer in range(1, layers + 1)}
         length = len(sentence.tokens)
@@ -208,8 +207,7 @@ def attribution_graph(lm: LoadedModel, text: str, mask: int = 1, target=None, *,
     the thresholds (`Graph.pruned_at` prunes again). `target`: None (the top words), a word, or
     two words (their logit difference). `transcoders`: {layer: Dictionary}, default the model's."""
     started = time.perf_counter()
-    mlp_points.check(lm.model)
-    anatomy.of(lm.model).wiring  # noqa: B018 - ValueError in words for a family that cannot be frozen
+    mlp_points.check(lm.model)  # a ValueError in words for a family that cannot be frozen
     graph_check_thresholds(node_threshold, edge_threshold)
     inputs, position = encode(lm, text, mask, max_tokens)
     replacement = Replacement(lm, transcoders_of(lm, transcoders))

@@ -14,8 +14,6 @@ the metadata's `mask_position`, `target` and `scores`.
 """
 from __future__ import annotations
 
-import json
-
 from .graph import Graph
 
 FEATURE_TYPES = {"feature": "cross layer transcoder", "error": "mlp reconstruction error",
@@ -53,6 +51,3 @@ def _node(node: dict, graph: Graph) -> dict:
             "influence": node.get("influence"), "activation": None if is_logit else node["activation"],
             "label": node["label"], "token": node["token"]}
 
-
-def dumps(graph: Graph, **options) -> str:
-    return json.dumps(graph_json(graph, **options), indent=1)

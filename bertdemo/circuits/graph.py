@@ -64,16 +64,8 @@ class Adjacency:
     framing: frozenset = frozenset()  # positions of [CLS], [SEP]: neither left nor right of the mask
     extra: dict = field(default_factory=dict)
 
-    @property
-    def kinds(self) -> list[str]:
-        return [n.kind for n in self.columns]
-
     def column_mask(self, kind: str) -> torch.Tensor:
         return torch.tensor([n.kind == kind for n in self.columns], dtype=torch.bool)
-
-    def row_of(self, column: int) -> int | None:
-        hits = (self.row_nodes == column).nonzero()
-        return int(hits[0]) if len(hits) else None
 
 
 def normalized(rows: torch.Tensor) -> torch.Tensor:

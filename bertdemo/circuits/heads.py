@@ -102,8 +102,9 @@ def _traced(lm: LoadedModel, replacement: Replacement, graph: Graph) -> Sentence
 def _direct_effect(replacement: Replacement, sentence: Sentence, source: dict, target: dict) -> float:
     """The direct effect of `source` on `target` in the replacement at the sentence's (possibly
     edited) frozen multipliers: the target's gradient with respect to the source's leaf, times it."""
-    leaves = sentence.leaves.requiring_grad()
+    leaves = sentence.leaves.copy()
     leaf, at = _leaf(leaves, sentence, source)
+    leaf.requires_grad_(True)  # a fresh copy: the one leaf whose gradient is read
     with torch.enable_grad():
         value = _target_value(replacement, sentence, leaves, target)
         (grad,) = torch.autograd.grad(value, leaf)

@@ -94,19 +94,16 @@ def _edit(coder, nodes: list[dict], scale: float):
     """The block-output edit at one layer: each node's part scaled at its position."""
     def edit(output: torch.Tensor, block_input: torch.Tensor) -> torch.Tensor:
         output = output.clone()
-        codes = None
+        codes = coder.encode(block_input[0].to(coder.dtype))  # this forward's codes: earlier edits included
         for node in nodes:
             p = node["position"]
             if node["kind"] == "error":
-                acts, indices = coder.encode(block_input[0].to(coder.dtype))[:2]
-                rebuilt = coder.decode(acts[p:p + 1], indices[p:p + 1])[0]
+                rebuilt = coder.decode(codes[0][p:p + 1], codes[1][p:p + 1])[0]
                 if coder.W_skip is not None:
                     rebuilt = rebuilt + block_input[0, p].to(coder.dtype) @ coder.W_skip.mT
                 error = output[0, p] - rebuilt.to(output.dtype)
                 output[0, p] += (scale - 1.0) * error
                 continue
-            if codes is None:
-                codes = coder.encode(block_input[0].to(coder.dtype))
             acts, indices = codes[0][p], codes[1][p]
             hit = (indices == node["feature"]) & (acts > 0)
             activation = acts[hit].sum() if bool(hit.any()) else acts.new_zeros(())

@@ -49,13 +49,10 @@ class Leaves:
         return Leaves(torch.zeros_like(self.tokens), {l: torch.zeros_like(a) for l, a in self.features.items()},
                       {l: torch.zeros_like(e) for l, e in self.errors.items()})
 
-    def requiring_grad(self) -> "Leaves":
-        fresh = lambda t: t.detach().clone().requires_grad_(True)  # noqa: E731
-        return Leaves(fresh(self.tokens), {l: fresh(a) for l, a in self.features.items()},
-                      {l: fresh(e) for l, e in self.errors.items()})
-
-    def flat(self) -> list[torch.Tensor]:
-        return [self.tokens, *self.features.values(), *self.errors.values()]
+    def copy(self) -> "Leaves":
+        """A copy to edit (one source removed, features following) without touching these."""
+        return Leaves(self.tokens.clone(), {l: a.clone() for l, a in self.features.items()},
+                      {l: e.clone() for l, e in self.errors.items()})
 
 
 @dataclass
@@ -71,8 +68,8 @@ class Gradients:
 @dataclass
 class Frozen:
     """What the clean forward fixed: per norm call its 1/sigma (T, 1) (key: "embed", "a3", "m3",
-    "final", "head"), per layer its attention weights (heads, T, T), the head's activation ratio
-    (D,) at the mask, and the transcoders' decoder rows at each position's active features."""
+    "final", "head"), per layer its attention weights (heads, T, T), and the head's activation
+    ratio (D,) at the mask."""
 
     scales: dict[str, torch.Tensor] = field(default_factory=dict)
     attention: dict[int, torch.Tensor] = field(default_factory=dict)
@@ -222,7 +219,7 @@ class Replacement:
         dense, activation, norm, decoder = (self._head_module(i) for i in range(4))
         z = self._linear(dense, hidden)
         if record:
-            act = activation(z) if activation is not None else gelu_exact(z)
+            act = activation(z) if activation is not None else F.gelu(z)  # None: exact GELU
             safe = torch.where(z.abs() > 1e-12, z, torch.ones_like(z))
             frozen.head_ratio = torch.where(z.abs() > 1e-12, act / safe, torch.full_like(z, 0.5)).detach()
         z = z * frozen.head_ratio
@@ -379,6 +376,3 @@ class Replacement:
         rows = coder.encoder.weight.to(self.dtype)[sentence.indices[layer]]  # (T, k, H)
         return torch.einsum("th,tkh->tk", reads[layer], rows) + coder.encoder.bias.to(self.dtype)[sentence.indices[layer]]
 
-
-def gelu_exact(x: torch.Tensor) -> torch.Tensor:
-    return F.gelu(x)

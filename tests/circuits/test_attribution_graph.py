@@ -101,7 +101,7 @@ def test_an_edge_is_the_change_when_its_source_alone_is_removed(bert):
         clean = replacement.forward(sentence, sentence.leaves)[words]
     for column in (feature_layer1, error_layer1, token):
         node = columns[column]
-        leaves = sentence.leaves.requiring_grad()
+        leaves = sentence.leaves.copy()
         with torch.no_grad():
             if node.kind == "feature":
                 slot = int((sentence.indices[1][node.position] == node.feature).nonzero()[0])
@@ -215,7 +215,7 @@ def test_the_predicted_change_is_the_change_in_the_replacement_with_features_fol
     words = torch.tensor(adjacency.extra["words"])
     column = next(i for i, n in enumerate(adjacency.columns) if n.kind == "feature" and n.layer == 1)
     node = adjacency.columns[column]
-    leaves = sentence.leaves.requiring_grad()
+    leaves = sentence.leaves.copy()
     with torch.no_grad():
         clean = replacement.forward(sentence, sentence.leaves)[words]
         slot = int((sentence.indices[1][node.position] == node.feature).nonzero()[0])
