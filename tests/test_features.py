@@ -194,7 +194,7 @@ def bundled_layers(bundled) -> list[int]:
 
 def test_every_layer_is_shipped_for_the_bundled_models_weights(bundled, shipped_store):
     report = json.loads((store.SHIPPED / "training.json").read_text(encoding="utf-8"))
-    digest = store.weights_digest(bundled.model)
+    digest = bundled.weights_digest
     assert report["weights"] == digest, "the shipped dictionaries were trained for other weights"
     for layer in bundled_layers(bundled):
         record = json.loads((shipped_layer(layer) / dictionary.RECORD).read_text(encoding="utf-8"))
@@ -448,7 +448,7 @@ class StopAfter:
 
 
 def kept_folder(store_folder: Path, lm, layer: int) -> Path:
-    return Path(store_folder) / store.weights_digest(lm.model) / f"layer_{layer}"
+    return Path(store_folder) / lm.weights_digest / f"layer_{layer}"
 
 
 @pytest.mark.slow
@@ -709,7 +709,7 @@ def test_dictionaries_sharing_one_contexts_file_each_point_at_their_own_lines(ti
     out.mkdir()
     for layer, made in done.items():
         dictionary.save(made, out / f"layer_{layer}", half=True, contexts=f"../{dictionary.CONTEXTS}")
-    dictionary.write_json(out / "training.json", {"weights": store.weights_digest(lm.model)})
+    dictionary.write_json(out / "training.json", {"weights": lm.weights_digest})
     shipped = store.FeatureStore(tmp_path / "cache", shipped=out)
     assert shipped.layers(lm) == [1, 2]
     for layer in (1, 2):
@@ -728,7 +728,7 @@ def test_make_shipped_writes_what_the_store_and_sparsify_read(tiny, tmp_path):
     out = tmp_path / "features"
     report = making.make_shipped(lm, corpus, out, SMALL, layers=[1, 2], statistics_lines=600, held_out_lines=60,
                                  echo=lambda line: None)
-    assert report["weights"] == store.weights_digest(lm.model)
+    assert report["weights"] == lm.weights_digest
     assert json.loads((out / "training.json").read_text(encoding="utf-8")) == json.loads(json.dumps(report))
     shipped = store.FeatureStore(tmp_path / "cache", shipped=out)
     assert shipped.layers(bertdemo.load(str(folder))) == [1, 2]

@@ -202,11 +202,9 @@ def shipped_store(lm, trained: FeatureStore, tmp_path) -> FeatureStore:
     import json
     import shutil
 
-    from bertdemo.features.store import weights_digest
-
     shipped = tmp_path / "shipped"
     shutil.copytree(trained.folder_for(lm, 1), shipped / "layer_1")
-    (shipped / "training.json").write_text(json.dumps({"weights": weights_digest(lm.model)}))
+    (shipped / "training.json").write_text(json.dumps({"weights": lm.weights_digest}))
     return FeatureStore(tmp_path / "cache", shipped=shipped)
 
 

@@ -10,6 +10,7 @@ from transformers import pipeline
 import bertdemo
 from bertdemo.views import fillmask
 from bertdemo.forward import onnx_engine
+from bertdemo.model.digest import model_digest
 
 pytestmark = pytest.mark.skipif(not onnx_engine.available(), reason="onnxruntime is not installed")
 
@@ -85,7 +86,7 @@ def test_a_weight_changed_after_the_export_is_never_served_stale(tiny_bert_dir):
     engine = bertdemo.Engine(onnx=True)
     lm = engine.load(str(tiny_bert_dir), device="cpu")
     lm = dataclass_copy(lm)  # a model of its own: this test changes its weights
-    engine.caches.set_onnx(lm.model, onnx_engine.OnnxMaskedLM.build(lm.model))
+    engine.caches.set_onnx(lm.model, onnx_engine.OnnxMaskedLM.build(lm.model, export_path(lm)))
     before = bertdemo.fill_mask(lm, TEXTS[0])
     with torch.no_grad():
         lm.model.base_model.encoder.layer[0].output.dense.weight.mul_(3)  # trained in place, say
@@ -103,15 +104,20 @@ def dataclass_copy(lm):
     return dataclasses.replace(lm, model=copy.deepcopy(lm.model))
 
 
+def export_path(lm, folder=None):
+    return onnx_engine.export_path(lm.model, model_digest(lm), folder)
+
+
 def test_an_export_is_made_once_per_weights(tiny_bert, tmp_path, monkeypatch):
-    model = copy.deepcopy(tiny_bert.model)
-    onnx_engine.OnnxMaskedLM.build(model, folder=tmp_path)
+    lm = dataclass_copy(tiny_bert)
+    onnx_engine.OnnxMaskedLM.build(lm.model, export_path(lm, tmp_path))
     assert len(list(tmp_path.glob("*.onnx"))) == 1
     monkeypatch.setattr(onnx_engine, "export", lambda *a: pytest.fail("exported twice"))
-    onnx_engine.OnnxMaskedLM.build(copy.deepcopy(model), folder=tmp_path)  # same weights: the kept file
+    again = dataclass_copy(lm)  # same weights: the kept file
+    onnx_engine.OnnxMaskedLM.build(again.model, export_path(again, tmp_path))
     with torch.no_grad():
-        model.cls.predictions.bias.add_(1)
-    assert onnx_engine.weights_key(model) != onnx_engine.weights_key(tiny_bert.model)
+        lm.model.cls.predictions.bias.add_(1)
+    assert export_path(lm, tmp_path) != export_path(tiny_bert, tmp_path)  # changed weights: another export
 
 
 def test_heads_switched_off_take_the_models_own_modules(served):
@@ -131,7 +137,7 @@ def dataclass_without_onnx(lm):
 
 def test_models_it_cannot_run_are_refused_with_a_reason(tiny_distilbert):
     with pytest.raises(ValueError, match="BERT-family"):
-        onnx_engine.OnnxMaskedLM.build(tiny_distilbert.model)
+        onnx_engine.OnnxMaskedLM.build(tiny_distilbert.model, export_path(tiny_distilbert))
 
 
 def test_the_app_serves_fill_mask_through_onnx_runtime(tiny_bert_dir):

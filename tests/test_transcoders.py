@@ -170,7 +170,7 @@ def test_a_restart_finds_them_under_the_weights_digest_and_another_model_none(ti
     folder, lm = tiny
     store_folder, made, _ = trained
     for layer in (1, 2):
-        assert (store_folder / store.weights_digest(lm.model) / f"layer_{layer}" / "cfg.json").is_file()
+        assert (store_folder / lm.weights_digest / f"layer_{layer}" / "cfg.json").is_file()
     again = bertdemo.load(str(folder), device="cpu")  # a restart: a fresh store and the model loaded afresh
     found = transcoders.transcoders_for(again, transcoder_store(store_folder))
     assert sorted(found) == [1, 2]
@@ -231,8 +231,8 @@ def test_a_stopped_run_not_kept_leaves_nothing(tiny, tmp_path):
 def test_a_model_with_shipped_transcoders_is_not_trained_again_from_the_page(tiny, trained, tmp_path):
     _, lm = tiny
     store_folder, _, _ = trained
-    shipped = store_folder / store.weights_digest(lm.model)  # as a shipped folder: layer_N + training.json
-    dictionary.write_json(shipped / "training.json", {"weights": store.weights_digest(lm.model)})
+    shipped = store_folder / lm.weights_digest  # as a shipped folder: layer_N + training.json
+    dictionary.write_json(shipped / "training.json", {"weights": lm.weights_digest})
     with pytest.raises(ValueError, match="already has transcoders") as refused:
         TranscodersRequest().plan(lm, Limits(), transcoder_store(tmp_path, shipped=shipped))
     assert refused.value.field == "texts"
@@ -255,7 +255,7 @@ def test_every_layer_is_shipped_for_the_bundled_models_weights_within_40_mb(tmp_
     assert sorted(found) == SHIPPED_LAYERS
     assert folder_bytes(transcoders.SHIPPED) <= SHIPPED_MAX_BYTES
     record = json.loads((transcoders.SHIPPED / "training.json").read_text(encoding="utf-8"))
-    assert record["weights"] == store.weights_digest(lm.model) and record["quality"]["all_layers"]["layers"] == SHIPPED_LAYERS
+    assert record["weights"] == lm.weights_digest and record["quality"]["all_layers"]["layers"] == SHIPPED_LAYERS
     for layer, transcoder in found.items():
         with contextlib.redirect_stdout(None):
             stored = SparseCoder.load_from_disk(transcoders.SHIPPED / f"layer_{layer}")

@@ -28,7 +28,7 @@ from .data import RESIDUAL, Lines, Point, point_of
 from .dictionary import Dictionary
 from .quality import measure
 from .stats import corpus_codes, from_codes, keep_used_lines
-from .store import FeatureStore, weights_digest
+from .store import FeatureStore
 from .training import FeatureHistory, FeatureSettings, machine, train
 from .views import default_store, promoted_ids
 
@@ -127,7 +127,7 @@ def finish(lm: LoadedModel, trained: dict[int, Dictionary], lines: Lines, held_o
         if effects:
             stats.tensors["promoted"] = promoted_ids(lm, with_stats)
         quality = measure(lm, with_stats, held_out, training=training)
-        record = {**dictionary.record, "weights": weights_digest(lm.model), "quality": quality,
+        record = {**dictionary.record, "weights": lm.weights_digest, "quality": quality,
                   "statistics": {"lines": len(lines), "tokens": codes[layer].tokens}}
         done[layer] = Dictionary(dictionary.coder, layer, None, record, stats)
     return done
@@ -157,7 +157,7 @@ def make_shipped(lm: LoadedModel, corpus: Path, out: Path, settings: FeatureSett
     for layer, dictionary in trained.items():  # the coders first (float16, as shipped): the rest is made from them
         files.save(dictionary, out / f"layer_{layer}", half=True, contexts=f"../{files.CONTEXTS}")
     files.write_json(out / "training.json", {
-        "weights": weights_digest(lm.model), "model": lm.name, "layers": layers, "tokens": history.tokens,
+        "weights": lm.weights_digest, "model": lm.name, "layers": layers, "tokens": history.tokens,
         "minutes": round((time.perf_counter() - started) / 60, 2), "machine": machine(),
         "corpus": corpus.name, "settings": trained[layers[0]].record["training"]["settings"]})
     return finish_shipped(lm, corpus, out, statistics_lines=statistics_lines, held_out_lines=held_out_lines, echo=echo,

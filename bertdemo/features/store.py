@@ -7,21 +7,18 @@ the same way, by a store of kind "transcoders" (`bertdemo/circuits/transcoders.p
     assets/bundled/transcoders/layer_1 ... layer_6  the transcoders, shipped
     ~/.cache/bertdemo/transcoders/<digest>/layer_3  and trained here (`disk.folder_of("transcoders")`)
 
-A model finds its dictionaries by its weights' digest, so a restart finds them, every visitor of
-that model is offered them, and a tuned model (other weights) does not see its base's. The
+A model finds its dictionaries by its weights' digest (`LoadedModel.weights_digest`), so a restart
+finds them, every visitor of that model is offered them, and a tuned model (other weights) does not
+see its base's. The
 dictionaries trained here are entries of the server's disk cache (`disk.DiskCache`: one budget for
 every cache, least recently used out first); one being written has a temporary name until whole,
 and a start removes any a killed process left.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import threading
-import weakref
 from pathlib import Path
-
-import torch
 
 from .. import disk
 from ..model.loading import LoadedModel
@@ -29,28 +26,6 @@ from . import dictionary as files
 from .dictionary import Dictionary
 
 SHIPPED = Path(__file__).resolve().parents[2] / "assets" / "bundled" / "features"
-
-
-_DIGESTS: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
-_DIGEST_LOCK = threading.Lock()
-
-
-def weights_digest(model: torch.nn.Module) -> str:
-    """A digest of `model`'s parameters (names, shapes, dtypes, bytes), remembered per model while
-    none of them changes in place (an optimizer step bumps a tensor's version)."""
-    stamp = tuple((p._version, p.data_ptr()) for p in model.parameters())
-    with _DIGEST_LOCK:
-        known = _DIGESTS.get(model)
-    if known is not None and known[0] == stamp:
-        return known[1]
-    digest = hashlib.blake2b(digest_size=12)
-    for name, tensor in model.named_parameters():
-        digest.update(f"{name}{tuple(tensor.shape)}{tensor.dtype}".encode())
-        digest.update(tensor.detach().contiguous().view(torch.uint8).numpy().tobytes())
-    value = digest.hexdigest()
-    with _DIGEST_LOCK:
-        _DIGESTS[model] = (stamp, value)
-    return value
 
 
 class FeatureStore:
@@ -77,7 +52,7 @@ class FeatureStore:
         record = self.shipped / "training.json" if self.shipped is not None else None
         if record is None or not record.is_file():
             return None
-        return self.shipped if json.loads(record.read_text(encoding="utf-8")).get("weights") == weights_digest(lm.model) else None
+        return self.shipped if json.loads(record.read_text(encoding="utf-8")).get("weights") == lm.weights_digest else None
 
     def is_shipped(self, lm: LoadedModel, layer: int) -> bool:
         """Whether `lm`'s dictionary of `layer` is a shipped one (read-only, what every visitor reads)."""
@@ -88,11 +63,11 @@ class FeatureStore:
         """Where `lm`'s dictionary of `layer` is or would be: shipped, else in the cache."""
         if self.is_shipped(lm, layer):
             return self.shipped_for(lm) / f"layer_{layer}"
-        return self.folder / weights_digest(lm.model) / f"layer_{layer}"
+        return self.folder / lm.weights_digest / f"layer_{layer}"
 
     def get(self, lm: LoadedModel, layer: int) -> Dictionary | None:
         """`lm`'s dictionary of `layer`, or None when it has none."""
-        key = (weights_digest(lm.model), layer)
+        key = (lm.weights_digest, layer)
         with self._lock:
             found = self._loaded.get(key)
         if found is None:
@@ -116,17 +91,17 @@ class FeatureStore:
 
     def layers(self, lm: LoadedModel) -> list[int]:
         """The layers `lm` has a dictionary of."""
-        folders = [p for p in (self.shipped_for(lm), self.folder / weights_digest(lm.model)) if p is not None]
+        folders = [p for p in (self.shipped_for(lm), self.folder / lm.weights_digest) if p is not None]
         return sorted({int(p.name.split("_")[1]) for folder in folders  # one may be evicted meanwhile
                        for p in disk.matching(folder, "layer_*") if (p / "cfg.json").is_file()})
 
     def put(self, lm: LoadedModel, dictionary: Dictionary) -> Dictionary:
         """Save `dictionary` as `lm`'s of its layer (replacing one trained here before), then keep
         the cache within its budget. Returns it with its folder."""
-        target = self.folder / weights_digest(lm.model) / f"layer_{dictionary.layer}"
+        target = self.folder / lm.weights_digest / f"layer_{dictionary.layer}"
         saved = files.save(dictionary, target)
         with self._lock:
-            self._loaded[(weights_digest(lm.model), dictionary.layer)] = saved
+            self._loaded[(lm.weights_digest, dictionary.layer)] = saved
         self.cache.trim(keep=(target,))
         return saved
 

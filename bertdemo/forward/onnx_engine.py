@@ -9,8 +9,9 @@ Runtime's matrix kernels (MLAS) read them faster than oneDNN's: measured on an A
 fused, and one change: a gather of the N asked positions (rows[i], cols[i]) before the head, so
 the head's (H x V) product runs on N rows, not on B x T.
 
-    encoder = OnnxMaskedLM.build(model)          # seconds to a minute: export, fuse, load
-    logits = encoder.logits(inputs, rows, cols)  # (N, V) float32, as logits.mlm_logits
+    path = export_path(lm.model, model_digest(lm))   # named by its weights, config and tokenizer
+    encoder = OnnxMaskedLM.build(lm.model, path)     # seconds to a minute: export, fuse, load
+    logits = encoder.logits(inputs, rows, cols)      # (N, V) float32, as logits.mlm_logits
 
 It serves what people type one at a time, sentences of a few dozen tokens at most (`suits`):
 there a product is bound by reading the weights. Longer sentences and crowds go to the lean torch
@@ -22,7 +23,7 @@ in the background, and each batch served by the faster for its shape. Unmeasured
 
     encoder.measure(torch_forward)               # times both, keeps the `Crossover`, logs its table
 
-Exports are kept on disk (`cache_dir()`) under a key of the config and every weight, so a model
+Exports are kept on disk (`cache_dir()`) under a key of the config and the weights digest, so a model
 is exported once per machine, and a changed weight can never be served from an old export: the
 session is tied to the model object and to its parameters' versions (`matches`); a model trained
 in place, or a tuned copy, takes the torch path. Only BERT-layout masked LMs (`anatomy`
@@ -31,8 +32,6 @@ in place, or a tuned copy, takes the torch path. Only BERT-layout masked LMs (`a
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import logging
 import os
 import shutil
@@ -78,19 +77,10 @@ def cache_dir() -> Path:
     return disk.folder_of("onnx")
 
 
-def export_path(model: torch.nn.Module, folder: Path | None = None) -> Path:
-    """Where `model`'s export is kept (in `folder`, default `cache_dir()`): named by its weights."""
-    return (folder or cache_dir()) / f"{model.config.model_type}-{weights_key(model)}.onnx"
-
-
-def weights_key(model: torch.nn.Module) -> str:
-    """A digest of `model`'s config and every parameter and buffer (names, shapes, bytes)."""
-    digest = hashlib.blake2b(digest_size=16)
-    digest.update(json.dumps(model.config.to_dict(), sort_keys=True, default=str).encode())
-    for name, tensor in (*model.named_parameters(), *model.named_buffers()):
-        digest.update(f"{name}{tuple(tensor.shape)}{tensor.dtype}".encode())
-        digest.update(tensor.detach().contiguous().view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
+def export_path(model: torch.nn.Module, digest: str, folder: Path | None = None) -> Path:
+    """Where `model`'s export is kept (in `folder`, default `cache_dir()`), named by `digest`, the
+    model's (`bertdemo.model.digest.model_digest`: its weights, config and tokenizer)."""
+    return (folder or cache_dir()) / f"{model.config.model_type}-{digest}.onnx"
 
 
 def _stamp(parameters: list[torch.Tensor]) -> tuple:
@@ -297,17 +287,15 @@ class OnnxMaskedLM:
         self._measuring = False
 
     @classmethod
-    def build(cls, model: torch.nn.Module, threads: int | None = None, folder: Path | None = None,
-              path: Path | None = None) -> "OnnxMaskedLM":
-        """Export (or find the export of) `model` at `path` (default `export_path(model, folder)`)
-        and open a session with `threads` intra-op threads (torch's count by default). ValueError
-        if the model cannot take this path."""
+    def build(cls, model: torch.nn.Module, path: Path, threads: int | None = None) -> "OnnxMaskedLM":
+        """Export (or find the export of) `model` at `path` (`export_path`) and open a session with
+        `threads` intra-op threads (torch's count by default). ValueError if the model cannot take
+        this path."""
         import onnxruntime as ort
 
         if not anatomy.of(model).lean or next(model.parameters()).device.type != "cpu" \
                 or next(model.parameters()).dtype != torch.float32:
             raise ValueError("Only BERT-family masked LMs on a CPU in float32 run through ONNX Runtime.")
-        path = path or export_path(model, folder)
         if not path.exists():
             export(model, path)
         options = ort.SessionOptions()

@@ -9,6 +9,7 @@ from typing import Callable, Hashable
 import torch
 
 from ..forward import lean_forward
+from . import digest as digests
 
 
 class ModelCaches:
@@ -19,7 +20,9 @@ class ModelCaches:
     - `remember(model, key, value)` / `recall(model, key)`: the last `recent` results per model,
       e.g. the first step of a joint fill, as the fill-mask forward saw it;
     - `set_onnx(model, encoder)` / `onnx_for(model)`: its ONNX Runtime forward
-      (`onnx_engine.OnnxMaskedLM`), only while it computes the model as it is now.
+      (`onnx_engine.OnnxMaskedLM`), only while it computes the model as it is now;
+    - `digest(model)`: its weights digest (`digest.weights_digest`), remembered while none of its
+      weights changes in place (an optimizer step bumps a tensor's version).
 
     An `engine.Engine` holds one for every model it serves; a model made in code gets its own.
     """
@@ -30,6 +33,7 @@ class ModelCaches:
         self._twins: "weakref.WeakKeyDictionary[torch.nn.Module, torch.nn.Module]" = weakref.WeakKeyDictionary()
         self._results: "weakref.WeakKeyDictionary[torch.nn.Module, OrderedDict]" = weakref.WeakKeyDictionary()
         self._onnx: "weakref.WeakKeyDictionary[torch.nn.Module, object]" = weakref.WeakKeyDictionary()
+        self._digests: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
 
     def set_onnx(self, model: torch.nn.Module, encoder) -> None:
@@ -41,6 +45,18 @@ class ModelCaches:
         with self._lock:
             encoder = self._onnx.get(model)
         return encoder if encoder is not None and encoder.matches(model) else None
+
+    def digest(self, model: torch.nn.Module) -> str:
+        """`model`'s weights digest, hashed again only when a weight has changed since."""
+        now = digests.stamp(model)
+        with self._lock:
+            known = self._digests.get(model)
+        if known is not None and known[0] == now:
+            return known[1]
+        value = digests.weights_digest(model)  # outside the lock: ~0.3 s for bert-base
+        with self._lock:
+            self._digests[model] = (now, value)
+        return value
 
     def twin(self, model: torch.nn.Module, make: Callable[[torch.nn.Module], torch.nn.Module]):
         """`make(model)`, made once per model (under a lock: concurrent first callers share one)."""

@@ -57,6 +57,11 @@ class LoadedModel:
             object.__setattr__(self, "card", ModelCard.of(self.model))
 
     @property
+    def weights_digest(self) -> str:
+        """The model's weights digest (`digest.weights_digest`), remembered in its caches."""
+        return self.caches.digest(self.model)
+
+    @property
     def mask_token(self) -> str:
         return self.tokenizer.mask_token
 

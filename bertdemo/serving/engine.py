@@ -47,6 +47,7 @@ from .. import validate
 from ..forward import anatomy, onnx_engine
 from ..model import bundled, loading, logits
 from ..model.caches import ModelCaches
+from ..model.digest import model_digest
 from ..model.loading import (MINILM_NAME, LoadedModel, allowed_choices, allowed_entry, minilm_path,
                              pick_device, pick_dtype, warm_up)
 from ..views import corpus_search
@@ -131,16 +132,17 @@ class Engine:
         with self._lock:
             if not (self.onnx and suitable) or id(lm.model) in self._builds:
                 return
-            thread = threading.Thread(target=self._onnx_build, args=(lm.model,), daemon=True,
+            thread = threading.Thread(target=self._onnx_build, args=(lm,), daemon=True,
                                       name=f"onnx-export-{lm.name}")
             self._builds[id(lm.model)] = thread
         thread.start()
 
-    def _onnx_build(self, model) -> None:
+    def _onnx_build(self, lm: LoadedModel) -> None:
+        model = lm.model
         try:
             started = time.perf_counter()
-            warm = onnx_engine.export_path(model, self.disk.warm / "onnx")
-            path = warm if warm.exists() else onnx_engine.export_path(model, self.disk.folder("onnx"))
+            warm = onnx_engine.export_path(model, model_digest(lm), self.disk.warm / "onnx")
+            path = warm if warm.exists() else self.disk.folder("onnx") / warm.name
             self.disk.pin(path)  # a served model's export is never evicted
             found = path.exists()
             with self.disk.reserve(0 if found else export_bytes(model), f"The ONNX export of {model.name_or_path}",
@@ -185,7 +187,7 @@ class Engine:
                 and next(lm.model.parameters()).dtype == torch.float32):
             raise ValueError(f"{lm.name} has no ONNX Runtime forward to make ahead: only BERT-layout masked LMs "
                              "in float32 on a CPU, with onnx and onnxruntime installed.")
-        path = onnx_engine.export_path(lm.model, Path(into or self.disk.warm) / "onnx")
+        path = onnx_engine.export_path(lm.model, model_digest(lm), Path(into or self.disk.warm) / "onnx")
         if not path.exists():
             onnx_engine.export(lm.model, path)
         path.chmod(0o644)  # made at build time by root, read by the server's own user

@@ -33,7 +33,6 @@ import re
 import shutil
 import threading
 import time
-import weakref
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +43,7 @@ import torch
 
 from .. import disk, validate
 from ..forward import anatomy, hooks
+from ..model.digest import model_digest
 from ..model.loading import LoadedModel
 from . import embeddings
 
@@ -320,30 +320,6 @@ def cache_dir() -> Path:
     return disk.folder_of("search")
 
 
-class ModelDigests:
-    """A digest of a model's weights, config and tokenizer, remembered per model object while none
-    of its weights changes in place (an optimizer step changes a tensor's version): what a cache
-    of a model's results is kept under, on disk, so a restart finds it and a tuned model does not."""
-
-    def __init__(self):
-        self._known: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
-        self._lock = threading.Lock()
-
-    def of(self, lm: LoadedModel) -> str:
-        from ..forward.onnx_engine import weights_key  # the same digest the ONNX exports are kept under
-
-        stamp = tuple((p._version, p.data_ptr()) for p in lm.model.parameters())
-        with self._lock:
-            known = self._known.get(lm.model)
-        if known is not None and known[0] == stamp:
-            return known[1]
-        tokenizer = f"{type(lm.tokenizer).__name__}:{len(lm.tokenizer)}:{lm.max_length}:{FORMAT}"
-        digest = hashlib.blake2b(f"{weights_key(lm.model)}:{tokenizer}".encode(), digest_size=12).hexdigest()
-        with self._lock:
-            self._known[lm.model] = (stamp, digest)
-        return digest
-
-
 class IndexCache:
     """Indexes on disk, one folder per model and corpus (`<model digest>-<corpus digest>/`, a file
     per layer, memory-mapped when read), and the last few layers read kept open.
@@ -368,7 +344,6 @@ class IndexCache:
         self.keep = keep
         self.builds = 0  # indexes this object built (a test counts them)
         self._open: OrderedDict[tuple[str, int], Index] = OrderedDict()
-        self.digests = ModelDigests()
         self._locks: dict[str, threading.Lock] = {}
         self._progress: dict[str, tuple[int, int]] = {}  # key -> (lines done, lines) of a build under way
         self._stopping = threading.Event()  # the server stops: every build ends at its next batch
@@ -376,10 +351,7 @@ class IndexCache:
         cache.on_evict(self._forget_folder)
 
     def key(self, lm: LoadedModel, corpus: Corpus) -> str:
-        return f"{self.model_digest(lm)}-{corpus.digest}"
-
-    def model_digest(self, lm: LoadedModel) -> str:
-        return self.digests.of(lm)
+        return f"{model_digest(lm)}-{corpus.digest}"
 
     def pin(self, lm: LoadedModel, corpus: Corpus) -> None:
         """Never evict `lm`'s index of `corpus` (the default corpus' of a served model)."""

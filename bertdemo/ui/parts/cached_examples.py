@@ -6,8 +6,8 @@ first time anyone clicks it and shows everyone that result afterwards, from file
 visitors use different models (a pick, their fine-tuned model), and the files outlive the process
 (an app restarted with other weights would show the old model's answers; a new component shifts
 the ids). So `ModelExamples` keeps one cache per model, in a folder named after a digest of its
-weights and of the examples (`corpus_search.ModelDigests`): the served and picked models' caches
-on disk, entries of the server's disk cache (`disk.DiskCache`, its "examples" folder: within the
+weights (`bertdemo.model.digest.model_digest`) and of the examples: the served and picked models'
+caches on disk, entries of the server's disk cache (`disk.DiskCache`, its "examples" folder: within the
 one budget, least recently used out first), reused after a restart; a visitor's fine-tuned model's
 in a folder of this process that is removed at exit (it exists for one session only).
 """
@@ -25,6 +25,7 @@ from pathlib import Path
 from gradio.helpers import Examples
 
 from ... import disk
+from ...model.digest import model_digest
 from .common import session_id
 from .context import AppContext
 
@@ -48,7 +49,7 @@ class ModelExamples(Examples):
         """Where the visitor of `request`'s model keeps its cached results."""
         session = session_id(request)
         lm = self.ctx.store.for_session(session)
-        digest = self.ctx.engine.search.digests.of(lm)
+        digest = model_digest(lm)
         if self.ctx.store.using_tuned(session):
             if self._temp is None:
                 self._temp = disk.process_temp("examples")
