@@ -16,7 +16,7 @@ optimizer, sign-SGD under schedule-free averaging with its learning rate for the
   holds tokens x k x hidden floats;
 - several layers can train from one forward (`train(lm, [1, 2, 3], ...)`): the forward is most of
   a small model's cost;
-- a run stops where it stands (`should_stop` before each step; the token and time limits) and
+- a run stops where it stands (the token limit, then `training.loop.stop_reason`: the one stop rule) and
   returns what it trained so far, which can be resumed (`start_from`).
 
 A transcoder is trained by the same loop (`point=data.FEED_FORWARD`): its coder reads x (the
@@ -40,10 +40,9 @@ import torch
 from schedulefree import ScheduleFreeWrapper
 
 from ..model.loading import LoadedModel
+from ..training.loop import stop_reason
 from .data import RESIDUAL, Lines, Point, pairs_at
 from .dictionary import K, Dictionary, SignSGD, new_coder  # sparsify through dictionary: its decoder switch
-
-STOP_REASONS = ("stopped", "time limit", "shutdown", "closed")
 
 
 @dataclass(frozen=True)
@@ -84,7 +83,8 @@ class FeatureStep:
 
 @dataclass
 class FeatureHistory:
-    """What a training run did: its layers, every step, and why it ended (None: its token limit)."""
+    """What a training run did: its layers, every step, and why it ended (None: its token limit; else
+    one of `training.loop.STOP_REASONS`, by the loops' one stop rule `loop.stop_reason`)."""
 
     layers: list[int]
     steps: list[FeatureStep] = field(default_factory=list)
@@ -203,9 +203,10 @@ def train(lm: LoadedModel, layers: list[int], lines: Lines, settings: FeatureSet
     history = FeatureHistory(layers)
     tokens, started = 0, time.perf_counter()
     for step, batch in enumerate(lines.batches(lm, batch_tokens=settings.batch_tokens, seed=settings.seed), 1):
-        stopped = _stop_reason(should_stop, started, settings, tokens)
-        if stopped is not None:
-            history.stopped = None if stopped == "tokens" else stopped
+        if tokens >= settings.max_tokens:  # every planned token: a whole run
+            break
+        history.stopped = stop_reason(should_stop, time.perf_counter() - started, settings.max_seconds)
+        if history.stopped is not None:
             break
         t0 = time.perf_counter()
         states = pairs_at(lm, batch, layers, point, lm.device)
@@ -221,16 +222,6 @@ def train(lm: LoadedModel, layers: list[int], lines: Lines, settings: FeatureSet
             on_event(event)
     return {layer: _dictionary(lm, layer, coders[layer], settings, history, start_from, point, lines)
             for layer in layers}, history
-
-
-def _stop_reason(should_stop, started: float, settings: FeatureSettings, tokens: int) -> str | None:
-    if should_stop is not None and should_stop():
-        return getattr(should_stop, "reason", None) or "stopped"
-    if tokens >= settings.max_tokens:
-        return "tokens"
-    if time.perf_counter() - started >= settings.max_seconds:
-        return "time limit"
-    return None
 
 
 def _dictionary(lm: LoadedModel, layer: int, trained: _Layer, settings: FeatureSettings, history: FeatureHistory,

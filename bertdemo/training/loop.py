@@ -225,7 +225,7 @@ def train(model: torch.nn.Module, batches: Iterator[dict], loss: Callable[[dict]
     with memory.pages_kept():  # each step's freed memory reused, not faulted in anew (memory.py)
         batch, unread = None, []  # unread: steps launched whose loss is not read yet
         for step in range(1, steps + 1):
-            history.stopped = _why_stop(should_stop, time.perf_counter() - start, max_seconds)
+            history.stopped = stop_reason(should_stop, time.perf_counter() - start, max_seconds)
             if history.stopped:
                 break
             tick, rate = time.perf_counter(), learning_rate * scheduler.lr_lambdas[0](step - 1)
@@ -306,7 +306,10 @@ def _optimizer_step(loss: torch.Tensor, params: list, optimizer, scheduler) -> t
     return loss.detach()
 
 
-def _why_stop(should_stop: Callable | None, elapsed: float, max_seconds: float) -> str | None:
+def stop_reason(should_stop: Callable | None, elapsed: float, max_seconds: float) -> str | None:
+    """Why a run ends before its next step, or None: the one stop rule of every training loop (this
+    one, the features' and transcoders'). `should_stop()` first, with its reason when it has one,
+    then the wall clock past `max_seconds`; one of `STOP_REASONS`."""
     if should_stop is not None and should_stop():
         return getattr(should_stop, "reason", None) or "stopped"  # runs.slots.StopCheck says why
     if elapsed > max_seconds:
