@@ -15,6 +15,7 @@ import torch
 from .. import validate
 from ..model.loading import LoadedModel
 from .data import Lines, hidden_at
+from . import quality
 from .store import FeatureStore
 from .views import MAX_TOP, label, load_features
 
@@ -77,4 +78,4 @@ def _firing(lm: LoadedModel, dictionary, lines: Lines) -> tuple[torch.Tensor, to
         squared += float(x.double().pow(2).sum())
         mean_sum += x.double().sum(0)
         n += x.shape[0]
-    return fired, total, error / (squared - n * float((mean_sum / n).pow(2).sum())), n
+    return fired, total, float(quality.fvu(error, squared, mean_sum.numpy(), n)), n

@@ -106,13 +106,16 @@ class Fit:
     def fvu(self, weights: np.ndarray | None = None) -> float | np.ndarray:
         """FVU over every line (`weights` None) or per resample, each line counted `weights` (R, L) times."""
         if weights is None:
-            return float(self.error.sum() / _variance(self.squared.sum(), self.total.sum(0), self.count))
-        return (weights @ self.error) / _variance(weights @ self.squared, weights @ self.total, weights @ self.tokens)
+            return float(fvu(self.error.sum(), self.squared.sum(), self.total.sum(0), self.count))
+        return fvu(weights @ self.error, weights @ self.squared, weights @ self.total, weights @ self.tokens)
 
 
-def _variance(squared, total, count):
-    """Sum of squared deviations from the mean, from the sums of squares and of values, and the count."""
-    return squared - (np.asarray(total) ** 2).sum(-1) / np.maximum(count, 1)
+def fvu(error, squared, total, count):
+    """The fraction of variance unexplained, from sums over `count` tokens: the squared error over the
+    sum of squared deviations from the mean, the latter from the sum of squares `squared` and the
+    sum of values `total` (..., H). The one FVU of every measure (this module's, the drift's);
+    arrays give one per row (the bootstrap's resamples)."""
+    return error / (squared - (np.asarray(total) ** 2).sum(-1) / np.maximum(count, 1))
 
 
 @torch.no_grad()

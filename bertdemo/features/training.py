@@ -158,7 +158,7 @@ class _Layer:
 
 
 def auxk_loss(coder, x: torch.Tensor, reconstruction: torch.Tensor, dead: torch.Tensor,
-              total_variance: torch.Tensor | None = None, y: torch.Tensor | None = None) -> torch.Tensor:
+              total_variance: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
     """sparsify's AuxK loss (`SparseCoder.forward` with a `dead_mask`; Gao et al., appendix B.1): the
     top k_aux = min(H / 2, dead) dead latents are asked to reconstruct the residual the live ones
     leave (of the target y, a transcoder's; None: of x), scaled by min(dead / k_aux, 1), over the
@@ -180,8 +180,6 @@ def auxk_loss(coder, x: torch.Tensor, reconstruction: torch.Tensor, dead: torch.
     chosen = torch.zeros_like(pre).scatter(1, picked, acts)  # (N, D): the rest zero
     estimate = chosen @ coder.W_dec[columns]  # (N, H)
     residual = (target - reconstruction).detach()
-    if total_variance is None:
-        total_variance = (target - target.mean(0)).pow(2).sum()
     return scale * (estimate - residual).pow(2).sum() / total_variance
 
 

@@ -16,7 +16,7 @@ import torch
 
 import bertdemo
 import tiny_models
-from bertdemo.features import dictionary, making, quality, quality_views, store  # dictionary first: sparsify's switch
+from bertdemo.features import dictionary, drift, making, quality, quality_views, store  # dictionary first: sparsify's switch
 from bertdemo.features.data import Lines
 from bertdemo.features.training import FeatureSettings
 from sparsify import SparseCoder
@@ -84,6 +84,23 @@ def test_the_splices_cost_is_the_added_cross_entropy_and_kl_a_hook_measures(bund
     assert measured["cross_entropy"]["clean"] == pytest.approx(expected["clean"], rel=1e-5)
     assert measured["held_out"] == {"lines": len(lines), "tokens": measured["tokens"],
                                     "targets": measured["held_out"]["targets"]} and measured["tokens"] == lines.tokens
+
+
+@torch.no_grad()
+def test_the_drifts_fvu_is_the_variance_sparsifys_coder_leaves_unexplained(bundled, shipped_store):
+    """The Features tab's "after a fine-tune" line (`drift.tuning_drift`) and the quality figures
+    share one FVU (`quality.fvu`): here recomputed from the hidden states of 40 lines, one at a
+    time, at every position but [CLS] and [SEP], and sparsify's own coder of the shipped layer 2."""
+    layer, texts = 2, making.default_texts()[200:240]
+    with contextlib.redirect_stdout(None):
+        coder = SparseCoder.load_from_disk(store.SHIPPED / f"layer_{layer}").float().eval()
+    states = torch.cat([bundled.model(**bundled.tokenizer(t, return_tensors="pt"), output_hidden_states=True)
+                        .hidden_states[layer][0, 1:-1] for t in texts]).double()  # (N, H)
+    out = coder.encode(states.float())
+    error = (states - coder.decode(out.top_acts, out.top_indices).double()).pow(2).sum()
+    expected = float(error / (states - states.mean(0)).pow(2).sum())
+    same = drift.tuning_drift(bundled, bundled, texts, layer, store=shipped_store)
+    assert same["fvu"]["base"] == pytest.approx(expected, rel=1e-4) and same["tokens"] == len(states)
 
 
 def test_the_interval_contains_the_point_estimate_and_narrows_with_more_data(tiny):
