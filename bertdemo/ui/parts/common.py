@@ -1,4 +1,4 @@
-"""What every tab shares: turning service errors into messages in the page."""
+"""What every tab shares: turning service errors into messages in the page, an empty table, a chart."""
 import contextlib
 import functools
 import inspect
@@ -7,6 +7,7 @@ import math
 import re
 
 import gradio as gr
+import pandas as pd
 from gradio.components.plot import PlotData
 
 log = logging.getLogger("bertdemo")
@@ -92,6 +93,12 @@ def _finite_first(preprocess, label: str):
 
 def session_id(request: gr.Request | None) -> str | None:
     return getattr(request, "session_hash", None) if request is not None else None
+
+
+def empty_table(columns) -> pd.DataFrame:
+    """A table with its headers and no rows (not Gradio's placeholder "1 2 3"): what a table shows
+    before its first answer, and while a run goes (the last run's results are gone)."""
+    return pd.DataFrame(columns=list(columns))
 
 
 def plotly_chart(figure_json: str) -> PlotData:

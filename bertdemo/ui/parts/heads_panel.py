@@ -24,6 +24,7 @@ from ...views.compare import compare_predictions
 from ...views.fillmask import fill_mask
 from ...views.heads import HeadsOff, format_heads, head_importance, neuron_view, parse_heads, read_heads, without
 from . import view_downloads
+from .common import empty_table
 from .context import AppContext, Visitor, handler
 
 NEURON_HELP = """**Neuron view** (Vig 2019, as in bertviz). For one layer and head: the query of the
@@ -123,7 +124,7 @@ def _section_importance(n_heads: int):
     note = gr.Markdown()
     columns = ["layer", *[f"head {h}" for h in range(n_heads)]]
     # widths set, so that every head's column fits a 1280 px page (its own width: the last was cut)
-    grid = gr.Dataframe(pd.DataFrame(columns=columns), label="Change in log p(word) with each head switched "
+    grid = gr.Dataframe(empty_table(columns), label="Change in log p(word) with each head switched "
                         "off: click a head", interactive=False, elem_id="head-importance",
                         column_widths=["8%"] + [f"{92 / n_heads:.2f}%"] * n_heads)
     gr.Markdown(IMPORTANCE_HELP)

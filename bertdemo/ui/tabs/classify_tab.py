@@ -23,6 +23,7 @@ from ...training.forgetting import DEFAULT_SWEEP_LRS, SweepForm, forgetting
 from ...training.loop import EventLog
 from ...views import embeddings
 from ..parts import live_run
+from ..parts.common import empty_table
 from ..parts.context import AppContext, Visitor, handler
 
 ASSETS = Path(__file__).resolve().parents[3] / "assets" / "classify"
@@ -125,11 +126,6 @@ SWEEP_COLUMNS = ("learning rate", "held-out accuracy", "macro-F1", "MLM loss bef
 ADAPT_COLUMNS = ("body", "accuracy before", "accuracy after", "macro-F1 after", "loss after", "steps")
 
 
-def _empty(columns) -> pd.DataFrame:
-    """A table with its headers and no rows: while a run goes, the last run's results are gone."""
-    return pd.DataFrame(columns=list(columns))
-
-
 def _section_run() -> dict:
     with gr.Row():
         train = gr.Button("Train the classifier", variant="primary")
@@ -184,7 +180,7 @@ def _section_of_runs(title: str, note: str, button: str, plot_label: str, column
         run = gr.Button(button)
         status = gr.Markdown()
         plot = gr.Plot(label=plot_label)
-        table = gr.Dataframe(_empty(columns), interactive=False, label=table_label)
+        table = gr.Dataframe(empty_table(columns), interactive=False, label=table_label)
     return {"run": run, "outputs": [status, plot, table]}
 
 
@@ -232,7 +228,8 @@ def on_upload(visitor: Visitor, file) -> list[list[str]]:
 
 def on_train(visitor: Visitor, form: ClassifierForm, progress=gr.Progress()):
     """Train on the table; streams (status, curve, before/after, confusion, predictions)."""
-    cleared = ("Starting…", None, _empty(BEFORE_AFTER_COLUMNS), None, _empty(PREDICTION_COLUMNS))  # the last run's
+    # the last run's results go
+    cleared = ("Starting…", None, empty_table(BEFORE_AFTER_COLUMNS), None, empty_table(PREDICTION_COLUMNS))
     outcome = yield from live_run.stream(visitor, "train_classifier", form, progress, _live_curves, cleared=cleared)
     (classifier, history), plan = outcome.result, outcome.plan
     mlm = forgetting(plan.lm, classifier, [t for t, _ in plan.examples], plan.settings.seed)
@@ -281,7 +278,7 @@ def on_sweep(visitor: Visitor, form: SweepForm, progress=gr.Progress()):
     outcome = yield from live_run.stream(
         visitor, "forgetting_sweep", form, progress,
         lambda log: (f"Training at lr {log.current}… {_live_status(log.latest)}", gr.skip(), gr.skip()),
-        cleared=("Starting…", None, _empty(SWEEP_COLUMNS)))  # the last sweep's results go
+        cleared=("Starting…", None, empty_table(SWEEP_COLUMNS)))  # the last sweep's results go
     sweep, lm = outcome.result, outcome.plan.plan.lm
     yield (_sweep_status(sweep, lm.name, _head_trained(lm)),
            plots.forgetting_plot(sweep["points"], sweep["mlm_before"].loss), sweep_frame(sweep))
@@ -291,10 +288,10 @@ def on_adapt(visitor: Visitor, form: ClassifierForm, progress=gr.Progress()):
     """Base body vs this session's MLM-tuned body (or one MLM-tuned on the examples' texts first);
     streams (status, plot, table)."""
     outcome = yield from live_run.stream(visitor, "adapt_then_classify", form, progress, _adapt_live,
-                                         cleared=("Starting…", None, _empty(ADAPT_COLUMNS)))
+                                         cleared=("Starting…", None, empty_table(ADAPT_COLUMNS)))
     histories = outcome.result
     if not histories:
-        yield "Stopped while adapting: nothing to compare.", None, _empty(ADAPT_COLUMNS)
+        yield "Stopped while adapting: nothing to compare.", None, empty_table(ADAPT_COLUMNS)
         return
     curves = {f"{run} body": h for run, h in histories.items()}
     planned = next(iter(histories.values())).planned_steps

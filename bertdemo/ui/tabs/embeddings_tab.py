@@ -8,6 +8,7 @@ import pandas as pd
 from ... import plots
 from ...config import Settings
 from ...views import embeddings
+from ..parts.common import empty_table
 from ..parts.context import AppContext, Visitor, handler, standalone_demo
 
 EXAMPLES = {
@@ -48,7 +49,7 @@ def render(ctx: AppContext) -> None:
                       elem_id="embedding-map")
     # the neighbour cells name a point by its token and line (the rows give each line's words), so
     # that the last neighbour fits a 1280 px page beside the point's own label
-    neighbours = gr.Dataframe(_empty_neighbours(), label="Nearest neighbours (cosine, full hidden space)",
+    neighbours = gr.Dataframe(empty_table(NEIGHBOUR_COLUMNS), label="Nearest neighbours (cosine, full hidden space)",
                               interactive=False, wrap=True, elem_id="embedding-neighbours",
                               column_widths=["40%"] + [f"{60 // embeddings.NEIGHBOURS}%"] * embeddings.NEIGHBOURS)
     with gr.Accordion("Raw map (JSON)", open=False):
@@ -96,10 +97,6 @@ def neighbour_frame(result: dict) -> pd.DataFrame:
 
 
 NEIGHBOUR_COLUMNS = ["point", *[f"nearest {i + 1}" for i in range(embeddings.NEIGHBOURS)]]
-
-
-def _empty_neighbours() -> pd.DataFrame:
-    return pd.DataFrame(columns=NEIGHBOUR_COLUMNS)
 
 
 def short_label(point: dict) -> str:

@@ -6,13 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import gradio as gr
-import pandas as pd
 
 from ...config import Limits
 from ...features.drift import SORTS
 from ...features.senses import sense_lists
 from ...features.views import MAX_ADD, MAX_SCALE
 from ..parts import view_downloads
+from ..parts.common import empty_table
 
 SENTENCE = "I sat on the river bank and watched the water."
 MASKED = "The [MASK] was on the table."
@@ -26,13 +26,8 @@ QUALITY_COLUMNS = ("layer", "cross-entropy added (nats)", "perplexity ratio", "K
                    "tokens trained", "passes", "minutes", "machine", "ended")
 
 
-def empty(columns) -> pd.DataFrame:
-    """A table with its headers and no rows."""
-    return pd.DataFrame(columns=list(columns))
-
-
 def _table(columns, label: str, elem_id: str, wrap: bool = True) -> gr.Dataframe:
-    return gr.Dataframe(empty(columns), label=label, interactive=False, elem_id=elem_id, wrap=wrap)
+    return gr.Dataframe(empty_table(columns), label=label, interactive=False, elem_id=elem_id, wrap=wrap)
 
 
 def layer_picker(n_layers: int, default: int, line: str):

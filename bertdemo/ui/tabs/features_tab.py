@@ -29,6 +29,7 @@ from ...training import export
 from ...training.loop import EventLog
 from . import features_sections as sections
 from ..parts import live_run, view_downloads
+from ..parts.common import empty_table
 from ..parts.context import AppContext, Visitor, handler, standalone_demo
 
 INTRO = """**What a layer represents, in features.** A *dictionary* (a sparse autoencoder, EleutherAI's
@@ -285,11 +286,11 @@ def on_train_features(visitor: Visitor, request: FeaturesRequest, progress=gr.Pr
     dictionary's quality table, the layers line and the Stop button's line."""
     outcome = yield from live_run.stream(
         visitor, "train_features", request, progress, lambda log: _live_outputs(log, progress),
-        cleared=("Starting: reading the corpus…", None, sections.empty(sections.QUALITY_COLUMNS), gr.skip(), ""))
+        cleared=("Starting: reading the corpus…", None, empty_table(sections.QUALITY_COLUMNS), gr.skip(), ""))
     dictionary, history = outcome.result
     plan = outcome.plan
     quality = quality_frame([_public(quality_views.feature_quality(plan.lm, plan.layer, plan.store))]) \
-        if dictionary is not None else sections.empty(sections.QUALITY_COLUMNS)
+        if dictionary is not None else empty_table(sections.QUALITY_COLUMNS)
     yield (final_status(outcome.kept, history, plan), plots.feature_curves(history.steps), quality,
            availability(plan.lm, plan.store, plan.layer), gr.skip())
 

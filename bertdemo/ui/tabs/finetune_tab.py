@@ -18,6 +18,7 @@ from ...training.loop import EventLog, overfitting
 from ...views.compare import compare_probes
 from . import export_button
 from ..parts import live_run
+from ..parts.common import empty_table
 from ..parts.context import AppContext, Visitor, handler, standalone_demo
 from ..parts.model_line import model_line
 
@@ -101,9 +102,9 @@ def _section_run():
         compare_btn = gr.Button("Compare static vs dynamic masking")
     status = gr.Markdown(elem_id="finetune-status")
     curve = gr.Plot(label="Loss and eval accuracy, live")
-    metrics = gr.Dataframe(_empty(METRIC_COLUMNS), label="Evaluation on held-out lines, fixed masks",
+    metrics = gr.Dataframe(empty_table(METRIC_COLUMNS), label="Evaluation on held-out lines, fixed masks",
                            interactive=False, elem_id="finetune-metrics")
-    probe_table = gr.Dataframe(_empty(PROBE_COLUMNS), label="Top-3 fill-mask predictions, before and after",
+    probe_table = gr.Dataframe(empty_table(PROBE_COLUMNS), label="Top-3 fill-mask predictions, before and after",
                                interactive=False, elem_id="finetune-probes")
     return run_btn, stop_btn, compare_btn, status, curve, metrics, probe_table
 
@@ -150,7 +151,7 @@ def on_compare(visitor: Visitor, form: FinetuneForm, progress=gr.Progress()):
 
 
 def _cleared() -> tuple:
-    return ("Starting…", None, _empty(METRIC_COLUMNS), _empty(PROBE_COLUMNS), gr.skip())
+    return ("Starting…", None, empty_table(METRIC_COLUMNS), empty_table(PROBE_COLUMNS), gr.skip())
 
 
 def _live_outputs(log: EventLog) -> tuple:
@@ -240,11 +241,6 @@ def _kept_lines(history: MLMHistory) -> list[str]:
 
 METRIC_COLUMNS = ("metric", "before", "after")
 PROBE_COLUMNS = ("probe", "before (base model)", "after (this run's model)")
-
-
-def _empty(columns) -> pd.DataFrame:
-    """A table with its headers and no rows: what is shown before a run and while one runs."""
-    return pd.DataFrame(columns=list(columns))
 
 
 def _after_header(history: MLMHistory, header: str) -> str:

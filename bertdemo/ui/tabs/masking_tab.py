@@ -12,6 +12,7 @@ from ...training import experiments
 from ...training.experiments import LabellingForm
 from ...views import masking
 from ..parts import live_run
+from ..parts.common import empty_table
 from ..parts.context import AppContext, Visitor, handler, standalone_demo
 
 EXAMPLES = [
@@ -93,7 +94,8 @@ def _section_sample():
     strip = gr.HighlightedText(label="Tokens coloured by outcome", color_map=plots.OUTCOME_COLORS,
                                show_legend=True, show_inline_category=False, combine_adjacent=False)
     table = gr.HTML()
-    counts = gr.Dataframe(_empty(COUNT_COLUMNS), label="This sample against the expected numbers", interactive=False)
+    counts = gr.Dataframe(empty_table(COUNT_COLUMNS), label="This sample against the expected numbers",
+                          interactive=False)
     with gr.Accordion("Rows (JSON)", open=False):
         rows_json = gr.JSON()
     return (text, seed, [p, p_mask, p_random, whole_word], sample_btn, resample_btn,
@@ -122,7 +124,7 @@ def _section_law():
         draws = gr.Slider(1_000, masking.MAX_LAW_TOKENS, value=20_000, step=1_000, label="Token draws")
         law_btn = gr.Button("Sample many times")
         law_plot = gr.Plot(label="Measured vs configured rates")
-        law_table = gr.Dataframe(_empty(LAW_COLUMNS), interactive=False, label="Rates, measured")
+        law_table = gr.Dataframe(empty_table(LAW_COLUMNS), interactive=False, label="Rates, measured")
     return draws, law_btn, [law_plot, law_table]
 
 
@@ -131,7 +133,8 @@ def _section_article(text):
         gr.Markdown(ARTICLE_HELP)
         max_length = gr.Slider(8, 64, value=20, step=1, label="max_length (the article uses 20)")
         article_btn = gr.Button("Run the article's mask_tokens")
-        article_out = [gr.HTML(), gr.Dataframe(_empty(ARTICLE_COUNT_COLUMNS), label="In numbers", interactive=False),
+        article_out = [gr.HTML(),
+                       gr.Dataframe(empty_table(ARTICLE_COUNT_COLUMNS), label="In numbers", interactive=False),
                        gr.Markdown()]
         gr.Markdown(CONSEQUENCE_HELP)
         gr.Examples([[ARTICLE_TEXT]], inputs=text, example_labels=["The article's three sentences"])
@@ -149,7 +152,7 @@ def _section_consequence():
         run_btn = gr.Button("Fine-tune with each labelling")
         stop_btn = gr.Button("Stop", variant="stop")
     plot = gr.Plot(label="Training loss (own labelling) and eval loss (proper masks)")
-    table = gr.Dataframe(_empty(CONSEQUENCE_COLUMNS), label="Before and after, on properly masked tokens",
+    table = gr.Dataframe(empty_table(CONSEQUENCE_COLUMNS), label="Before and after, on properly masked tokens",
                          interactive=False)
     return steps, lr, run_btn, stop_btn, [plot, table, gr.Markdown()]
 
@@ -216,7 +219,7 @@ def on_consequence(visitor: Visitor, form: LabellingForm, progress=gr.Progress()
     """Two short fine-tunes, the article's labelling then the collator's; streams the three outputs."""
     outcome = yield from live_run.stream(visitor, "article_finetune", form, progress,
                                          lambda log: (gr.skip(),) * 3, desc="labelling",
-                                         cleared=(None, _empty(CONSEQUENCE_COLUMNS), ""))  # the last run's go
+                                         cleared=(None, empty_table(CONSEQUENCE_COLUMNS), ""))  # the last run's go
     result = outcome.result
     curves = {LABELS[name]: history for name, history in result.runs.items()}
     yield plots.labelling_curves(curves), _consequence_frame(result), _consequence_note(result)
@@ -276,11 +279,6 @@ def _sample_table(rows: list[dict]) -> str:
 COUNT_COLUMNS = ("what", "count", "expected")
 LAW_COLUMNS = ("rate", "configured", "measured", "count", "of", "95% interval", "z")
 ARTICLE_COUNT_COLUMNS = ("what", "article", "collator")
-
-
-def _empty(columns) -> pd.DataFrame:
-    """A table with its headers and no rows (not Gradio's placeholder "1 2 3")."""
-    return pd.DataFrame(columns=list(columns))
 
 
 def _counts_frame(rows: list[dict]) -> pd.DataFrame:
