@@ -32,6 +32,8 @@ _HOMES = {  # public name -> the module that defines it
     **dict.fromkeys(["load_features", "sentence_features", "feature_card", "steer", "prediction_features",
                      "contrast_features"], "features.views"),
     "feature_quality": "features.quality_views", "tuning_drift": "features.drift",
+    **dict.fromkeys(["features_for_word", "features_by_label", "similar_features"], "features.search"),
+    "feature_map": "features.feature_map",
     "train_features": "features.making", "FeatureSettings": "features.training",
     **dict.fromkeys(["train_transcoders", "transcoders_for"], "circuits.transcoders"),
     "attribution_graph": "circuits.attribution", "intervene": "circuits.interventions",
