@@ -100,6 +100,8 @@ def test_an_intervention_at_scale_one_changes_nothing_and_at_zero_as_the_service
     assert [d.name for d in bars.data] == ["before", "after"]
     assert list(table["as the graph predicted"]) == [round(w["predicted_change"], 4)
                                                                for w in expected["words"]]
+    assert list(table["as the model's slope predicts"]) == [round(w["first_order_change"], 4)
+                                                              for w in expected["words"]]
 
 
 def test_named_groups_expand_in_the_nodes_and_go_into_the_viewers_json(visitor):

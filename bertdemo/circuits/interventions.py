@@ -11,7 +11,10 @@ forward, so the edit follows what earlier edits changed. An error node is scaled
 
 The graph's prediction: in the replacement model, with every other node free to follow (its
 edges), the change of a logit is (scale - 1) x the node's total effect on it (the signed
-adjacency's power series; features respond linearly, no gating by their ReLU).
+adjacency's power series; features respond linearly, no gating by their ReLU). Beside it, the
+first-order change in the real model (`first_order_changes`): the same parts dotted with the
+logit's gradient, every multiplier live. In a post-LayerNorm encoder the two differ most: a
+LayerNorm removes the part of a change along its own input, which the frozen 1/sigma cannot.
 """
 from __future__ import annotations
 
@@ -87,33 +90,71 @@ def intervene(lm: LoadedModel, text: str, nodes, scale: float = 0.0, mask: int =
     with mlp_points.edited(lm.model, {layer: _edit(coders[layer].coder, members, scale)
                                       for layer, members in by_layer.items()}):
         after = lm.model(**inputs).logits[0, position].float()
-    return _report(lm, graph, chosen, scale, before, after, top)
+    words = [node.feature for node in graph.adjacency.logits]
+    first_order = first_order_changes(lm, coders, inputs, position, words, by_layer, scale)
+    return _report(lm, graph, chosen, scale, before, after, first_order, top)
+
+
+def node_parts(coder, nodes: list[dict], output: torch.Tensor, block_input: torch.Tensor) -> torch.Tensor:
+    """(T, H): what `nodes` (one layer's) add to the block's output (1, T, H) at their positions:
+    a feature its activation times its decoder row, an error node the block's output minus the
+    transcoder's. The activation is the transcoder's code of `block_input` (1, T, H)."""
+    codes = coder.encode(block_input[0].to(coder.dtype))
+    parts = torch.zeros_like(output[0])
+    for node in nodes:
+        p = node["position"]
+        if node["kind"] == "error":
+            rebuilt = coder.decode(codes[0][p:p + 1], codes[1][p:p + 1])[0]
+            if coder.W_skip is not None:
+                rebuilt = rebuilt + block_input[0, p].to(coder.dtype) @ coder.W_skip.mT
+            parts[p] += output[0, p] - rebuilt.to(output.dtype)
+            continue
+        acts, indices = codes[0][p], codes[1][p]
+        hit = (indices == node["feature"]) & (acts > 0)
+        activation = acts[hit].sum() if bool(hit.any()) else acts.new_zeros(())
+        parts[p] += (activation * coder.W_dec[node["feature"]]).to(output.dtype)
+    return parts
 
 
 def _edit(coder, nodes: list[dict], scale: float):
-    """The block-output edit at one layer: each node's part scaled at its position."""
+    """The block-output edit at one layer: each node's part scaled at its position (its code read
+    from this forward's block input, so earlier edits count)."""
     def edit(output: torch.Tensor, block_input: torch.Tensor) -> torch.Tensor:
-        output = output.clone()
-        codes = coder.encode(block_input[0].to(coder.dtype))  # this forward's codes: earlier edits included
-        for node in nodes:
-            p = node["position"]
-            if node["kind"] == "error":
-                rebuilt = coder.decode(codes[0][p:p + 1], codes[1][p:p + 1])[0]
-                if coder.W_skip is not None:
-                    rebuilt = rebuilt + block_input[0, p].to(coder.dtype) @ coder.W_skip.mT
-                error = output[0, p] - rebuilt.to(output.dtype)
-                output[0, p] += (scale - 1.0) * error
-                continue
-            acts, indices = codes[0][p], codes[1][p]
-            hit = (indices == node["feature"]) & (acts > 0)
-            activation = acts[hit].sum() if bool(hit.any()) else acts.new_zeros(())
-            output[0, p] += ((scale - 1.0) * activation * coder.W_dec[node["feature"]]).to(output.dtype)
-        return output
+        return output + (scale - 1.0) * node_parts(coder, nodes, output, block_input)[None]
     return edit
 
 
+def first_order_changes(lm: LoadedModel, coders: dict, inputs: dict, position: int, words: list[int],
+                        by_layer: dict[int, list[dict]], scale: float) -> torch.Tensor:
+    """(len(words),): each word's logit change predicted to first order in the real model: the
+    chosen nodes' parts times (scale - 1), dotted with the logit's gradient at their block's output,
+    with attention, every LayerNorm and GELU live (one forward, one backward per word). Where the
+    graph freezes those multipliers this slope does not; single-node removals follow it closely
+    (docs/circuits.md, Measured)."""
+    probes: dict[int, torch.Tensor] = {}
+    parts: dict[int, torch.Tensor] = {}
+
+    def probe(layer: int):
+        def edit(output: torch.Tensor, block_input: torch.Tensor) -> torch.Tensor:
+            with torch.no_grad():
+                parts[layer] = node_parts(coders[layer].coder, by_layer[layer], output, block_input)
+            probes[layer] = torch.zeros_like(output, requires_grad=True)
+            return output + probes[layer]
+        return edit
+
+    layers = sorted(by_layer)
+    with torch.enable_grad(), mlp_points.edited(lm.model, {layer: probe(layer) for layer in layers}):
+        logits = lm.model(**inputs).logits[0, position].float()
+        changes = []
+        for i, word in enumerate(words):
+            grads = torch.autograd.grad(logits[word], [probes[layer] for layer in layers],
+                                        retain_graph=i < len(words) - 1)
+            changes.append(sum(float((g[0] * parts[layer]).sum()) for g, layer in zip(grads, layers)))
+    return (scale - 1.0) * torch.tensor(changes)
+
+
 def _report(lm: LoadedModel, graph: Graph, chosen: list[dict], scale: float, before: torch.Tensor,
-            after: torch.Tensor, top: int) -> dict:
+            after: torch.Tensor, first_order: torch.Tensor, top: int) -> dict:
     adjacency = graph.adjacency
     effects = total_effects(adjacency)  # (logits, C)
     index = {n.id: i for i, n in enumerate(adjacency.columns)}
@@ -124,6 +165,7 @@ def _report(lm: LoadedModel, graph: Graph, chosen: list[dict], scale: float, bef
         w = node.feature
         words.append({"word": node.token, "logit_before": float(before[w]), "logit_after": float(after[w]),
                       "change": float(after[w] - before[w]), "predicted_change": float(predicted[i]),
+                      "first_order_change": float(first_order[i]),
                       "probability_before": float(p_before[w]), "probability_after": float(p_after[w])})
     listed = lambda p: [{"word": lm.tokenizer.convert_ids_to_tokens(int(i)), "probability": float(v)}  # noqa: E731
                         for v, i in zip(*p.topk(top))]

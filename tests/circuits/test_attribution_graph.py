@@ -231,6 +231,26 @@ def test_the_predicted_change_is_the_change_in_the_replacement_with_features_fol
     assert torch.allclose(moved, predicted, atol=1e-4 * float(clean.abs().max())), (moved, predicted)
 
 
+def test_the_first_order_change_is_the_real_models_slope(bert):
+    """Small edits in the real model (a hundredth of a node added and removed, attention and every
+    LayerNorm live) move each logit by the first-order prediction: their central difference (the
+    second-order term cancels) equals it, for a feature, an error node and both at once; at scale 1
+    the prediction is zero."""
+    lm, transcoders = bert
+    graph = attribution.attribution_graph(lm, TEXT, transcoders=transcoders)
+    feature = max((n for n in graph.nodes if n["kind"] == "feature" and n["layer"] == 1), key=lambda n: n["influence"])
+    error = next(n for n in graph.nodes if n["kind"] == "error" and n["layer"] == 2)
+    for nodes in ([feature["id"]], [error["id"]], [feature["id"], error["id"]]):
+        up, down = (interventions.intervene(lm, TEXT, nodes, scale, graph=graph, transcoders=transcoders)["words"]
+                    for scale in (1.01, 0.99))
+        for above, below in zip(up, down):
+            assert below["first_order_change"] == -above["first_order_change"] != 0.0
+            central = (above["change"] - below["change"]) / 2
+            assert math.isclose(central, above["first_order_change"], rel_tol=0.02, abs_tol=1e-6), (nodes, above, below)
+    same = interventions.intervene(lm, TEXT, [feature["id"]], 1.0, graph=graph, transcoders=transcoders)
+    assert all(w["first_order_change"] == 0.0 for w in same["words"])
+
+
 def test_pruning_keeps_every_logit_and_token_node_and_drops_nodes_with_no_way_out(bert):
     lm, transcoders = bert
     graph = attribution.attribution_graph(lm, TEXT, transcoders=transcoders, node_threshold=0.5, edge_threshold=0.9)

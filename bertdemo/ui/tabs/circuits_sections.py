@@ -16,7 +16,8 @@ EXAMPLES = [[SENTENCE, 1, ""], [SENTENCE, 1, "capital vs city"],
             ["The man went to the [MASK] to buy a [MASK] of milk.", 2, ""]]
 NODE_COLUMNS = ("id", "kind", "layer", "token", "label", "influence")
 HEAD_COLUMNS = ("head", "part of the edge", "share")
-WORD_COLUMNS = ("word", "p before", "p after", "logit change", "as the graph predicted")
+WORD_COLUMNS = ("word", "p before", "p after", "logit change", "as the graph predicted",
+                "as the model's slope predicts")
 
 
 def empty(columns) -> pd.DataFrame:
@@ -166,6 +167,11 @@ def intervention_section() -> Intervention:
         bars = gr.Plot(label="The graph's words: probability before and after")
         words = gr.Dataframe(empty(WORD_COLUMNS), label="Measured in the model beside the graph's prediction",
                              interactive=False, elem_id="circuit-intervention")
+    gr.Markdown("Logit changes. *As the graph predicted*: through the frozen graph, every other feature "
+                "following linearly. *As the model's slope predicts*: the same nodes' parts times the real "
+                "model's gradient, every LayerNorm and attention live. On a post-LayerNorm model like BERT the "
+                "slope tracks a single node's measured change closely and the frozen graph only loosely: each "
+                "LayerNorm takes away part of a removed feature, which a frozen norm cannot (docs/circuits.md).")
     with gr.Accordion("Raw intervention (JSON)", open=False):
         raw = gr.JSON()
     return Intervention(nodes, scale, supernodes, apply, note, bars, words, raw)

@@ -43,7 +43,7 @@ sum of direct effects between nodes, and the graph draws the strongest of them: 
 (bottom), through features layer by layer, to the predicted words (top). Node size = influence on
 the prediction; blue edges raise their target, red ones lower it. Click a node for its card and
 the attention heads behind its strongest edge from another word; then switch nodes off or turn
-them up in the real model and compare with what the graph predicted. Unlike a decoder's graph, a
+them up in the real model and compare with what the graph and the model's slope predicted. Unlike a decoder's graph, a
 `[MASK]` draws on words on both sides of it: the scores say how much from each."""
 # The page side of a click on a node: the drawing's plotly_click writes the node's id (its first
 # customdata) into the node box and presses "Open its card". Re-attached whenever plotly draws
@@ -241,7 +241,7 @@ def on_intervene(visitor: Visitor, sentence, mask_number, target, nodes, scale, 
         supernodes: named groups of node ids, "name: id id; name2: id", usable in nodes.
 
     Returns:
-        a summary (top words before and after), bars of the graph's words' probability before and after, a table per word (probability before and after, the logit change measured and as the graph predicted it), and the raw result {"nodes", "scale", "before", "after": [{"word", "probability"}], "words": [{"word", "logit_before", "logit_after", "change", "predicted_change", "probability_before", "probability_after"}]}.
+        a summary (top words before and after), bars of the graph's words' probability before and after, a table per word (probability before and after, the logit change measured, as the frozen graph predicted it and as the real model's slope predicts it), and the raw result {"nodes", "scale", "before", "after": [{"word", "probability"}], "words": [{"word", "logit_before", "logit_after", "change", "predicted_change", "first_order_change", "probability_before", "probability_after"}]}.
     """
     groups = parse_groups(supernodes)
     chosen = chosen_nodes(nodes, groups)
@@ -504,7 +504,8 @@ def intervention_bars(result: dict) -> go.Figure:
 
 def word_frame(result: dict) -> pd.DataFrame:
     rows = [[shown_token(w["word"]), round(w["probability_before"], 4), round(w["probability_after"], 4),
-             round(w["change"], 4), round(w["predicted_change"], 4)] for w in result["words"]]
+             round(w["change"], 4), round(w["predicted_change"], 4), round(w["first_order_change"], 4)]
+            for w in result["words"]]
     return pd.DataFrame(rows, columns=list(sections.WORD_COLUMNS))
 
 
