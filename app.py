@@ -19,7 +19,7 @@ import gradio as gr
 from bertdemo import memory
 from bertdemo.config import DEFAULT_MODEL, Settings
 from bertdemo.disk import DiskCache
-from bertdemo.features.run import app_store
+from bertdemo.features.store import shared_store
 from bertdemo.model import bundled
 from bertdemo.serving.engine import Engine
 from bertdemo.sessions import SessionStore
@@ -90,7 +90,7 @@ def build_demo(settings: Settings, store: SessionStore | None = None,
     dictionaries offered (a `FeatureStore`; all three made here when not given)."""
     engine = engine or make_engine(settings)
     store = store or load_store(settings, engine)
-    features = features if features is not None else app_store(engine.disk)
+    features = features if features is not None else shared_store(engine.caches)  # the engine's
     ctx = AppContext(store, served_settings(settings, store), engine, features=features)
     age = settings.download_max_age  # Gradio's copies of downloads: checked every minute or so
     with gr.Blocks(title="bertdemo: BERT masked-language modelling",

@@ -28,9 +28,9 @@ from .data import RESIDUAL, Lines, Point, point_of
 from .dictionary import Dictionary
 from .quality import measure
 from .stats import corpus_codes, from_codes, keep_used_lines
-from .store import FeatureStore
+from .store import FeatureStore, shared_store
 from .training import FeatureHistory, FeatureSettings, machine, train
-from .views import default_store, promoted_ids
+from .views import promoted_ids
 
 MIN_TOKENS = 1_000  # kept positions: below this a dictionary learns nothing worth showing
 HELD_OUT_TOKENS = 20_000  # the held-out text, where the corpus allows
@@ -85,7 +85,7 @@ def train_features(lm: LoadedModel, layer: int, texts: list[str] | str | None = 
     and quality, and keep it in `store` for every later visitor of this model. `resume`: go on from
     the dictionary the store has for that layer. Returns (the dictionary, or None when a stopped run
     is not kept; the history)."""
-    store = store or default_store()
+    store = store or shared_store(lm.caches)
     done, history, _ = made(lm, [layer], texts, settings, store=store, on_event=on_event, should_stop=should_stop,
                             keep_partial=keep_partial, resume=resume)
     return (store.put(lm, done[layer]) if done else None), history

@@ -15,8 +15,8 @@ import math
 from ..model.loading import LoadedModel
 from .making import HELD_OUT_SHARE, HELD_OUT_TOKENS
 from .quality import overfitting
-from .store import FeatureStore
-from .views import default_store, load_features
+from .store import FeatureStore, shared_store
+from .views import load_features
 
 INTERVALS = {"fvu": "FVU", "spliced_cross_entropy": "cross-entropy spliced (nats)",
              "added_cross_entropy": "added", "kl": "KL"}
@@ -128,7 +128,7 @@ def overfitting_warning(figures: dict) -> str | None:
 def quality_summary(lm: LoadedModel, store: FeatureStore | None = None) -> str | None:
     """The model card's paragraph: which layers have dictionaries and how far to trust each, the
     splice's cost first; None for a model with none."""
-    store = store or default_store()
+    store = store or shared_store(lm.caches)
     layers = store.layers(lm)
     if not layers:
         return None

@@ -22,15 +22,8 @@ from ..config import Limits
 from ..forward import splice
 from ..model.loading import LoadedModel
 from .making import corpus_lines, train_features
-from ..disk import DiskCache
 from .store import FeatureStore
 from .training import FeatureSettings, FeatureStep
-
-
-def app_store(cache: DiskCache) -> FeatureStore:
-    """The app's one store: the shipped dictionaries, and those trained here kept in the server's
-    disk cache (`--cache-dir`, within `--cache-mb` with every other cache)."""
-    return FeatureStore(cache=cache)
 
 
 @dataclass(frozen=True)

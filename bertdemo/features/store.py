@@ -21,11 +21,20 @@ import threading
 from pathlib import Path
 
 from .. import disk
+from ..model.caches import ModelCaches
 from ..model.loading import LoadedModel
 from . import dictionary as files
 from .dictionary import Dictionary
 
 SHIPPED = Path(__file__).resolve().parents[2] / "assets" / "bundled" / "features"
+
+
+def shared_store(caches: ModelCaches, kind: str = "features", shipped: Path | None = SHIPPED) -> "FeatureStore":
+    """The store of `kind` that every model of `caches` shares, made there once: an engine's caches
+    hold the app's (the shipped dictionaries, and those trained here in the engine's disk cache); a
+    model loaded in code has caches of its own, with a store in the default disk cache. What every
+    call without a store uses (`shared_store(lm.caches)`)."""
+    return caches.shared(kind, lambda: FeatureStore(shipped=shipped, cache=caches.disk, kind=kind))
 
 
 class FeatureStore:

@@ -2,9 +2,10 @@
 switched off or turned up in fill-mask, the features behind a prediction, two uses of a word
 contrasted (a dictionary's quality: `quality_views`; what a fine-tune changed: `drift`).
 
-Every function takes a `LoadedModel` and finds its dictionary in a `FeatureStore` (the default
-one when none is given); hidden states come from the anatomy's splice point (`forward.splice`),
-never from a family's modules. A layer is counted as the rest of the page counts: 0 is the
+Every function takes a `LoadedModel` and finds its dictionary in a `FeatureStore` (when none is
+given, the one its caches hold: `store.shared_store`, an engine's for the models it loaded);
+hidden states come from the anatomy's splice point (`forward.splice`), never from a family's
+modules. A layer is counted as the rest of the page counts: 0 is the
 embeddings, N the N-th layer's output. Every view reads and edits the positions the dictionary was
 trained on and only those (`data.kept_positions`): at [CLS], [SEP] and padding no feature is
 read, and the hidden state passes through untouched.
@@ -22,7 +23,7 @@ from ..views.fillmask import DEFAULT_MAX_MASKS, encode, prediction
 from .data import kept_positions, point_of
 from .dictionary import Dictionary
 from .quality import logits_at
-from .store import FeatureStore
+from .store import FeatureStore, shared_store
 
 MAX_SCALE = 10.0  # a feature's contribution times at most this (0 = off, 1 = as it is)
 MAX_ADD = 10.0  # added where it did not fire: at most this many times its mean activation
@@ -35,21 +36,20 @@ EFFECT_CONTEXTS = ("The [MASK] was on the table.", "She said that [MASK] would c
                    "It was a very [MASK] day.", "They went to the [MASK] after school.",
                    "He [MASK] the door and left.", "I think the [MASK] is right.",
                    "We saw [MASK] in the park.", "The old man [MASK] slowly.")
-_STORE: FeatureStore | None = None
 
 
-def default_store() -> FeatureStore:
-    """The store every call without one uses (shipped dictionaries, the default cache folder)."""
-    global _STORE
-    if _STORE is None:
-        _STORE = FeatureStore()
-    return _STORE
+def default_store(lm: LoadedModel | None = None) -> FeatureStore:
+    """The store a call without one uses: the one `lm`'s caches hold (`store.shared_store`: an
+    engine's for the models it loaded, else the model's own). Without `lm`, a store of the default
+    disk cache made now (the same dictionaries; none kept loaded between calls): pass the model."""
+    return shared_store(lm.caches) if lm is not None else FeatureStore()
 
 
 def load_features(lm: LoadedModel, layer: int, store: FeatureStore | None = None) -> Dictionary:
-    """`lm`'s dictionary of `layer`; ValueError saying how to get one when it has none."""
+    """`lm`'s dictionary of `layer` in `store` (default the one its caches hold, `shared_store`);
+    ValueError saying how to get one when it has none."""
     layer = splice.check_layer(lm.model, layer)
-    found = (store or default_store()).get(lm, layer)
+    found = (store or shared_store(lm.caches)).get(lm, layer)
     if found is None:
         raise validate.InputError("layer", f"{lm.name} has no feature dictionary for layer {layer} yet: "
                                            f"train one (Features tab, 'Train features for layer {layer}', "

@@ -22,14 +22,19 @@ class ModelCaches:
     - `set_onnx(model, encoder)` / `onnx_for(model)`: its ONNX Runtime forward
       (`onnx_engine.OnnxMaskedLM`), only while it computes the model as it is now;
     - `digest(model)`: its weights digest (`digest.weights_digest`), remembered while none of its
-      weights changes in place (an optimizer step bumps a tensor's version).
+      weights changes in place (an optimizer step bumps a tensor's version);
+    - `shared(name, make)`: what every model of these caches shares, made once: the feature and
+      transcoder stores (`features.store.shared_store`), in `disk`, the holder's disk cache.
 
-    An `engine.Engine` holds one for every model it serves; a model made in code gets its own.
+    An `engine.Engine` holds one for every model it serves (its `disk` the engine's); a model made in
+    code gets its own (`disk` None: the default disk cache).
     """
 
-    def __init__(self, recent: int = 256):
+    def __init__(self, recent: int = 256, disk=None):
         self.packed = lean_forward.PackedWeights()
         self.recent = recent
+        self.disk = disk  # a `disk.DiskCache`: the engine's; None, the default one
+        self._shared: dict[str, object] = {}
         self._twins: "weakref.WeakKeyDictionary[torch.nn.Module, torch.nn.Module]" = weakref.WeakKeyDictionary()
         self._results: "weakref.WeakKeyDictionary[torch.nn.Module, OrderedDict]" = weakref.WeakKeyDictionary()
         self._onnx: "weakref.WeakKeyDictionary[torch.nn.Module, object]" = weakref.WeakKeyDictionary()
@@ -57,6 +62,14 @@ class ModelCaches:
         with self._lock:
             self._digests[model] = (now, value)
         return value
+
+    def shared(self, name: str, make: Callable[[], object]):
+        """`make()`, made once for every model of these caches (under a lock: concurrent first
+        callers share one)."""
+        with self._lock:
+            if name not in self._shared:
+                self._shared[name] = make()
+            return self._shared[name]
 
     def twin(self, model: torch.nn.Module, make: Callable[[torch.nn.Module], torch.nn.Module]):
         """`make(model)`, made once per model (under a lock: concurrent first callers share one)."""

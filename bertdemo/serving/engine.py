@@ -12,7 +12,9 @@ What it holds:
 - the loaded models: one `LoadedModel` per (name, device, pickle, precision), and one per name
   the page shows for it (so the micro-batcher groups every visitor's requests to it);
 - `caches` (`caches.ModelCaches`), shared by every model it loads and by the models tuned from
-  them: weights packed for oneDNN, eager-attention twins, the joint fill's first steps;
+  them: weights packed for oneDNN, eager-attention twins, the joint fill's first steps, the
+  weights digests, and the feature and transcoder stores (`features.store.shared_store`: the
+  dictionaries every visitor is offered, those trained here in `disk`);
 - `disk` (`disk.DiskCache`): the caches on disk under one folder and one budget (the search's
   indexes, the ONNX exports, the feature dictionaries, the examples' results); a start removes
   what a killed process left half written there;
@@ -66,7 +68,7 @@ class Engine:
         folder and budget of $BERTDEMO_CACHE_DIR and $BERTDEMO_CACHE_MB)."""
         self.disk = disk if disk is not None else disk_cache.DiskCache()
         self.disk.remove_leftovers()
-        self.caches = ModelCaches()
+        self.caches = ModelCaches(disk=self.disk)
         self.compute = ComputeThread()  # the forwards it runs, on one thread (`compute`)
         self.batcher = MicroBatcher(max_batch=max_batch, compute=self.compute)
         self.search = corpus_search.IndexCache(cache=self.disk)

@@ -40,7 +40,7 @@ class AppContext:
     settings: Settings
     engine: Engine  # built by whoever composes the app (app.py, `standalone_demo`, a test)
     queue: QueueWatch = field(default_factory=QueueWatch)
-    features: "FeatureStore | None" = None  # the feature dictionaries offered (None: the service's default store)
+    features: "FeatureStore | None" = None  # the feature dictionaries offered (None: the engine's, `shared_store`)
 
     def visitor(self, request: gr.Request | None) -> "Visitor":
         return Visitor(self.store, self.settings, session_id(request), self.engine, self.queue, self.features)
@@ -55,7 +55,7 @@ class Visitor:
     session: str | None
     engine: Engine  # the app's (a test passes its own)
     queue: QueueWatch | None = None  # None: no queue to ask (a handler called directly)
-    features: "FeatureStore | None" = None  # the app's feature dictionaries (None: the service's default store)
+    features: "FeatureStore | None" = None  # the app's feature dictionaries (None: the engine's, `shared_store`)
 
     @property
     def lm(self) -> LoadedModel:

@@ -22,7 +22,7 @@ from ...config import Settings
 from ...features import drift, making, quality_views
 from ...features import views as features
 from ...features.run import FeatureProgress, FeaturesRequest
-from ...features.store import FeatureStore
+from ...features.store import FeatureStore, shared_store
 from ...forward import splice
 from ...model.loading import LoadedModel
 from ...training import export
@@ -490,8 +490,8 @@ def _layer_count(ctx: AppContext) -> int:
 
 
 def _store(holder) -> FeatureStore:
-    """The app's feature store (a Visitor's or the AppContext's), else the service's default."""
-    return holder.features if holder.features is not None else features.default_store()
+    """The app's feature store (a Visitor's or the AppContext's), else the one its engine holds."""
+    return holder.features if holder.features is not None else shared_store(holder.engine.caches)
 
 
 def _public(quality: dict) -> dict:
