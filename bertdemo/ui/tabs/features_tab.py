@@ -101,19 +101,19 @@ def on_layer(visitor: Visitor, layer):
     return availability(visitor.lm, _store(visitor), layer), button
 
 
-def on_sentence_features(visitor: Visitor, sentence, layer, top):
+def on_sentence_features(visitor: Visitor, sentence, layer, top_features):
     """Each token's strongest sparse-autoencoder features at one layer, and a token x feature grid.
 
     Args:
         sentence: any text, e.g. "I sat on the river bank."; at most the model's length (512 tokens for BERT).
         layer: 0 = the embeddings, N = the N-th layer's output; the layer needs a feature dictionary (the bundled model ships layers 1 to 6).
-        top: features listed per token, 1 to 50.
+        top_features: features listed per token, 1 to 50.
 
     Returns:
         a tokens x features heatmap (plotly), a table with one row per token and feature (feature, token, position, activation, label), and the raw result {"layer", "tokens", "per_token": [{"position", "token", "features": [{"feature", "activation", "label"}]}], "heatmap": {"features", "labels", "activations"}}.
     """
     lm = visitor.lm
-    result = features.sentence_features(lm, sentence, layer, top, _store(visitor))
+    result = features.sentence_features(lm, sentence, layer, top_features, _store(visitor))
     title = f"Layer {result['layer']} of {lm.name}: each token's strongest features"
     return plots.feature_heatmap(result, title), token_frame(result), result
 
@@ -152,46 +152,47 @@ def on_export_card(visitor: Visitor, layer, feature) -> dict:
     return view_downloads.listed(view_downloads.feature_card_files(card, view_downloads.folder(visitor)))
 
 
-def on_steer(visitor: Visitor, sentence, layer, feature, scale, add, top_k):
+def on_steer(visitor: Visitor, sentence, layer, feature, scale, mean_activations_added, top_k):
     """Fill-mask before and after one feature is scaled where it fires, or added at the [MASK]s
-    where it does not (the dictionary's error term is kept: scale 1 and add 0 change nothing).
+    where it does not (the dictionary's error term is kept: scale 1 and 0 added change nothing).
 
     Args:
         sentence: text with one or more [MASK] (any case), e.g. "The [MASK] was on the table.".
         layer: 0 = the embeddings, N = the N-th layer's output; the layer needs a feature dictionary.
         feature: the feature's number in that layer's dictionary.
         scale: 0 to 10: its contribution times this where it fires (0 = switched off, 1 = unchanged, 2 = doubled).
-        add: 0 to 10: at each [MASK] where it does not fire, this many times its mean activation added.
+        mean_activations_added: 0 to 10: at each [MASK] where it does not fire, this many times its mean
+            activation added.
         top_k: predictions per mask before and after, 1 to 50.
 
     Returns:
         a sentence saying where the feature fires, before/after bars per mask (plotly), and the raw result {"layer", "feature", "label", "scale", "add", "fired": [{"position", "token", "activation"}], "masks": [{"mask", "before", "after", "tokens": [{"token", "token_id", "before", "after"}]}]}.
     """
-    result = features.steer(visitor.lm, sentence, layer, feature, scale, add, top_k, _store(visitor),
+    result = features.steer(visitor.lm, sentence, layer, feature, scale, mean_activations_added, top_k, _store(visitor),
                             max_masks=visitor.settings.max_masks)
     return steer_note(result), plots.steer_bars(result), result
 
 
-def on_prediction_features(visitor: Visitor, sentence, layer, top):
+def on_prediction_features(visitor: Visitor, sentence, layer, top_features):
     """The features at one layer that most lower each [MASK]'s top word when switched off: picked by
     a first-order estimate, then each switched off for real and the drop in log p measured.
 
     Args:
         sentence: text with one or more [MASK] (any case), e.g. "Paris is the [MASK] of France.".
         layer: 0 = the embeddings, N = the N-th layer's output; the layer needs a feature dictionary.
-        top: features listed per mask, 1 to 50.
+        top_features: features listed per mask, 1 to 50.
 
     Returns:
         a table (feature, mask, word, rank, measured drop in log p, first-order estimate, label) and the raw result {"layer", "masks": [{"mask", "word", "token_id", "log_prob", "features": [{"feature", "label", "drop", "estimate", "activation"}]}]}.
     """
-    top = validate.whole_number(top, "number of features", 1, features.MAX_TOP, field="top")
+    top = validate.whole_number(top_features, "number of features", 1, features.MAX_TOP, field="top_features")
     candidates = min(features.MAX_CANDIDATES, max(20, 2 * top))  # measured, of which `top` are shown
     result = features.prediction_features(visitor.lm, sentence, layer, top, candidates, _store(visitor),
                                           max_masks=visitor.settings.max_masks)
     return prediction_frame(result), result
 
 
-def on_contrast(visitor: Visitor, texts_a, texts_b, word, layer, top):
+def on_contrast(visitor: Visitor, texts_a, texts_b, word, layer, top_features):
     """The features that tell two uses of a word apart: for each, the share of each list's
     occurrences of the word it fires on.
 
@@ -200,12 +201,12 @@ def on_contrast(visitor: Visitor, texts_a, texts_b, word, layer, top):
         texts_b: sentences using it the other way, one per line.
         word: the word both lists use, e.g. "bank".
         layer: 0 = the embeddings, N = the N-th layer's output; the layer needs a feature dictionary.
-        top: features listed per list, 1 to 50.
+        top_features: features listed per list, 1 to 50.
 
     Returns:
         a summary line, list A's features and list B's (tables: feature, shares, separation, label).
     """
-    result = features.contrast_features(visitor.lm, texts_a, texts_b, word, layer, top, _store(visitor))
+    result = features.contrast_features(visitor.lm, texts_a, texts_b, word, layer, top_features, _store(visitor))
     count = result["occurrences"]
     note = (f"'{_markdown(result['word'])}' at layer {result['layer']}: {count['a']} occurrence(s) in list A, "
             f"{count['b']} in list B. Separation = share of A's occurrences it fires on − share of B's.")
@@ -234,7 +235,7 @@ def quality_notes(rows) -> str:
                         for row in rows or [] if isinstance(row, dict) and "layer" in row)
 
 
-def on_tuning_drift(visitor: Visitor, text, layer, top, sort_by):
+def on_tuning_drift(visitor: Visitor, text, layer, top_features, sort_by):
     """What your fine-tune changed at one layer, through the base model's dictionary: which features
     fire more or less often, or more or less strongly, on the text, and how well the base dictionary
     still explains the tuned model's layer (FVU).
@@ -243,7 +244,7 @@ def on_tuning_drift(visitor: Visitor, text, layer, top, sort_by):
         text: sentences to compare on, one per line; empty: the text your last fine-tune trained on
             (else the default corpus).
         layer: 0 = the embeddings, N = the N-th layer's output; the base model needs a dictionary there.
-        top: features listed, 1 to 50.
+        top_features: features listed, 1 to 50.
         sort_by: "share" (the change of firing share) or "activation" (the change of mean activation
             where it fires): the features that changed most by that column, largest first.
 
@@ -258,7 +259,7 @@ def on_tuning_drift(visitor: Visitor, text, layer, top, sort_by):
     if not (isinstance(text, str) and text.strip()):
         last = visitor.store.result(visitor.session, export.LAST_RUN)
         text = last.text if last is not None else None
-    result = drift.tuning_drift(base, tuned, text if text else making.default_texts(), layer, top,
+    result = drift.tuning_drift(base, tuned, text if text else making.default_texts(), layer, top_features,
                                 _store(visitor), sort_by)
     fvu = result["fvu"]
     note = (f"Layer {result['layer']}, {result['tokens']:,} tokens: the base model's dictionary leaves "
@@ -269,11 +270,11 @@ def on_tuning_drift(visitor: Visitor, text, layer, top, sort_by):
     return note, drift_frame(result)
 
 
-def on_drift_sort(visitor: Visitor, text, layer, top, sort_by):
+def on_drift_sort(visitor: Visitor, text, layer, top_features, sort_by):
     """The drift table again, sorted by the change just picked; nothing before a fine-tune."""
     if visitor.store.tuned(visitor.session) is None:
         return gr.skip(), gr.skip()
-    return on_tuning_drift(visitor, text, layer, top, sort_by)
+    return on_tuning_drift(visitor, text, layer, top_features, sort_by)
 
 
 # ---------------------------------------------------------------- handlers: the run
