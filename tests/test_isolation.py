@@ -221,9 +221,9 @@ def test_past_its_size_the_queue_refuses_politely_and_the_server_stays_up(limite
 
 def test_the_first_viewers_at_once_each_get_the_complete_offline_scripts(monkeypatch):
     """The soak found it: the scripts' data: URLs were cached one by one, so a viewer arriving
-    while the first was still filling the cache found it half full and got an error."""
+    while the first was still filling the cache found it half full and got an error (they are now
+    read for each view, and no module keeps them)."""
     attention = sys.modules["bertdemo.views.attention_views"]  # the package's `attention` is the function
-    attention.data_urls.cache_clear()  # as when the server starts
     start, got = threading.Barrier(8), []
 
     def first_view():
