@@ -11,6 +11,7 @@ import pytest
 import bertdemo
 from bertdemo.circuits import attribution, heads
 from bertdemo.config import Settings
+from bertdemo.disk import DiskCache
 from bertdemo.sessions import SessionStore
 from bertdemo.ui.parts import links
 from bertdemo.ui.parts.context import AppContext, Visitor, handler
@@ -164,17 +165,13 @@ def test_an_unknown_node_and_a_model_without_transcoders_are_refused_in_words(vi
         handler(ctx, tab.on_intervene)(SENTENCE, 1, "", "9_9_9", 0, "", request=None)
     with pytest.raises(gr.Error, match="No node"):
         handler(ctx, tab.on_node)(SENTENCE, 1, "", 0.8, 0.98, "9_9_9", request=None)
-    monkeypatch.undo()  # the real door, to a store where this model has no transcoders (another test may
-    # have trained some for the same tiny model in the session's default store)
-    from bertdemo.circuits.transcoders import KIND, FeatureStore
-    from bertdemo.runs import kinds
-
-    empty = FeatureStore(tmp_path / "transcoders", shipped=None, kind=KIND)
-    monkeypatch.setattr(kinds, "default_store", lambda: empty)
+    monkeypatch.undo()  # the real door, to an engine whose disk cache has no transcoders (another test may
+    # have trained some for the same tiny model in the session's default disk cache)
+    ctx = AppContext(visitor.store, visitor.settings, bertdemo.Engine(disk=DiskCache(tmp_path)))
     with caplog.at_level(logging.INFO, logger="bertdemo"), pytest.raises(gr.Error, match="has no transcoders"):
         handler(ctx, tab.on_graph)(SENTENCE, 1, "", 0.8, 0.98, request=None)
     assert [r.levelno for r in caplog.records if r.name == "bertdemo"] == [logging.INFO]
-    assert "has no transcoders" in tab.availability(visitor, "s1")
+    assert "has no transcoders" in tab.availability(ctx, "s1")
 
 
 def test_a_link_to_the_view_round_trips(tiny_bert_dir, coders, monkeypatch):

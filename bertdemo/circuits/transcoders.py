@@ -30,45 +30,33 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from .. import disk
 from ..features import dictionary as files
 from ..features import making
 from ..features.data import FEED_FORWARD, Lines
 from ..features.dictionary import Dictionary
 from ..features.quality import logits_at, masked_batches, replacement
-from ..features.store import FeatureStore
+from ..features.store import FeatureStore, shared_store
 from ..features.training import FeatureHistory, FeatureSettings
 from ..forward import mlp_points
+from ..model.caches import ModelCaches
 from ..model.loading import LoadedModel
 
 KIND = "transcoders"  # the disk cache's kind
 SHIPPED = Path(__file__).resolve().parents[2] / "assets" / "bundled" / "transcoders"
 # 8 x the hidden size latents, k = 32, as the dictionaries; the skip path measured better (docs/features.md#transcoders).
 SETTINGS = FeatureSettings(skip_connection=True)
-_STORE: FeatureStore | None = None
-_APP_STORES: dict[int, tuple[disk.DiskCache, FeatureStore]] = {}
 
 
-def default_store() -> FeatureStore:
-    """The store every call without one uses: the shipped transcoders, the default disk cache."""
-    global _STORE
-    if _STORE is None:
-        _STORE = FeatureStore(shipped=SHIPPED, kind=KIND)
-    return _STORE
-
-
-def app_store(cache: disk.DiskCache) -> FeatureStore:
-    """The app's one store of transcoders in the server's disk cache `cache` (an engine's), made once
-    per cache: the shipped ones, and those trained here within the one disk budget."""
-    known = _APP_STORES.get(id(cache))
-    if known is None or known[0] is not cache:
-        known = _APP_STORES[id(cache)] = (cache, FeatureStore(cache=cache, shipped=SHIPPED, kind=KIND))
-    return known[1]
+def store_of(caches: ModelCaches) -> FeatureStore:
+    """The transcoders every model of `caches` is offered (`features.store.shared_store`, of kind
+    "transcoders"): an engine's caches hold the app's (the shipped ones, and those trained here in the
+    engine's disk cache); a model loaded in code has its own, in the default disk cache."""
+    return shared_store(caches, KIND, SHIPPED)
 
 
 def transcoders_for(lm: LoadedModel, store: FeatureStore | None = None) -> dict[int, Dictionary]:
     """{layer: transcoder} for every layer of `lm` that has one (shipped or trained here), {} when none."""
-    store = store or default_store()
+    store = store or store_of(lm.caches)
     found = {layer: store.get(lm, layer) for layer in store.layers(lm)}
     return {layer: transcoder for layer, transcoder in found.items() if transcoder is not None}
 
@@ -83,7 +71,7 @@ def train_transcoders(lm: LoadedModel, layers: list[int] | None = None, texts: l
     has one (trained now or kept before), each record's quality also says what replacing all of
     them at once does (`replaced_quality`). `resume`: go on from the store's. Returns ({layer:
     transcoder}, empty when a stopped run is not kept; the history)."""
-    store = store or default_store()
+    store = store or store_of(lm.caches)
     count = mlp_points.check(lm.model, "Transcoders")
     layers = list(range(1, count + 1)) if layers is None else [FEED_FORWARD.check_layer(lm.model, l) for l in layers]
     done, history, held_out = making.made(lm, layers, texts, settings, store=store, point=FEED_FORWARD,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ..circuits.transcoder_run import TranscodersPlan, TranscodersRequest, run_transcoders
-from ..circuits.transcoders import KIND as TRANSCODERS, app_store, default_store
+from ..circuits.transcoders import store_of
 from ..features.run import FeaturesPlan, FeaturesRequest, run_features
 from ..training import export
 from ..training.classification import ClassifierForm, run_adaptation, run_classifier
@@ -66,15 +66,10 @@ def keep_features(caller, plan: FeaturesPlan, result) -> Kept:
 
 def transcoder_store(caller):
     """The app's transcoders: the caller's own store where it has one (`caller.transcoders`), else
-    the one in the disk cache of its feature dictionaries (one budget) when that cache keeps
-    transcoders too (a server's does; a store of one kind made in code does not), else the default."""
+    the one its engine holds (`transcoders.store_of`: the shipped ones, and those trained here in the
+    engine's disk cache, within its one budget)."""
     own = getattr(caller, "transcoders", None)
-    if own is not None:
-        return own
-    features = getattr(caller, "features", None)
-    if features is not None and TRANSCODERS in features.cache.folders:
-        return app_store(features.cache)
-    return default_store()
+    return own if own is not None else store_of(caller.engine.caches)
 
 
 def check_transcoders(caller, request: TranscodersRequest) -> TranscodersPlan:
