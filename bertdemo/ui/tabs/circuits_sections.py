@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import gradio as gr
-import pandas as pd
 
 from ...config import Limits
 from ..parts import view_downloads
+from ..parts.common import empty_table
 
 SENTENCE = "Paris is the [MASK] of France."
 EXAMPLES = [[SENTENCE, 1, ""], [SENTENCE, 1, "capital vs city"],
@@ -18,11 +18,6 @@ NODE_COLUMNS = ("id", "kind", "layer", "token", "label", "influence")
 HEAD_COLUMNS = ("head", "part of the edge", "share")
 WORD_COLUMNS = ("word", "p before", "p after", "logit change", "as the graph predicted",
                 "as the model's slope predicts")
-
-
-def empty(columns) -> pd.DataFrame:
-    """A table with its headers and no rows."""
-    return pd.DataFrame(columns=list(columns))
 
 
 @dataclass
@@ -124,8 +119,8 @@ def graph_section() -> tuple[Drawn, Card]:
     scores = gr.Markdown(elem_id="circuit-scores")
     with gr.Row(equal_height=False):
         with gr.Column(scale=1):
-            nodes = gr.Dataframe(empty(NODE_COLUMNS), label="The most influential nodes (click a row for its card)",
-                                 interactive=False, wrap=True, max_height=520, elem_id="circuit-nodes",
+            nodes = gr.Dataframe(empty_table(NODE_COLUMNS),
+                                 label="The most influential nodes (click a row for its card)", interactive=False, wrap=True, max_height=520, elem_id="circuit-nodes",
                                  column_widths=["17%", "13%", "10%", "20%", "25%", "15%"])
         with gr.Column(scale=1):
             card = _card()
@@ -144,7 +139,7 @@ def _card() -> Card:
     summary = gr.HTML("<p>Click a node of the graph, or a row of the table, for its card.</p>", elem_id="circuit-card")
     effects = gr.Plot(label="What the feature does to the prediction at a [MASK]", visible=False)
     heads_note = gr.Markdown(elem_id="circuit-heads-note")
-    heads = gr.Dataframe(empty(HEAD_COLUMNS), label="The attention heads that carry that edge", interactive=False,
+    heads = gr.Dataframe(empty_table(HEAD_COLUMNS), label="The attention heads that carry that edge", interactive=False,
                          elem_id="circuit-heads")
     return Card(node, open_card, add, summary, effects, heads_note, heads)
 
@@ -165,7 +160,7 @@ def intervention_section() -> Intervention:
     note = gr.Markdown(elem_id="circuit-intervention-note")
     with gr.Row():
         bars = gr.Plot(label="The graph's words: probability before and after")
-        words = gr.Dataframe(empty(WORD_COLUMNS), label="Measured in the model beside the graph's prediction",
+        words = gr.Dataframe(empty_table(WORD_COLUMNS), label="Measured in the model beside the graph's prediction",
                              interactive=False, elem_id="circuit-intervention")
     gr.Markdown("Logit changes. *As the graph predicted*: through the frozen graph, every other feature "
                 "following linearly. *As the model's slope predicts*: the same nodes' parts times the real "

@@ -28,6 +28,7 @@ from ...model.loading import LoadedModel
 from ...plots import shown_token
 from . import circuits_sections as sections
 from ..parts import live_run, view_downloads
+from ..parts.common import empty_table
 from ..parts.context import AppContext, Visitor, handler, standalone_demo
 from ..parts.model_line import model_line
 
@@ -210,7 +211,7 @@ def on_node(visitor: Visitor, sentence, mask_number, target, node_threshold, edg
     if source is None:
         why = ("A token node has no incoming edge." if found["kind"] == "token"
                else "No kept edge comes into it from another position.")
-        return summary, effects, why, sections.empty(sections.HEAD_COLUMNS)
+        return summary, effects, why, empty_table(sections.HEAD_COLUMNS)
     split = heads.edge_heads(visitor.lm, graph, source, found["id"], transcoders=transcoders(visitor, visitor.lm))
     return summary, effects, heads_words(graph, split), head_frame(split)
 
