@@ -667,3 +667,22 @@ def feature_curves(steps: list) -> go.Figure:
     fig.update_layout(height=360, margin=dict(l=10, r=10, t=40, b=10),
                       legend=dict(orientation="h", x=1, xanchor="right", y=1.02, yanchor="bottom"))
     return fig
+
+def feature_map(result: dict) -> go.Figure:
+    """A layer's features as points (`features.feature_map.feature_map`): placed by their decoder
+    directions, coloured by `result["colour"]`; hover: the feature, its label and firings. Each
+    point's customdata is its feature number (a click opens its card)."""
+    method = {"umap": "UMAP", "pca": "PCA"}.get(result["method"], result["method"])
+    firings = result["firings"]
+    fig = go.Figure(go.Scatter(  # SVG: 3,072 points draw in well under a second, and each is clickable
+        x=result["x"], y=result["y"], mode="markers", customdata=result["features"],
+        text=[f"{_plotly_text(name)}<br>{count:,} firings" for name, count in zip(result["labels"], firings)],
+        marker=dict(size=6, color=result["colour"]["values"], colorscale="Viridis", opacity=0.8,
+                    colorbar=dict(title=result["colour"]["name"])),
+        hovertemplate="feature %{customdata}: %{text}<extra></extra>"))
+    fig.update_layout(title=f"Layer {result['layer']}: its {len(result['features']):,} features by the direction "
+                            f"each writes ({method} of the decoder rows); click one for its card",
+                      height=560, margin=dict(l=10, r=10, t=50, b=10), hovermode="closest", dragmode="pan",
+                      xaxis=dict(showticklabels=False, zeroline=False, title=f"{method} 1"),
+                      yaxis=dict(showticklabels=False, zeroline=False, title=f"{method} 2"))
+    return fig

@@ -262,7 +262,7 @@ def test_a_link_to_the_features_tab_sets_the_sentence_the_layer_and_the_cards_fe
     endpoints = {fn.api_name: fn for fn in demo.fns.values() if getattr(fn, "api_name", None)}
     pairs = links._unique([links.Links._inputs(endpoints[name])
                            for name in ("sentence_features", *links.ALSO["features"])])
-    assert [name for name, _ in pairs] == ["sentence", "layer", "top_features", "feature"]
+    assert [name for name, _ in pairs] == ["sentence", "layer", "top_features", "feature", "query", "by"]
     controls = {"features": [links.control_of(name, component) for name, component in pairs]}
     link = links.parse_link({"tab": "features", "sentence": "a <b>cat</b>", "layer": "1", "feature": "7"},
                             controls, ["a"])

@@ -14,7 +14,8 @@ SENTENCE = "Paris is the [MASK] of France."
 EXPECTED_TOOLS = {"fill_mask", "fill_jointly", "score_candidates", "sentence_score", "mask_sample",
                   "layer_predictions", "saliency", "neuron_view", "head_importance", "embedding_map",
                   "search_corpus", "sentence_features", "feature_card", "steer_feature", "prediction_features",
-                  "feature_quality", "circuit_graph", "circuit_intervene", "circuit_json"}
+                  "feature_quality", "find_features", "similar_features", "feature_map", "circuit_graph",
+                  "circuit_intervene", "circuit_json"}
 
 
 def test_mcp_is_off_by_default_on_with_the_env_var_and_in_a_space():

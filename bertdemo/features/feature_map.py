@@ -82,7 +82,7 @@ def feature_map(lm: LoadedModel, layer: int, store: FeatureStore | None = None, 
     Returns {"layer", "method", "cached": whether the layout was read from the disk cache, "features",
     "x", "y", "density", "firings": each feature's firings in the statistics, "labels", "colour":
     {"name": "label score" or "density (log10)", "values"}, "statistics_tokens"}."""
-    store = store or default_store()
+    store = store or default_store(lm)
     dictionary = load_features(lm, layer, store)
     method = method or ("umap" if umap_installed() else "pca")
     xy, cached = kept_layout(lm, dictionary, store, method)

@@ -137,7 +137,7 @@ def keep(store: FeatureStore, entry: Path, name: str, arrays: dict[str, np.ndarr
     when another request wrote it meanwhile, theirs stays."""
     staging = store.cache.temporary(store.kind, entry.name, inside=entry.parent)
     try:
-        save_file(arrays, str(staging / name), metadata=metadata)
+        save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(staging / name), metadata=metadata)
         for path in (staging / name, staging):
             path.chmod(0o644 if path.is_file() else 0o755)
         try:
@@ -208,7 +208,7 @@ def features_for_word(lm: LoadedModel, word: str, layer: int, top: int = 10,
     {"tokens", "lines"}, "min_firings", "features": [{"feature", "lift", "firings": on the word,
     "word_share": firings / occurrences, "feature_share": share of its firings that are on the
     word, "label"}] largest lift first}."""
-    store = store or default_store()
+    store = store or default_store(lm)
     dictionary = load_features(lm, layer, store)
     top = validate.whole_number(top, "number of features", 1, MAX_TOP, field="top")
     token, token_id = word_token(lm, word)

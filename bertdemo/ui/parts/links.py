@@ -4,7 +4,7 @@ a link for what it shows now.
 
 `tab` is the tab's title in lowercase with hyphens; the other parameters are the names of the tab's
 main endpoint (its API's, e.g. `sentence`, `top_k`, `layer`, `head`, `heatmap`, `mask_number`; the
-Features tab's also its card's `feature`), plus `model` where the model picker offers that model.
+Features tab's also its card's `feature` and its search's `query` and `by`), plus `model` where the model picker offers that model.
 Opening a link fills the tab's controls and runs its main view once, except where that view is a
 training run (Fine-tune, Classify): a link fills their form and the visitor starts the run. A
 value that is unknown, out of range or not of the control's kind falls back to the control's
@@ -37,7 +37,7 @@ TABS = {
     "inside-a-prediction": ("layer_predictions", True),
     "embeddings": ("embedding_map", True),
     "corpus-search": ("search_corpus", True),
-    "features": ("sentence_features", True),  # its event goes on to draw the card of `feature`
+    "features": ("sentence_features", True),  # its event goes on to the card of `feature`, the search of `query`
     "circuits": ("circuit_graph", True),  # its event goes on to apply the intervention of `nodes`
     "mask-sampling": ("mask_sample", True),
     "fine-tune": ("finetune", False),  # a training run: the link fills the form only
@@ -45,7 +45,7 @@ TABS = {
     "about": (None, False),
 }
 # tab -> other endpoints whose parameters a link also sets (the main view's event draws them)
-ALSO = {"features": ("feature_card",), "circuits": ("circuit_intervene",)}
+ALSO = {"features": ("feature_card", "find_features"), "circuits": ("circuit_intervene",)}
 MAX_TEXT = 5_000  # characters of one text value in a link (a longer one falls back to the default)
 # Run the linked tab's main view: click its button once the tab is drawn (a tab's content is
 # drawn when it is first selected, after the load event that selects it has returned).

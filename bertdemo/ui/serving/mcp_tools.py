@@ -38,6 +38,9 @@ TOOLS = {
     "prediction_features": "the features at one layer whose removal most lowers each [MASK]'s top word",
     "feature_quality": "how far to trust each layer's feature dictionary: what replacing the layer by it costs "
                        "(cross-entropy added, perplexity ratio, KL), then FVU, dead, L0, loss recovered",
+    "find_features": "a layer's features found by a word (those that fire on it most, by lift) or by label text",
+    "similar_features": "the features of a layer whose decoder directions are nearest one feature's (cosine)",
+    "feature_map": "every feature of a layer on a 2-D map (UMAP of the decoder directions), coloured by density",
     "circuit_graph": "the attribution graph of a [MASK]'s prediction: transcoder features, their edges, its scores",
     "circuit_intervene": "graph nodes switched off or turned up in the real model, beside the graph's prediction",
     "circuit_json": "the attribution graph as circuit-tracer's graph file (its viewer and Neuronpedia read it)",

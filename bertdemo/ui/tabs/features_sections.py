@@ -20,6 +20,9 @@ TOKEN_COLUMNS = ("feature", "token", "position", "activation", "label")
 COFIRING_COLUMNS = ("feature", "fires with it (share)", "label")
 PREDICTION_COLUMNS = ("feature", "mask", "word", "rank", "measured drop in log p", "first-order estimate", "label")
 CONTRAST_COLUMNS = ("feature", "share of list A", "share of list B", "separation", "label")
+WORD_COLUMNS = ("feature", "lift", "fires on the word", "of its firings on the word", "label")
+LABEL_COLUMNS = ("feature", "fires on (share of tokens)", "label")
+SIMILAR_COLUMNS = ("feature", "cosine", "label")
 QUALITY_COLUMNS = ("layer", "cross-entropy added (nats)", "perplexity ratio", "KL (nats)", "FVU", "FVU 95% interval",
                    "dead (in tokens)", "L0", "loss recovered (zero)", "loss recovered (mean)", "held-out tokens",
                    "features", "k", "cross-entropy clean", "spliced", "zero-ablated", "mean-ablated",
@@ -53,13 +56,15 @@ def sentence_section():
 
 @dataclass
 class Card:
-    """The card's components: its outputs in the order `on_feature_card` returns them."""
+    """The card's components: its outputs in the order `on_feature_card` returns them, and the similar
+    features (filled whenever a card is drawn)."""
 
     summary: gr.Markdown
     histogram: gr.Plot
     contexts: gr.HTML
     effects: gr.Plot
     cofiring: gr.Dataframe
+    similar: gr.Dataframe
     raw: gr.JSON
 
     @property
@@ -72,17 +77,63 @@ def card_section(default: int):
     with gr.Row():
         feature = gr.Number(label="Feature", value=default, precision=0, minimum=0, scale=1, elem_id="features-feature",
                             info="Its number in the layer's dictionary; or click a row of any table here.")
-        button = gr.Button("Open the card", variant="primary", scale=1)
+        button = gr.Button("Open the card", variant="primary", scale=1, elem_id="features-open-card")
     summary = gr.Markdown(elem_id="feature-summary")
     with gr.Row():
         histogram = gr.Plot(label="How strongly it fires")
         effects = gr.Plot(label="What it does to the prediction at a [MASK]")
     contexts = gr.HTML(elem_id="feature-contexts")
-    cofiring = _table(COFIRING_COLUMNS, "Features that fire with it most", "feature-cofiring")
+    with gr.Row():
+        cofiring = _table(COFIRING_COLUMNS, "Features that fire with it most", "feature-cofiring")
+        similar = _table(SIMILAR_COLUMNS, "Similar features: the nearest decoder directions (cosine)",
+                         "feature-similar")
     with gr.Accordion("Raw card (JSON)", open=False):
         raw = gr.JSON()
     export = view_downloads.controls("the feature card")
-    return feature, button, Card(summary, histogram, contexts, effects, cofiring, raw), export
+    return feature, button, Card(summary, histogram, contexts, effects, cofiring, similar, raw), export
+
+
+@dataclass
+class Finder:
+    """The "Find a feature" section: a search by word or label text, and the layer's map."""
+
+    query: gr.Textbox
+    by: gr.Radio
+    top: gr.Slider
+    find: gr.Button
+    note: gr.Markdown
+    table: gr.Dataframe
+    raw: gr.JSON
+    draw: gr.Button
+    map_note: gr.Markdown
+    map: gr.Plot
+
+    @property
+    def outputs(self) -> list:
+        return [self.note, self.table, self.raw]
+
+
+def find_section() -> Finder:
+    gr.Markdown("### Find a feature")
+    with gr.Row():
+        query = gr.Textbox(label="A word, or text of a label", placeholder="e.g. river, bank, capital", scale=3,
+                           elem_id="features-query",
+                           info="By word: the features that fire on it most, by lift (how many times more often "
+                                "the feature fires on the word than the word occurs). By label: the labels that "
+                                "hold the text.")
+        by = gr.Radio([("by word", "word"), ("by label", "label")], value="word", label="Search",
+                      elem_id="features-search-by", scale=1)
+        top = gr.Slider(1, 30, value=10, step=1, label="Features listed", scale=1)
+        find = gr.Button("Find features", variant="primary", scale=1, elem_id="features-find")
+    note = gr.Markdown(elem_id="features-found-note")
+    table = _table(WORD_COLUMNS, "Features found (click a row for its card)", "features-found")
+    with gr.Accordion("Raw search result (JSON)", open=False):
+        raw = gr.JSON()
+    with gr.Row():
+        draw = gr.Button("Draw the map of this layer's features", scale=1, elem_id="features-draw-map")
+        map_note = gr.Markdown(elem_id="features-map-note")
+    plot = gr.Plot(label="The layer's features, placed by the direction each writes", elem_id="features-map")
+    return Finder(query, by, top, find, note, table, raw, draw, map_note, plot)
 
 
 def prediction_section():

@@ -21,6 +21,7 @@ from ... import plots, validate
 from ...config import Settings
 from ...features import drift, making, quality_views
 from ...features import views as features
+from ...features import feature_map as maps, search as finding
 from ...features.run import FeatureProgress, FeaturesRequest
 from ...features.store import FeatureStore, shared_store
 from ...forward import splice
@@ -28,7 +29,7 @@ from ...model.loading import LoadedModel
 from ...training import export
 from ...training.loop import EventLog
 from . import features_sections as sections
-from ..parts import live_run, view_downloads
+from ..parts import live_run, plot_clicks, view_downloads
 from ..parts.common import empty_table
 from ..parts.context import AppContext, Visitor, handler, standalone_demo
 
@@ -49,6 +50,7 @@ def render(ctx: AppContext) -> None:
     line = availability(ctx.store.base, _store(ctx), start)
     layer, available = sections.layer_picker(n_layers, start, line)
     text, top, show, heatmap, tokens, raw = sections.sentence_section()
+    finder = sections.find_section()
     feature, open_card, card, export = sections.card_section(default_feature(ctx, start))
     masked, scale, add, top_k, steer, steered, why_top, why, why_outputs = sections.prediction_section()
     texts_a, texts_b, word, contrast_top, contrast, contrasted = sections.contrast_section()
@@ -61,10 +63,20 @@ def render(ctx: AppContext) -> None:
     show.click(handler(ctx, on_sentence_features), [text, layer, top], [heatmap, tokens, raw],
                api_name="sentence_features", concurrency_id="model").success(  # and the chosen feature's card
         handler(ctx, on_feature_card), [layer, feature], card.outputs, api_visibility="private",
-        concurrency_id="model")
+        concurrency_id="model").success(handler(ctx, on_linked_search), [finder.query, finder.by, layer, finder.top],
+                                        finder.outputs, api_visibility="private", concurrency_id="model")
+    finder.find.click(handler(ctx, on_find_features), [finder.query, finder.by, layer, finder.top], finder.outputs,
+                      api_name="find_features", concurrency_id="model")
+    finder.query.submit(handler(ctx, on_find_features), [finder.query, finder.by, layer, finder.top],
+                        finder.outputs, api_visibility="private", concurrency_id="model")
+    finder.draw.click(handler(ctx, on_feature_map), layer, [finder.map, finder.map_note], api_name="feature_map",
+                      concurrency_id="model").then(None, None, None, js=MAP_CLICKS)
     open_card.click(handler(ctx, on_feature_card), [layer, feature], card.outputs, api_name="feature_card",
                     concurrency_id="model")
-    for table in (tokens, card.cofiring, why_outputs[0], contrasted[1], contrasted[2], drifted[1]):  # a row: its card
+    card.raw.change(handler(ctx, on_similar_features), [layer, feature], card.similar,  # whichever event drew it
+                    api_name="similar_features", concurrency_id="model")
+    for table in (tokens, finder.table, card.cofiring, card.similar, why_outputs[0], contrasted[1], contrasted[2],
+                  drifted[1]):  # a row: its card
         table.select(on_pick_feature, None, feature, api_visibility="private", queue=False).success(
             handler(ctx, on_feature_card), [layer, feature], card.outputs, api_visibility="private",
             concurrency_id="model")
@@ -86,6 +98,11 @@ def render(ctx: AppContext) -> None:
     live_run.wire(ctx, "train_features", train, {"layer": layer, "texts": texts, "keep_partial": keep_partial},
                   [*trained, available, stopping], on_train_features)
     stop.click(handler(ctx, on_stop), None, stopping, api_name="stop_features", queue=False)
+
+
+# A click on a point of the map writes its feature into the card's box and opens the card.
+SIMILAR = 8  # similar features on a card
+MAP_CLICKS = plot_clicks.opener("features-map", "features-feature", "features-open-card")
 
 
 def create_demo(store=None, settings: Settings | None = None) -> gr.Blocks:
@@ -131,6 +148,66 @@ def on_feature_card(visitor: Visitor, layer, feature):
     card = features.feature_card(visitor.lm, layer, feature, _store(visitor))
     return (card_summary(card, visitor.lm.name), plots.feature_histogram(card), contexts_html(card),
             plots.feature_effects(card), cofiring_frame(card), card)
+
+
+def on_similar_features(visitor: Visitor, layer, feature):
+    """The features of a layer whose decoder directions (what each writes into the layer) are nearest
+    one feature's, by cosine: the "similar features" of its card.
+
+    Args:
+        layer: 0 = the embeddings, N = the N-th layer's output; the layer needs a feature dictionary.
+        feature: the feature's number in that layer's dictionary.
+
+    Returns:
+        a table (feature, cosine, label), nearest first.
+    """
+    return similar_frame(finding.similar_features(visitor.lm, layer, feature, SIMILAR, _store(visitor)))
+
+
+def on_find_features(visitor: Visitor, query, by, layer, top_features):
+    """Find features of a layer's dictionary by a word (the features that fire on it most across the
+    corpus, by lift: how many times more often the feature fires on the word than the word occurs)
+    or by the text of their labels.
+
+    Args:
+        query: a word (by word: one word of the model's vocabulary, e.g. "river", or a piece as the vocabulary writes it, e.g. "##ing"), or text a label holds (by label, e.g. "capital").
+        by: "word" or "label".
+        layer: 0 = the embeddings, N = the N-th layer's output; the layer needs a feature dictionary.
+        top_features: features listed, 1 to 50.
+
+    Returns:
+        a line saying what was found (by word: the word's occurrences in the corpus searched; by label: how many labels hold the text, or, with none, that the nearest labels are shown), a table (by word: feature, lift, the share of the word's occurrences it fires on, the share of its firings on the word, label; by label: feature, density, label), and the raw result (by word {"layer", "word", "token", "token_id", "occurrences", "corpus": {"tokens", "lines"}, "min_firings", "features": [{"feature", "lift", "firings", "word_share", "feature_share", "label"}]}; by label {"layer", "text", "matched", "total", "features": [{"feature", "label", "density"}]}).
+    """
+    lm, store = visitor.lm, _store(visitor)
+    if by == "label":
+        result = finding.features_by_label(lm, query, layer, top_features, store)
+        return found_label_note(result), label_frame(result), result
+    if by not in (None, "word"):
+        raise validate.InputError("by", f"Search by 'word' or 'label', got {validate.shown(by)}.")
+    result = finding.features_for_word(lm, query, layer, top_features, store)
+    return found_word_note(result), word_frame(result), result
+
+
+def on_linked_search(visitor: Visitor, query, by, layer, top_features):
+    """The search a link asks for (its `query`), after the link's sentence and card; nothing without one."""
+    if not (isinstance(query, str) and query.strip()):
+        return gr.skip(), gr.skip(), gr.skip()
+    return on_find_features(visitor, query, by, layer, top_features)
+
+
+def on_feature_map(visitor: Visitor, layer):
+    """Every feature of a layer's dictionary as a point on a 2-D map, placed by the direction it writes
+    into the layer (UMAP of the decoder rows' cosine distances, else PCA), coloured by its density (or its
+    label's score where the labels were scored). Its layout is computed once per dictionary and kept.
+
+    Args:
+        layer: 0 = the embeddings, N = the N-th layer's output; the layer needs a feature dictionary.
+
+    Returns:
+        the map (plotly; each point's customdata is its feature number, and a click on it opens its card) and a line saying how it was laid out.
+    """
+    result = maps.feature_map(visitor.lm, layer, _store(visitor))
+    return plots.feature_map(result), map_note(result)
 
 
 def on_pick_feature(evt: gr.SelectData):
@@ -395,6 +472,52 @@ def steer_note(result: dict) -> str:
              if result["add"] else "")
     return (f"Feature {result['feature']} (*{_markdown(result['label'])}*) fires on {where}. Where it fires it is "
             f"{what}{added}.")
+
+
+def found_word_note(result: dict) -> str:
+    corpus = result["corpus"]
+    word = _markdown(result["token"])
+    if not result["features"]:
+        return f"No feature of layer {result['layer']} fires on '{word}' {result['min_firings']} times or more."
+    return (f"'{word}' occurs **{result['occurrences']:,}** times in the {corpus['lines']:,} lines searched "
+            f"({corpus['tokens']:,} tokens). Layer {result['layer']}'s features that fire on it, by **lift**: how "
+            f"many times more often the feature fires on '{word}' than '{word}' occurs (a feature that fires on little "
+            f"else comes first); each fires on it at least {result['min_firings']} time(s)."
+            + (" Few occurrences: read the lift as a first guess." if result["occurrences"] < 10 else ""))
+
+
+def found_label_note(result: dict) -> str:
+    text = _markdown(result["text"])
+    if not result["matched"]:
+        return (f"No label of layer {result['layer']} holds '{text}'. The features whose labels are spelled "
+                "nearest it are listed instead.")
+    return (f"{result['total']:,} label(s) of layer {result['layer']} hold '{text}': those where it is a whole word "
+            "first, the more often firing first.")
+
+
+def map_note(result: dict) -> str:
+    how = ("UMAP of the cosine distances between their decoder rows" if result["method"] == "umap"
+           else "the first two principal components (PCA) of their unit decoder rows")
+    kept = "read from the disk cache" if result["cached"] else "computed now and kept for the next visitor"
+    return (f"Layer {result['layer']}: {len(result['features']):,} features placed by {how} ({kept}); colour: "
+            f"{result['colour']['name']}. Click a point for its card.")
+
+
+def word_frame(result: dict) -> pd.DataFrame:
+    rows = [[f["feature"], f"×{f['lift']:,.0f}" if f["lift"] >= 10 else f"×{f['lift']:.1f}",
+             f"{f['firings']:,} of {result['occurrences']:,} ({f['word_share']:.0%})", f"{f['feature_share']:.1%}",
+             f["label"]] for f in result["features"]]
+    return pd.DataFrame(rows, columns=list(sections.WORD_COLUMNS))
+
+
+def label_frame(result: dict) -> pd.DataFrame:
+    rows = [[f["feature"], f"{f['density']:.3%}", f["label"]] for f in result["features"]]
+    return pd.DataFrame(rows, columns=list(sections.LABEL_COLUMNS))
+
+
+def similar_frame(result: dict) -> pd.DataFrame:
+    rows = [[s["feature"], round(s["cosine"], 3), s["label"]] for s in result["features"]]
+    return pd.DataFrame(rows, columns=list(sections.SIMILAR_COLUMNS))
 
 
 def token_frame(result: dict) -> pd.DataFrame:
