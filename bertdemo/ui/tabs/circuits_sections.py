@@ -120,7 +120,8 @@ def graph_section() -> tuple[Drawn, Card]:
     with gr.Row(equal_height=False):
         with gr.Column(scale=1):
             nodes = gr.Dataframe(empty_table(NODE_COLUMNS),
-                                 label="The most influential nodes (click a row for its card)", interactive=False, wrap=True, max_height=520, elem_id="circuit-nodes",
+                                 label="The most influential nodes (click a row for its card)", interactive=False,
+                                 wrap=True, max_height=520, elem_id="circuit-nodes",
                                  column_widths=["17%", "13%", "10%", "20%", "25%", "15%"])
         with gr.Column(scale=1):
             card = _card()
