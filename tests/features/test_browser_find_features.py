@@ -1,0 +1,101 @@
+"""The Features tab's "Find a feature" in a real browser (Debian's chromium, local requests only), on
+the whole app serving the tiny BERT with a dictionary of layer 1 trained here: a search by word and
+by label, a found row opening its card with its similar features, bad input said, and the layer's
+map, where a click on a point opens that feature's card."""
+import re
+from urllib.parse import urlencode
+
+import numpy as np
+import pytest
+from playwright.sync_api import expect
+
+import app
+import bertdemo
+from bertdemo.config import Settings
+from bertdemo.features.making import train_features
+from bertdemo.features.store import FeatureStore
+from bertdemo.features.training import FeatureSettings
+from conftest import expect_toast, launch
+from test_features_tab import CORPUS
+
+pytestmark = pytest.mark.browser
+WORD = "river"
+
+
+@pytest.fixture(scope="module")
+def features(tiny_bert, tmp_path_factory):
+    store = FeatureStore(tmp_path_factory.mktemp("browser-find"), shipped=None)
+    train_features(tiny_bert, 1, CORPUS, FeatureSettings(max_tokens=3000, batch_tokens=512), store=store)
+    return store
+
+
+@pytest.fixture(scope="module")
+def url(tiny_bert_dir, features):
+    demo = app.build_demo(Settings(model=str(tiny_bert_dir), device="cpu"), features=features)
+    address = launch(demo)
+    yield address
+    demo.close()
+
+
+def open_tab(page, url: str) -> None:
+    page.goto(url)
+    page.get_by_role("tab", name="Features").click()
+    expect(page.locator("#features-available")).to_contain_text("Feature dictionaries of")
+
+
+def cells(page, table: str, row: int):
+    return page.locator(f"#{table}").get_by_role("row").nth(row).get_by_role("gridcell")
+
+
+def test_a_word_finds_features_by_lift_and_a_row_opens_its_card(page, url, tiny_bert, features, screenshot):
+    open_tab(page, url)
+    page.locator("#features-query").get_by_role("textbox").fill(WORD)
+    page.get_by_role("button", name="Find features").click()
+    found = bertdemo.features_for_word(tiny_bert, WORD, 1, 10, features)
+    expect(page.locator("#features-found-note")).to_contain_text(f"'{WORD}' occurs {found['occurrences']:,} times")
+    first = found["features"][0]
+    expect(cells(page, "features-found", 1).first).to_have_text(str(first["feature"]))
+    expect(page.locator("#features-found").get_by_role("row")).to_have_count(len(found["features"]) + 1)
+    cells(page, "features-found", 1).nth(1).click()  # a found row opens its card, with its similar features
+    expect(page.locator("#feature-summary")).to_contain_text(f"Feature {first['feature']} of layer 1")
+    nearest = bertdemo.similar_features(tiny_bert, 1, first["feature"], 8, features)["features"][0]
+    expect(cells(page, "feature-similar", 1).first).to_have_text(str(nearest["feature"]))
+    screenshot("features_found_by_word")
+
+    page.get_by_text("by label", exact=True).click()
+    page.locator("#features-query").get_by_role("textbox").fill("zzzq")  # no label holds it: the nearest, said
+    page.get_by_role("button", name="Find features").click()
+    expect(page.locator("#features-found-note")).to_contain_text("No label of layer 1 holds 'zzzq'")
+
+    page.get_by_text("by word", exact=True).click()
+    page.locator("#features-query").get_by_role("textbox").fill("unbelievable")  # not one piece of the vocabulary
+    page.get_by_role("button", name="Find features").click()
+    expect_toast(page, re.compile(r"splits into 'un', '##believ', '##able'"))
+
+
+def test_the_map_is_drawn_and_a_click_on_a_point_opens_its_card(page, url, tiny_bert, features, screenshot):
+    open_tab(page, url)
+    page.get_by_role("button", name="Draw the map of this layer's features").click()
+    note = page.locator("#features-map-note")
+    expect(note).to_contain_text("Click a point for its card", timeout=120_000)  # UMAP's first run compiles
+    points = page.locator("#features-map path.point")
+    expect(points).to_have_count(features.get(tiny_bert, 1).latents)
+    layout = bertdemo.feature_map(tiny_bert, 1, features)  # read from the disk cache, as the page drew it
+    xy = np.stack([layout["x"], layout["y"]], 1)
+    gaps = np.linalg.norm(xy[:, None] - xy[None], axis=-1) + np.eye(len(xy)) * 1e9
+    picked = int(gaps.min(1).argmax())  # the point farthest from any other: a click there is on it alone
+    points.nth(picked).click(force=True)  # plotly draws the points in the data's order  # plotly's own layer over the points takes the click, as a visitor's
+    expect(page.locator("#features-feature input")).to_have_value(str(picked))
+    expect(page.locator("#feature-summary")).to_contain_text(f"Feature {picked} of layer 1")
+    screenshot("features_map")
+
+    page.get_by_role("button", name="Draw the map of this layer's features").click()  # again: read from disk
+    expect(note).to_contain_text("read from the disk cache")
+
+
+def test_a_link_runs_its_search(page, url, tiny_bert, features):
+    page.goto(url + "?" + urlencode({"tab": "features", "layer": 1, "query": WORD, "by": "word"}))
+    expect(page.get_by_role("tab", name="Features", selected=True)).to_be_visible()
+    first = bertdemo.features_for_word(tiny_bert, WORD, 1, 5, features)["features"][0]
+    expect(cells(page, "features-found", 1).first).to_have_text(str(first["feature"]), timeout=30_000)
+    expect(page.locator("#features-query").get_by_role("textbox")).to_have_value(WORD)
