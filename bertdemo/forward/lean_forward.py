@@ -271,6 +271,14 @@ def _dropout_p(attention) -> float:
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+def stamp(tensors) -> tuple:
+    """The tensors' versions and storages: changes when one is changed in place (an optimizer step,
+    `load_state_dict`, `mul_`) or its storage replaced (moved to another device). What every cache
+    of something made from a model's weights checks (packed weights, the ONNX export's session, the
+    weights digest) before it reuses it."""
+    return tuple((t._version, t.data_ptr()) for t in tensors)
+
+
 class PackedWeights:
     """Linear weights packed for oneDNN, one copy per weight tensor: modules that share a weight
     (the attention tab's eager twin, a decoder tied to the word embeddings) share its packed copy,
@@ -288,11 +296,11 @@ class PackedWeights:
         """`module`'s weight in oneDNN's blocked layout, packed again if the weight was changed in
         place or replaced since (`load_state_dict`, `mul_`: both bump the version)."""
         weight = module.weight
-        stamp = (weight._version, weight.data_ptr())
+        now = stamp([weight])
         entry = self._entries.get(weight)
-        if entry is None or entry[0] != stamp:
+        if entry is None or entry[0] != now:
             # 16: the row count oneDNN picks its layout for (a crowd's masks); any count works
-            entry = (stamp, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 16))
+            entry = (now, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 16))
             self._entries[weight] = entry
         return entry[1]
 
@@ -302,12 +310,12 @@ class PackedWeights:
         apart from the single weights, under the first module's weight, made again if any of
         them was changed or replaced."""
         tensors = [t for m in modules for t in (m.weight, m.bias) if t is not None]
-        stamp = tuple((t._version, t.data_ptr()) for t in tensors)
+        now = stamp(tensors)
         entry = self._stacks.get(modules[0].weight)
-        if entry is None or entry[0] != stamp:
+        if entry is None or entry[0] != now:
             weight = torch.cat([m.weight.detach() for m in modules])
             bias = None if modules[0].bias is None else torch.cat([m.bias.detach() for m in modules])
-            entry = (stamp, torch.ops.mkldnn._reorder_linear_weight(weight, 16), bias)
+            entry = (now, torch.ops.mkldnn._reorder_linear_weight(weight, 16), bias)
             self._stacks[modules[0].weight] = entry
         return entry[1], entry[2]
 

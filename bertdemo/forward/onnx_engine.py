@@ -48,6 +48,7 @@ import torch
 
 from .. import disk
 from . import anatomy
+from .lean_forward import stamp
 
 log = logging.getLogger(__name__)
 INPUTS = ("input_ids", "attention_mask", "token_type_ids", "rows", "cols")
@@ -81,12 +82,6 @@ def export_path(model: torch.nn.Module, digest: str, folder: Path | None = None)
     """Where `model`'s export is kept (in `folder`, default `cache_dir()`), named by `digest`, the
     model's (`bertdemo.model.digest.model_digest`: its weights, config and tokenizer)."""
     return (folder or cache_dir()) / f"{model.config.model_type}-{digest}.onnx"
-
-
-def _stamp(parameters: list[torch.Tensor]) -> tuple:
-    """The parameters' versions and storages: changes when one is changed in place (an optimizer
-    step, `load_state_dict`, `mul_`) or its storage replaced."""
-    return tuple((p._version, p.data_ptr()) for p in parameters)
 
 
 class _AtPositions(torch.nn.Module):
@@ -280,7 +275,7 @@ class OnnxMaskedLM:
         self.model, self.session, self.threads = model, session, threads
         # listed once: walking the modules on every request costs ~2 ms on bert-base
         self.parameters = list(model.parameters())
-        self.stamp = _stamp(self.parameters)
+        self.stamp = stamp(self.parameters)
         self._lock = threading.Lock()
         self.crossover: Crossover | None = None  # measured (`measure`); None: `MOST_TOKENS` decides
         self._torch_forward = None  # what `measure` timed against: kept to measure again
@@ -364,7 +359,7 @@ class OnnxMaskedLM:
         """Whether this session computes `model` as it is now: the same object, no weight changed in
         place. (A parameter swapped for a new one by assignment is not seen: nothing here does
         that to a served model; trainers train copies, which are other objects.)"""
-        return model is self.model and _stamp(self.parameters) == self.stamp
+        return model is self.model and stamp(self.parameters) == self.stamp
 
     def logits(self, inputs: dict, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
         """Logits (N, V) at positions (rows[i], cols[i]) of a (B, T) batch; float32."""

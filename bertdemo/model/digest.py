@@ -28,12 +28,6 @@ def weights_digest(model: torch.nn.Module) -> str:
     return digest.hexdigest()
 
 
-def stamp(model: torch.nn.Module) -> tuple:
-    """The parameters' versions and storages: changes when one is changed in place (an optimizer
-    step, `load_state_dict`, `mul_`) or its storage replaced (moved to another device)."""
-    return tuple((p._version, p.data_ptr()) for p in model.parameters())
-
-
 def model_digest(lm) -> str:
     """What a cache of a `LoadedModel`'s results is kept under: its weights digest (remembered), its config
     (another head count or epsilon over the same weights computes otherwise) and its tokenizer."""
