@@ -21,8 +21,8 @@ from safetensors.numpy import load_file
 from ..model.loading import LoadedModel
 from .dictionary import Dictionary
 from .search import keep, kept_entry, unit_directions
-from .store import FeatureStore
-from .views import default_store, label, load_features
+from .store import FeatureStore, shared_store
+from .views import label, load_features
 
 LAYOUT = "layout.safetensors"
 NEIGHBOURS = 15  # UMAP's n_neighbors (fewer for a dictionary of fewer features)
@@ -82,7 +82,7 @@ def feature_map(lm: LoadedModel, layer: int, store: FeatureStore | None = None, 
     Returns {"layer", "method", "cached": whether the layout was read from the disk cache, "features",
     "x", "y", "density", "firings": each feature's firings in the statistics, "labels", "colour":
     {"name": "label score" or "density (log10)", "values"}, "statistics_tokens"}."""
-    store = store or default_store(lm)
+    store = store or shared_store(lm.caches)
     dictionary = load_features(lm, layer, store)
     method = method or ("umap" if umap_installed() else "pca")
     xy, cached = kept_layout(lm, dictionary, store, method)

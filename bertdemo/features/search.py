@@ -38,8 +38,8 @@ from ..views.corpus_search import DEFAULT_CORPUS
 from .data import Lines, point_of
 from .dictionary import Dictionary
 from .stats import corpus_codes
-from .store import FeatureStore
-from .views import default_store, label, load_features
+from .store import FeatureStore, shared_store
+from .views import label, load_features
 
 MIN_FIRINGS = 3  # on the word, for a feature to be listed (fewer when the word occurs fewer times)
 MAX_TOP = 50
@@ -208,7 +208,7 @@ def features_for_word(lm: LoadedModel, word: str, layer: int, top: int = 10,
     {"tokens", "lines"}, "min_firings", "features": [{"feature", "lift", "firings": on the word,
     "word_share": firings / occurrences, "feature_share": share of its firings that are on the
     word, "label"}] largest lift first}."""
-    store = store or default_store(lm)
+    store = store or shared_store(lm.caches)
     dictionary = load_features(lm, layer, store)
     top = validate.whole_number(top, "number of features", 1, MAX_TOP, field="top")
     token, token_id = word_token(lm, word)

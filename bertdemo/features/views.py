@@ -38,13 +38,6 @@ EFFECT_CONTEXTS = ("The [MASK] was on the table.", "She said that [MASK] would c
                    "We saw [MASK] in the park.", "The old man [MASK] slowly.")
 
 
-def default_store(lm: LoadedModel | None = None) -> FeatureStore:
-    """The store a call without one uses: the one `lm`'s caches hold (`store.shared_store`: an
-    engine's for the models it loaded, else the model's own). Without `lm`, a store of the default
-    disk cache made now (the same dictionaries; none kept loaded between calls): pass the model."""
-    return shared_store(lm.caches) if lm is not None else FeatureStore()
-
-
 def load_features(lm: LoadedModel, layer: int, store: FeatureStore | None = None) -> Dictionary:
     """`lm`'s dictionary of `layer` in `store` (default the one its caches hold, `shared_store`);
     ValueError saying how to get one when it has none."""
