@@ -24,7 +24,6 @@ from __future__ import annotations
 import difflib
 import hashlib
 import re
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,8 +45,6 @@ MAX_TOP = 50
 MAX_QUERY = 100  # characters of a label search
 NEAREST_LABELS = 8  # shown when no label holds the text
 COUNTS = "counts.safetensors"
-
-_DIGESTS: "weakref.WeakKeyDictionary[Dictionary, str]" = weakref.WeakKeyDictionary()
 
 
 # ---------------------------------------------------------------- the counts, kept on disk
@@ -109,19 +106,13 @@ def count_tokens(lm: LoadedModel, dictionary: Dictionary, texts: list[str]) -> T
 
 
 def dictionary_digest(lm: LoadedModel, dictionary: Dictionary) -> str:
-    """What a dictionary's derived files (its counts, its map) are kept under: its coder's weights,
-    its layer and kind, and the model's weights digest; remembered per dictionary."""
-    known = _DIGESTS.get(dictionary)
-    if known is None:
-        digest = hashlib.blake2b(digest_size=10)
-        digest.update(f"{lm.weights_digest}/{dictionary.layer}/{point_of(dictionary)}".encode())
-        for name, tensor in sorted(dictionary.coder.state_dict().items()):
-            digest.update(name.encode())
-            digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
-        if dictionary.stats is not None:
-            digest.update(f"{dictionary.stats.tokens}/{len(dictionary.stats.contexts)}".encode())
-        known = _DIGESTS[dictionary] = digest.hexdigest()
-    return known
+    """What a dictionary's derived files (its counts, its map) are kept under: its coder's weights
+    digest (the one weights digest, `model.digest`, remembered in the model's caches while the coder
+    is unchanged), its layer and kind, its statistics' size, and the model's weights digest."""
+    stats = f"{dictionary.stats.tokens}/{len(dictionary.stats.contexts)}" if dictionary.stats is not None else ""
+    coder = lm.caches.digest(dictionary.coder)
+    what = f"{lm.weights_digest}/{dictionary.layer}/{point_of(dictionary)}/{coder}/{stats}"
+    return hashlib.blake2b(what.encode(), digest_size=10).hexdigest()
 
 
 def kept_entry(store: FeatureStore, lm: LoadedModel, dictionary: Dictionary, what: str) -> Path:
