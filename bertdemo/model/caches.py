@@ -58,7 +58,7 @@ class ModelCaches:
             known = self._digests.get(model)
         if known is not None and known[0] == now:
             return known[1]
-        value = digests.weights_digest(model)  # outside the lock: ~0.3 s for bert-base
+        value = digests.weights_digest(model)  # outside the lock: it reads every weight
         with self._lock:
             self._digests[model] = (now, value)
         return value

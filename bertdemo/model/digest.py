@@ -29,8 +29,8 @@ def weights_digest(model: torch.nn.Module) -> str:
 
 
 def model_digest(lm) -> str:
-    """What a cache of a `LoadedModel`'s results is kept under: its weights digest (remembered), its config
-    (another head count or epsilon over the same weights computes otherwise) and its tokenizer."""
+    """What a cache of a `LoadedModel`'s results is kept under: its weights digest (remembered), its
+    config (another head count or epsilon over the same weights computes otherwise), its tokenizer."""
     config = json.dumps(lm.model.config.to_dict(), sort_keys=True, default=str)
     tokenizer = f"{type(lm.tokenizer).__name__}:{len(lm.tokenizer)}:{lm.max_length}"
     return hashlib.blake2b(f"{lm.weights_digest}:{config}:{tokenizer}".encode(), digest_size=12).hexdigest()
