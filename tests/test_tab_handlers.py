@@ -190,6 +190,14 @@ def test_the_about_tab_builds_without_a_model():
     assert about_tab.create_demo().blocks
 
 
+def test_the_about_tabs_citations_are_numbered_in_the_order_the_page_shows_them():
+    import re
+    page = about_tab.glue_figure().layout.title.text + " ".join(about_tab.GLUE_SCORES) + about_tab.GLUE_SOURCES
+    first_seen = list(dict.fromkeys(int(n) for n in re.findall(r"\[(\d+)\]", page)))
+    listed = [int(n) for n in re.findall(r"^- \[(\d+)\]", about_tab.GLUE_SOURCES, re.M)]
+    assert first_seen == listed == [1, 2, 3, 4]
+
+
 def test_predict_then_joint_reuses_the_predictions_forward_and_shows_what_joint_alone_shows(tiny_bert_dir):
     """The page's chain (Predict, then the joint completions) takes the joint fill's first step from
     the prediction's forward; a visitor asking for the joint completions alone (a script, or an

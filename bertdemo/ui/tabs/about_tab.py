@@ -35,20 +35,21 @@ LATEX = [{"left": "$$", "right": "$$", "display": True}, {"left": "$", "right": 
 GLUE_TASKS = ["MNLI", "QQP", "QNLI", "SST-2", "CoLA", "STS-B", "MRPC", "RTE"]
 # As printed in the article's table (GLUE test set); sources in GLUE_SOURCES.
 GLUE_SCORES = {
-    "BiLSTM+ELMo+Attn [5]": [76.4, 87.4, 87.1, 93.2, 44.1, 70.3, 84.9, 63.8],
-    "OpenAI GPT [6]": [82.1, 88.5, 88.1, 91.3, 45.4, 80.0, 82.3, 56.0],
-    "BERT-base [1]": [84.6, 89.2, 90.5, 93.5, 52.1, 85.8, 88.9, 66.4],
-    "BERT-large [1]": [86.7, 91.1, 92.7, 94.9, 60.5, 86.5, 89.3, 70.1],
+    "BiLSTM+ELMo+Attn [2]": [76.4, 87.4, 87.1, 93.2, 44.1, 70.3, 84.9, 63.8],
+    "OpenAI GPT [3]": [82.1, 88.5, 88.1, 91.3, 45.4, 80.0, 82.3, 56.0],
+    "BERT-base [4]": [84.6, 89.2, 90.5, 93.5, 52.1, 85.8, 88.9, 66.4],
+    "BERT-large [4]": [86.7, 91.1, 92.7, 94.9, 60.5, 86.5, 89.3, 70.1],
 }
 GLUE_SOURCES = """
 **Where the numbers come from.** The table of *Fine-Tuning BERT with Masked Language Modeling: A
-Comprehensive Guide* (the article this demo started from), which cites:
-- [1] Devlin et al., *BERT: Pre-training of Deep Bidirectional Transformers for Language
+Comprehensive Guide* (the article this demo started from), which cites (numbered here in the
+order they appear on this page):
+- [1] Wang et al., *GLUE: A Multi-Task Benchmark and Analysis Platform for Natural Language
+  Understanding*, BlackboxNLP workshop at EMNLP 2018 (arXiv:1804.07461): the benchmark
+- [2] Peters et al., *Deep contextualized word representations*, NAACL 2018
+- [3] Radford et al., *Improving Language Understanding by Generative Pre-Training*, OpenAI 2018
+- [4] Devlin et al., *BERT: Pre-training of Deep Bidirectional Transformers for Language
   Understanding*, NAACL 2019 (arXiv:1810.04805), Table 1
-- [4] Wang et al., *GLUE: A Multi-Task Benchmark and Analysis Platform for Natural Language
-  Understanding*, BlackboxNLP workshop at EMNLP 2018 (arXiv:1804.07461)
-- [5] Peters et al., *Deep contextualized word representations*, NAACL 2018
-- [6] Radford et al., *Improving Language Understanding by Generative Pre-Training*, OpenAI 2018
 
 Before quoting them, check the BERT paper's Table 1: it reports F1 for QQP and MRPC, Spearman
 correlation for STS-B and accuracy for the rest, and its QQP numbers (e.g. 71.2 for BERT-base, 72.1
@@ -60,7 +61,7 @@ differs from the paper in several columns. The chart shows the article's numbers
 def render(ctx: AppContext) -> None:
     """Build the tab inside the current Blocks/Tab context. Static: no model calls, no events."""
     gr.Markdown(MLM_TEXT, latex_delimiters=LATEX)
-    gr.Plot(glue_figure(), label="GLUE scores (higher is better)")
+    gr.Plot(glue_figure(), label="GLUE [1] scores (higher is better)")
     gr.Markdown("**This is how those numbers are made**: pre-trained body, new head, cross-entropy, small learning rate. Try it on your own labelled lines in the **Classify** tab.")
     with gr.Accordion("The numbers", open=False):
         gr.Markdown(_glue_markdown_table())
@@ -87,7 +88,7 @@ def create_demo(store=None, settings: Settings | None = None) -> gr.Blocks:
 
 
 def glue_figure():
-    return plots.grouped_bars(GLUE_TASKS, GLUE_SCORES, "GLUE test scores, as given in the article",
+    return plots.grouped_bars(GLUE_TASKS, GLUE_SCORES, "GLUE [1] test scores, as given in the article",
                               "score")
 
 
