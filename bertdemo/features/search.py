@@ -111,7 +111,8 @@ def dictionary_digest(lm: LoadedModel, dictionary: Dictionary) -> str:
     is unchanged), its layer and kind, its statistics' size, and the model's weights digest."""
     stats = f"{dictionary.stats.tokens}/{len(dictionary.stats.contexts)}" if dictionary.stats is not None else ""
     coder = lm.caches.digest(dictionary.coder)
-    what = f"{lm.weights_digest}/{dictionary.layer}/{point_of(dictionary)}/{coder}/{stats}"
+    # the point by its name: a Point's repr holds its functions' addresses, another in every process
+    what = f"{lm.weights_digest}/{dictionary.layer}/{point_of(dictionary).name}/{coder}/{stats}"
     return hashlib.blake2b(what.encode(), digest_size=10).hexdigest()
 
 

@@ -6,6 +6,8 @@ point per feature, kept on disk and read back the same."""
 from __future__ import annotations
 
 import itertools
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -118,10 +120,23 @@ def test_the_counts_are_kept_on_disk_and_read_back(tiny_bert, made, monkeypatch)
     store, _, _ = made
     first = bertdemo.features_for_word(tiny_bert, WORD, LAYER, 5, store)
     entry = search.kept_entry(store, tiny_bert, store.get(tiny_bert, LAYER), "counts")
+    named = subprocess.run([sys.executable, "-c", KEPT_BY_ANOTHER_PROCESS, str(store.folder), tiny_bert.name],
+                           capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+    assert named == str(entry)  # another process (a restarted server) finds the same entry
     assert (entry / search.COUNTS).is_file()
     assert not [p for p in entry.parent.iterdir() if p.name.startswith(".part-")]  # written whole, renamed
     monkeypatch.setattr(search, "count_tokens", lambda *a: pytest.fail("counted again"))
     assert bertdemo.features_for_word(tiny_bert, WORD, LAYER, 5, store) == first
+
+
+KEPT_BY_ANOTHER_PROCESS = """
+import sys
+import bertdemo
+from bertdemo.features import search
+from bertdemo.features.store import FeatureStore
+store, lm = FeatureStore(sys.argv[1], shipped=None), bertdemo.load(sys.argv[2], device="cpu")
+print(search.kept_entry(store, lm, store.get(lm, 1), "counts"))
+"""
 
 
 def test_a_word_outside_the_vocabulary_names_its_pieces(tiny_bert, made):
