@@ -34,8 +34,17 @@ def prediction_bars_json(predictions: list[list[dict]]) -> str:
     return figure_json(*_prediction_bars_parts(predictions))
 
 
+def share_range(values, floor: float = 0.05) -> list[float]:
+    """An axis of shares (0-1) that fits its data: from 0 to a little past the largest value (room
+    for the bar's label), never past 100% nor under `floor`; a 10% bar then fills most of the width
+    instead of a sliver of a 0-100% axis. Every bar of one chart shares it, so bars compare."""
+    top = max((v for v in values if v == v), default=0.0)  # NaN (v != v) ignored
+    return [0, min(1.0, max(top * 1.15, floor))]
+
+
 def _prediction_bars_parts(predictions: list[list[dict]]) -> tuple[list[dict], dict]:
     layout = _subplot_rows(len(predictions))
+    shares = share_range([p["score"] for preds in predictions for p in preds])
     data = []
     for i, preds in enumerate(predictions, start=1):
         tokens = [p["token"] for p in preds][::-1]
@@ -45,7 +54,7 @@ def _prediction_bars_parts(predictions: list[list[dict]]) -> tuple[list[dict], d
                          text=[f"{s:.1%}" for s in scores], textposition="auto",
                          hovertemplate="%{y}: %{x:.4f}<extra></extra>", showlegend=False,
                          xaxis=f"x{suffix}", yaxis=f"y{suffix}"))
-        layout[f"xaxis{suffix}"].update(range=[0, 1], tickformat=".0%")
+        layout[f"xaxis{suffix}"].update(range=shares, tickformat=".0%")
     height = 120 + 40 * sum(max(len(p), 1) for p in predictions)
     layout.update(height=min(height, 2400), margin=dict(l=10, r=10, t=40, b=10))
     return data, layout
@@ -188,7 +197,8 @@ def masking_law_bars(rows: list[dict]) -> go.Figure:
         marker_color="#93c5fd", hovertemplate="%{x}: %{y:.4f}<extra></extra>"))
     fig.add_trace(go.Scatter(x=names, y=[r["configured"] for r in rows], mode="markers",
                              name="configured", marker=dict(symbol="diamond", size=12, color="#111827")))
-    fig.update_layout(yaxis_title="rate", yaxis_tickformat=".0%", yaxis_range=[0, 1.05], height=360,
+    fig.update_layout(yaxis_title="rate", yaxis_tickformat=".0%", height=360,
+                      yaxis_range=share_range([r["high"] for r in rows] + [r["configured"] for r in rows]),
                       margin=dict(l=10, r=10, t=30, b=10))
     return fig
 
@@ -291,7 +301,7 @@ def neuron_view(result: dict) -> go.Figure:
     fig.update_xaxes(showticklabels=False, row=1)
     fig.update_xaxes(title_text="dimension", row=2, col=1)
     fig.update_xaxes(title_text="dimension", row=2, col=2)
-    fig.update_xaxes(range=[0, 1], row=2, col=4)
+    fig.update_xaxes(range=share_range(result["weights"]), row=2, col=4)
     named = _plotly_text(result["tokens"][result["token"]])
     fig.update_layout(title=f"Layer {result['layer']}, head {result['head']}: the query of token "
                             f"{result['token']}, “{named}”, against every key", showlegend=False,
@@ -663,7 +673,8 @@ def feature_curves(steps: list) -> go.Figure:
                              hovertemplate="%{x:,} tokens: %{y:.1%} dead<extra></extra>"), secondary_y=True)
     fig.update_xaxes(title_text="tokens seen", rangemode="tozero")
     fig.update_yaxes(title_text="fraction of variance unexplained", rangemode="tozero", secondary_y=False)
-    fig.update_yaxes(title_text="dead latents", tickformat=".0%", range=[0, 1], secondary_y=True)
+    fig.update_yaxes(title_text="dead latents", tickformat=".0%", secondary_y=True,
+                     range=share_range([s.dead[0] for s in steps]))
     fig.update_layout(height=360, margin=dict(l=10, r=10, t=40, b=10),
                       legend=dict(orientation="h", x=1, xanchor="right", y=1.02, yanchor="bottom"))
     return fig

@@ -22,6 +22,8 @@ def prediction_bars(predictions: list[list[dict]]) -> go.Figure:
     n = max(len(predictions), 1)
     titles = [f"[MASK] {i + 1}" for i in range(len(predictions))]
     fig = make_subplots(rows=n, cols=1, subplot_titles=titles, vertical_spacing=0.25 / n)
+    top = max((p["score"] for preds in predictions for p in preds), default=0.0)
+    shares = [0, min(1.0, max(top * 1.15, 0.05))]  # the axis fits the bars (as plots.share_range)
     for i, preds in enumerate(predictions, start=1):
         tokens = [p["token"] for p in preds][::-1]
         scores = [p["score"] for p in preds][::-1]
@@ -29,7 +31,7 @@ def prediction_bars(predictions: list[list[dict]]) -> go.Figure:
                              text=[f"{s:.1%}" for s in scores], textposition="auto",
                              hovertemplate="%{y}: %{x:.4f}<extra></extra>", showlegend=False),
                       row=i, col=1)
-        fig.update_xaxes(range=[0, 1], tickformat=".0%", row=i, col=1)
+        fig.update_xaxes(range=shares, tickformat=".0%", row=i, col=1)
     height = 120 + 40 * sum(max(len(p), 1) for p in predictions)
     fig.update_layout(height=min(height, 2400), margin=dict(l=10, r=10, t=40, b=10))
     return fig

@@ -33,6 +33,15 @@ def test_prediction_bars_json_is_what_the_figure_sends(n_masks, k):
     assert json.loads(plots.prediction_bars_json(preds)) == _json(plots.prediction_bars(preds))
 
 
+@pytest.mark.parametrize("top, axis_end", [(0.11, 0.1265), (0.9, 1.0), (0.001, 0.05)])
+def test_a_prediction_charts_axis_fits_its_bars(top, axis_end):
+    """A 10% best guess fills most of the chart's width, not a sliver of 0-100%; no axis runs past
+    100% or shrinks to nothing; every mask's row shares one axis, so rows compare."""
+    preds = [[{"token": "city", "score": top}, {"token": "capital", "score": top / 2}], [{"token": "x", "score": top / 3}]]
+    layout = plots.prediction_bars(preds).layout
+    assert layout.xaxis.range == layout.xaxis2.range == (0, pytest.approx(axis_end))
+
+
 def test_token_scores():
     tokens, lps = ["the", "cat", "the", "<i>sat</i>"], [-0.5, -3.25, -0.75, -9.0]
     assert _json(plots.token_scores(tokens, lps, "PLL by token")) == \
