@@ -629,10 +629,13 @@ def test_stop_from_the_page_ends_the_handlers_run_within_one_step(tiny_bert):
             pressed.append(done_total[0])
             assert "Stopping" in finetune_tab.on_stop(visitor)
 
-    status = list(finetune_tab.on_finetune(visitor, TuningRequest(*form, False, ""), progress=progress))[-1][0]
+    request = TuningRequest(*form, False, "Paris is the [MASK] of France.")
+    status, _, metrics, probes, _ = list(finetune_tab.on_finetune(visitor, request, progress=progress))[-1]
     done = int(re.search(r"Ended early\*\* after (\d+) steps", status).group(1))
     assert done < 300 and "you pressed Stop" in status and "not kept" in status
     assert visitor.store.tuned("s1") is None and visitor.store.runs.status("s1") is None
+    # what the tables show agrees: the stopped run's model, said to be gone, never "this run's model"
+    assert list(metrics.columns)[2] == list(probes.columns)[2] == f"after (step {done}, not kept)"
 
 
 def test_validator_reserves_once_and_names_the_field(tiny_bert):

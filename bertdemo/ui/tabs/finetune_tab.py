@@ -137,10 +137,12 @@ def on_finetune(visitor: Visitor, request: TuningRequest, progress=gr.Progress()
                                          desc="fine-tuning", cleared=_cleared())  # the last run's tables go
     (tuned, history), plan = outcome.result, outcome.plan
     rows = compare_probes(plan.finetune.lm, tuned, plan.probes, max_masks=visitor.settings.max_masks)
-    kept = (history.kept.step, f"kept: step {history.kept.step}") if history.kept else None
-    yield (_final_status(history, live_run.kept_note(outcome.kept, visitor.limits)),
-           plots.finetune_curves(history.steps, history.evals, history.planned_steps, best=kept),
-           _metrics_frame(history), _probe_frame(rows, history), model_line(visitor.store, visitor.session, "finetune"))
+    saved = outcome.kept.kept  # a stopped run not kept: its "after" is shown, said to be gone
+    best = history.kept and (history.kept.step, f"{'kept' if saved else 'best'}: step {history.kept.step}")
+    yield (_final_status(history, live_run.kept_note(outcome.kept, visitor.limits), saved),
+           plots.finetune_curves(history.steps, history.evals, history.planned_steps, best=best or None),
+           _metrics_frame(history, saved), _probe_frame(rows, history, saved),
+           model_line(visitor.store, visitor.session, "finetune"))
 
 
 def on_compare(visitor: Visitor, form: FinetuneForm, progress=gr.Progress()):
@@ -214,7 +216,7 @@ def overfitting_warning(evals: list) -> str | None:
             "its training lines by heart.")
 
 
-def _final_status(history: MLMHistory, note: str) -> str:
+def _final_status(history: MLMHistory, note: str, saved: bool = True) -> str:
     done = len(history.steps)
     where = ("⚠️ Evaluated on the **training lines** (fewer than 4 lines: nothing held out), so "
              "this measures memorising." if history.eval_on_train
@@ -223,16 +225,20 @@ def _final_status(history: MLMHistory, note: str) -> str:
             f"tokens/s) on {history.train_lines} training line(s) packed into "
             f"{history.train_blocks} block(s)." if history.completed
             else f"**Ended early** after {done} steps ({history.seconds:.1f} s).")
-    return f"{head} {where}\n\n" + "".join(f"{part}\n\n" for part in _kept_lines(history)) + note
+    return f"{head} {where}\n\n" + "".join(f"{part}\n\n" for part in _kept_lines(history, saved)) + note
 
 
-def _kept_lines(history: MLMHistory) -> list[str]:
-    """The overfitting warning, and which step's weights the run returned."""
+def _kept_lines(history: MLMHistory, saved: bool = True) -> list[str]:
+    """The overfitting warning, and which step's weights the run returned (`saved`: and the
+    session kept them)."""
     warning = overfitting_warning(history.evals)
     if history.kept is not None:
-        return [line for line in (warning, f"**Kept the weights of step {history.kept.step}**, its best "
-                f"evaluation (held-out loss {history.kept.loss:.3f}; the last step's: "
-                f"{history.after.loss:.3f}): the “after” columns below are that model.") if line]
+        took = (f"**Kept the weights of step {history.kept.step}**" if saved
+                else f"The run returned the weights of step {history.kept.step}")
+        gone = "" if saved else " (not kept: see below)"
+        return [line for line in (warning, f"{took}, its best evaluation (held-out loss "
+                f"{history.kept.loss:.3f}; the last step's: {history.after.loss:.3f}): the “after” "
+                f"columns below are that model{gone}.") if line]
     if warning and not history.settings.get("keep_best", False):
         return [warning + " This run kept the last step's weights (tick “Keep the weights of the best "
                 "evaluation” to keep the best)."]
@@ -243,29 +249,35 @@ METRIC_COLUMNS = ("metric", "before", "after")
 PROBE_COLUMNS = ("probe", "before (base model)", "after (this run's model)")
 
 
-def _after_header(history: MLMHistory, header: str) -> str:
+def _after_header(history: MLMHistory, header: str, saved: bool = True) -> str:
+    """The "after" columns' header: the model the run returned, and whether the session kept it (a
+    stopped run's model, not kept, is shown once, said to be gone: no tab can use it)."""
+    if not saved:
+        step = history.kept.step if history.kept is not None else len(history.steps)
+        return f"after (step {step}, not kept)"
     return f"after (kept: step {history.kept.step})" if history.kept is not None else header
 
 
-def _metrics_frame(history: MLMHistory) -> pd.DataFrame:
-    """Before training, and the model the run returned (the kept best evaluation, else the last)."""
+def _metrics_frame(history: MLMHistory, saved: bool = True) -> pd.DataFrame:
+    """Before training, and the model the run returned (the kept best evaluation, else the last);
+    `saved`: whether the session kept it (the header says which)."""
     def column(scores) -> list:
         return [round(scores.loss, 4), f"{scores.accuracy:.1%}", round(scores.perplexity, 2), scores.masked]
     metric, before, after = METRIC_COLUMNS
     return pd.DataFrame({metric: ["masked-token loss", "masked-token accuracy", "perplexity exp(loss)",
                                   "masked tokens scored"],
                          before: column(history.before),
-                         _after_header(history, after): column(history.returned)})
+                         _after_header(history, after, saved): column(history.returned)})
 
 
-def _probe_frame(rows: list[dict], history: MLMHistory | None = None) -> pd.DataFrame:
+def _probe_frame(rows: list[dict], history: MLMHistory | None = None, saved: bool = True) -> pd.DataFrame:
     def cell(predictions: list[list[dict]]) -> str:
         return " | ".join(", ".join(f"{p['token'].strip()} {p['score']:.0%}" for p in mask)
                           for mask in predictions)
     probe, before, after = PROBE_COLUMNS
     return pd.DataFrame({probe: [r["probe"] for r in rows],
                          before: [cell(r["before"]) for r in rows],
-                         (_after_header(history, after) if history else after): [cell(r["after"]) for r in rows]})
+                         (_after_header(history, after, saved) if history else after): [cell(r["after"]) for r in rows]})
 
 
 def _compare_status(histories: dict, limits: Limits) -> str:
