@@ -617,6 +617,21 @@ def test_finetune_handler_streams_then_keeps_the_model(tiny_bert):
     assert finetune_tab.on_download(visitor) == finetune_tab.on_download(visitor)  # zipped once
 
 
+def test_probes_from_the_training_text_are_said_to_measure_memorisation(tiny_bert):
+    from bertdemo.ui.tabs import finetune_tab
+
+    text = "Paris is the capital of France.\nBerlin is the capital of Germany and a city."
+    suggested = finetune_tab.on_suggest(None, text).splitlines()
+    assert "memorisation" in finetune_tab.PROBES_INFO  # said beside the box the button fills
+    assert "All the probes are from your training text" in finetune_tab.memorised_note(suggested, text)
+    assert "1 of the 2 probes is" in finetune_tab.memorised_note(suggested[:1] + ["A [MASK] sat."], text)
+    assert finetune_tab.memorised_note(["A [MASK] sat on the mat."], text) == ""
+    visitor = _visitor(tiny_bert)
+    status = list(finetune_tab.on_finetune(visitor, TuningRequest(*FORM, False, ""),  # the default probes
+                                           progress=lambda *a, **k: None))[-1][0]
+    assert "measures **memorisation**" in status
+
+
 def test_stop_from_the_page_ends_the_handlers_run_within_one_step(tiny_bert):
     from bertdemo.ui.tabs import finetune_tab
 

@@ -7,6 +7,8 @@ keeps, the zip) is `bertdemo.runs`'; this tab lays out the form, wires its two r
 reserves the session's slot when the request enters the queue, so a second click is refused at
 once, not queued behind.
 """
+import re
+
 import gradio as gr
 import pandas as pd
 
@@ -15,6 +17,7 @@ from ...config import Limits, Settings
 from ...runs import life
 from ...training.fine_tuning import FinetuneForm, MLMHistory, TuningRequest, default_probes
 from ...training.loop import EventLog, overfitting
+from ...training.mlm_data import split_units
 from ...views.compare import compare_probes
 from . import export_button
 from ..parts import live_run
@@ -41,6 +44,11 @@ memorising, and the page says so). Masking: *dynamic* draws fresh masks for ever
 *static* draws them once and reuses them every epoch (the original BERT). Once held-out loss has
 risen for two evaluations past its lowest the run is overfitting, and the page says so; by default
 the model keeps the weights of that best evaluation (as Trainer's `load_best_model_at_end`)."""
+PROBES_INFO = ("The suggested probes are lines of your training text with a word masked: the run trains on "
+               "them, so their scores measure memorisation. To see what it learnt in general, write "
+               "sentences it never saw.")
+
+
 def render(ctx: AppContext) -> None:
     """Build the tab's components and events inside the current Blocks/Tab context."""
     limits = ctx.settings.limits
@@ -88,7 +96,7 @@ def _section_form(limits: Limits):
                                 info="As Trainer's load_best_model_at_end: once held-out loss rises, the "
                                      "model of its lowest point is kept, not the last step's.")
     probes = gr.Textbox(label="Probe sentences, one per line, with [MASK]", lines=3,
-                        value="\n".join(default_probes(EXAMPLE_TEXT)))
+                        value="\n".join(default_probes(EXAMPLE_TEXT)), info=PROBES_INFO)
     suggest = gr.Button("Suggest probes from my text", size="sm")
     form = dict(text=text, training_length=length, length_unit=unit, learning_rate=lr, batch_size=batch,
                 block_length=block, mask_probability=probability, masking=masking, seed=seed)
@@ -139,7 +147,9 @@ def on_finetune(visitor: Visitor, request: TuningRequest, progress=gr.Progress()
     rows = compare_probes(plan.finetune.lm, tuned, plan.probes, max_masks=visitor.settings.max_masks)
     saved = outcome.kept.kept  # a stopped run not kept: its "after" is shown, said to be gone
     best = history.kept and (history.kept.step, f"{'kept' if saved else 'best'}: step {history.kept.step}")
-    yield (_final_status(history, live_run.kept_note(outcome.kept, visitor.limits), saved),
+    note = "\n\n".join(filter(None, [memorised_note(plan.probes, plan.text),
+                                      live_run.kept_note(outcome.kept, visitor.limits)]))
+    yield (_final_status(history, note, saved),
            plots.finetune_curves(history.steps, history.evals, history.planned_steps, best=best or None),
            _metrics_frame(history, saved), _probe_frame(rows, history, saved),
            model_line(visitor.store, visitor.session, "finetune"))
@@ -194,6 +204,21 @@ def on_suggest(visitor: Visitor, text) -> str:
 
 
 # ---------------------------------------------------------------- results
+
+def memorised_note(probes: list[str], text: str) -> str:
+    """What the page says when probes are sentences of the training text (a word masked, as
+    "Suggest probes from my text" makes them): their "after" measures memorisation; "" if none."""
+    lines = split_units(text)
+    trained = [p for p in probes
+               if any(re.fullmatch(re.escape(p).replace(re.escape("[MASK]"), ".+?"), line) for line in lines)]
+    if not trained:
+        return ""
+    which = ("The probe is" if len(probes) == 1 else "All the probes are" if len(trained) == len(probes)
+             else f"{len(trained)} of the {len(probes)} probes {'is' if len(trained) == 1 else 'are'}")
+    return (f"⚠️ {which} from your training text: their “after” measures **memorisation** (the run trains "
+            "on all but the held-out lines), not what the model learnt in general; write sentences it "
+            "never saw for that.")
+
 
 def _live_status(steps: list, evals: list = ()) -> str:
     if not steps:
