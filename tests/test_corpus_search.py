@@ -1,5 +1,5 @@
 """Corpus search: the ranking is the cosine of the model's own `output_hidden_states` (a word
-split into pieces = the mean of its pieces), a sentence finds itself, a real model tells a river
+split into pieces = the mean of its pieces), the query's own sentence left out, a real model tells a river
 bank from a money bank, and the index is built once per model and corpus, kept on disk."""
 import copy
 import dataclasses
@@ -74,13 +74,21 @@ def test_a_word_split_into_pieces_is_the_mean_of_its_pieces(tiny_distilbert, cac
     np.testing.assert_allclose([h["similarity"] for h in result["hits"]], cosine[order], atol=1e-5)
 
 
-def test_the_query_sentence_in_the_corpus_is_its_own_top_hit(tiny_bert, cache):
-    sentence = "the capital of germany is berlin"
-    result = bertdemo.search_corpus(tiny_bert, sentence, word="capital", layer=2, corpus="\n".join(CORPUS),
-                                    cache=cache)
-    top = result["hits"][0]
-    assert (top["text"], top["word"], top["start"]) == (sentence, "capital", 4)
-    assert top["similarity"] == pytest.approx(1.0, abs=1e-5)
+def test_the_query_sentence_in_the_corpus_is_left_out_and_said_so(tiny_bert, cache):
+    """The visitor's own sentence would be its own top hit at cosine 1.000: its line gives no hit
+    (spaces and case aside), the rest rank as the reference says, and the page says which line."""
+    from bertdemo.ui.tabs import search_tab
+
+    sentence = "The capital of  Germany is Berlin"  # line 3 of CORPUS, but for case and spaces
+    result = bertdemo.search_corpus(tiny_bert, sentence, word="capital", layer=2, top_k=50,
+                                    corpus="\n".join(CORPUS), cache=cache)
+    assert result["left_out"] == [3] and all(hit["line"] != 3 for hit in result["hits"])
+    cosine, labels = reference(tiny_bert, sentence, "capital", 2, CORPUS)
+    order = [i for i in np.argsort(-cosine, kind="stable") if labels[i][0] != 3]
+    assert [(h["line"], h["word"]) for h in result["hits"]] == [labels[i] for i in order]
+    assert "Left out line 4: your sentence itself" in search_tab.status_line(result, "tiny")
+    assert bertdemo.search_corpus(tiny_bert, "the cat sat", word="cat", layer=2, corpus="\n".join(CORPUS),
+                                  cache=cache)["left_out"] == []
 
 
 @pytest.mark.slow

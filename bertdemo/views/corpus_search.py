@@ -147,7 +147,8 @@ def search_corpus(lm: LoadedModel, text, *, word, layer, top_k: int = 10, corpus
     Returns {"sentence", "word", "layer", "corpus" ("default"/"yours"), "lines", "occurrences",
     "hits": [{"line" (0-based), "text", "word", "start", "end" (characters of the word in the
     line), "position" (its first token), "similarity"}], "counts": [{"word", "count"}] (the hits'
-    words, lowercased, most frequent first), "built" (whether this call built the index)}."""
+    words, lowercased, most frequent first), "left_out" (the lines, 0-based, that are `text` itself,
+    spaces and case aside: none of their words is a hit), "built" (whether this call built the index)}."""
     text = validate.text(text, "sentence", "I sat on the river bank.", field="sentence")
     word = _query_word(text, word)
     layer = embeddings.check_layer(lm, layer)
@@ -157,7 +158,11 @@ def search_corpus(lm: LoadedModel, text, *, word, layer, top_k: int = 10, corpus
     cache = cache if cache is not None else IndexCache()
     index, built = cache.get(lm, chosen, layer, on_progress=on_progress, should_stop=should_stop)
     similarity = index.vectors @ query  # (N,): cosine, both of unit length
+    own = own_lines(chosen.lines, text)
+    if own:  # the query's own sentence would top the list at cosine 1.000: it is left out
+        similarity[np.isin(index.spans[:, 0], own)] = -np.inf
     top = np.argsort(-similarity, kind="stable")[:top_k]
+    top = top[np.isfinite(similarity[top])]
     hits = []
     for i in top:
         line, start, end = (int(v) for v in index.spans[i])
@@ -167,7 +172,15 @@ def search_corpus(lm: LoadedModel, text, *, word, layer, top_k: int = 10, corpus
     counts = Counter(hit["word"].lower() for hit in hits).most_common()
     return {"sentence": text, "word": word, "layer": layer, "corpus": chosen.name, "lines": len(chosen.lines),
             "occurrences": int(len(index.spans)), "hits": hits,
-            "counts": [{"word": w, "count": n} for w, n in counts], "built": built}
+            "counts": [{"word": w, "count": n} for w, n in counts], "left_out": own, "built": built}
+
+
+def own_lines(lines, text: str) -> list[int]:
+    """The lines (0-based) that are the query's sentence itself (spaces and case aside)."""
+    def same(line: str) -> str:
+        return " ".join(line.split()).casefold()
+    sentence = same(text)
+    return [i for i, line in enumerate(lines) if same(line) == sentence]
 
 
 def _query_word(text: str, word) -> str:

@@ -89,7 +89,7 @@ def on_search(visitor: Visitor, sentence, word, layer, top_k, corpus, progress=g
         corpus: lines to search, one sentence per line (at most the server's limits, 2,000 lines and 100,000 characters by default); empty searches the default corpus of everyday lines.
 
     Returns:
-        a status line, the hits keyword-in-context (HTML), a bar chart of how often each word occurs in the hits, and the raw result {"sentence", "word", "layer", "corpus", "lines", "occurrences", "hits": [{"line", "text", "word", "start", "end", "position", "similarity"}], "counts": [{"word", "count"}], "built"}.
+        a status line, the hits keyword-in-context (HTML), a bar chart of how often each word occurs in the hits, and the raw result {"sentence", "word", "layer", "corpus", "lines", "occurrences", "hits": [{"line", "text", "word", "start", "end", "position", "similarity"}], "counts": [{"word", "count"}], "left_out" (lines that are the sentence itself, never hits), "built"}.
     """
     lm, settings, stops = visitor.lm, visitor.settings, visitor.engine.search_stops
     stops.clear(visitor.session)
@@ -135,8 +135,11 @@ def on_upload(visitor: Visitor, file) -> str:
 def status_line(result: dict, model: str) -> str:
     corpus = "the default corpus" if result["corpus"] == "default" else "your corpus"
     built = " (its index was built now, every layer at once)" if result["built"] else ""
+    own = result.get("left_out") or []
+    left_out = (f" Left out {'line' if len(own) == 1 else 'lines'} {', '.join(str(i + 1) for i in own)}: "
+                "your sentence itself (it would match itself at cosine 1.000)." if own else "")
     return (f"Searched {corpus}: {result['lines']:,} lines, {result['occurrences']:,} words, at layer "
-            f"{result['layer']} of {model}{built}.")
+            f"{result['layer']} of {model}{built}.{left_out}")
 
 
 def kwic_html(result: dict, width: int = 60) -> str:
