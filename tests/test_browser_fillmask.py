@@ -108,7 +108,7 @@ def test_without_a_model_the_page_says_how_to_fix_and_the_bundled_button_works(p
     expect(page.get_by_text("python -m bertdemo download").first).to_be_visible()
     screenshot("no_model_banner")
     page.get_by_role("button", name=BUNDLED_BUTTON).click()
-    expect(page.get_by_role("heading", name="Using bundled")).to_be_visible()
+    expect(page.locator("#model-banner")).to_contain_text("Serving the bundled model: small and trained offline")
     expect(page.get_by_role("button", name=BUNDLED_BUTTON)).to_be_hidden()
     predict(page, SENTENCE)
     expect(block(page, "Predictions per mask").locator(".barlayer .point")).to_have_count(5)

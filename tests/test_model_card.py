@@ -129,3 +129,22 @@ def test_the_no_model_pages_button_serves_the_bundled_model_and_says_what_it_is(
     banner, _ = model_banner.on_use_bundled(Visitor(store, Settings(device="cpu"), "s1", bertdemo.Engine()))
     assert store.base.name == bundled.BUNDLED and UNTRAINED_HEAD not in banner
     assert bundled.describe(bundled.read_report()) in banner  # corpus, tokens seen, held-out scores
+
+
+def test_served_bundled_the_page_says_in_one_line_what_it_is_and_how_to_serve_bert(bundled, tiny_bert):
+    """`--model bundled`: the header promises BERT, so one line above the tabs says the model is a
+    small one whose guesses are rough and how to serve BERT itself (what it is, in a closed details)."""
+    from bertdemo.config import DEFAULT_MODEL, Settings
+    from bertdemo.model import bundled as bundled_model
+    from bertdemo.sessions import SessionStore
+    from bertdemo.ui.parts import model_banner
+    from bertdemo.ui.parts.context import Visitor
+
+    store = SessionStore(bundled)
+    assert model_banner.shown(store)
+    banner, button = model_banner.on_page_load(Visitor(store, Settings(device="cpu"), "s1", bertdemo.Engine()))
+    line, rest = banner.split("\n\n", 1)
+    assert "bundled model" in line and "guesses are rough" in line and f"--model {DEFAULT_MODEL}" in line
+    assert rest.startswith("<details>") and bundled_model.describe(bundled_model.read_report()) in rest
+    assert button["visible"] is False
+    assert not model_banner.shown(SessionStore(tiny_bert))  # any other model served as asked: no banner

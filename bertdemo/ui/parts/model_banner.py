@@ -1,14 +1,16 @@
-"""The banner above the tabs when the app does not serve the model it was started with: none could
-be loaded (why, how to fix it, and one button that loads the bundled model for everyone), or the
-bundled model is served instead of a default that could not be reached (why, and what that model
-is). Visitors never choose a path: the button loads only the model shipped with bertdemo."""
+"""The banner above the tabs when the app does not serve BERT as it was asked to: no model could be
+loaded (why, how to fix it, and one button that loads the bundled model for everyone), the bundled
+model is served instead of a default that could not be reached (why, and what that model is), or
+the bundled model is served (`--model bundled`, or the button): one line saying it is small, its
+guesses rough, and how to serve BERT itself. Visitors never choose a path: the button loads only
+the model shipped with bertdemo."""
 from __future__ import annotations
 
 import html
 
 import gradio as gr
 
-from ...config import Settings
+from ...config import DEFAULT_MODEL, Settings
 from ...model import bundled
 from .context import AppContext, Visitor, handler
 from .model_line import details, model_line
@@ -31,17 +33,32 @@ def fallback_notice(wanted: str, error: Exception | str) -> str:
     bundled model is in a closed <details> (Markdown keeps one component, so `/use_bundled`
     still returns one value)."""
     served = f"**Serving the bundled model**, not {wanted}: {bundled.fallback_reason(wanted, error)}."
-    change = ("It is small and trained offline; to serve another model, start the app with `--model` "
-              "and a hub id or a local folder.")
+    change = ("It is small and trained offline, so its guesses are rough; to serve another model, start "
+              "the app with `--model` and a hub id or a local folder.")
     cause = (f"<p><b>{html.escape(wanted, quote=False)} could not be loaded:</b> "
              f"{html.escape(_one_line(error), quote=False)}</p>")  # HTML: the error's text stays as it is
     return f"{served}  \n{change}\n\n" + details("Why, and what the bundled model is", cause,
                                                   bundled.describe(bundled.read_report()))
 
 
+def bundled_note() -> str:
+    """The one line above the tabs while the app serves the bundled model: what it is and how to
+    serve BERT itself; what it is in full in a closed <details>."""
+    line = (f"**Serving the bundled model**: small and trained offline, so its guesses are rough. To serve "
+            f"BERT itself, start the app with `--model {DEFAULT_MODEL}` (downloaded once; for a machine "
+            f"offline, `python -m bertdemo download {DEFAULT_MODEL} --dir models/bert` where there is "
+            "internet, then `--model models/bert`).")
+    return line + "\n\n" + details("What the bundled model is", bundled.describe(bundled.read_report()))
+
+
 def shown(store) -> bool:
-    """Whether the page needs the banner: no model, or the bundled one served in another's place."""
-    return store.base is None or store.notice is not None
+    """Whether the page needs the banner: no model, the bundled one served in another's place, or
+    the bundled one served at all."""
+    return store.base is None or store.notice is not None or _serves_bundled(store)
+
+
+def _serves_bundled(store) -> bool:
+    return store.base is not None and store.base.name == bundled.BUNDLED
 
 
 def render(ctx: AppContext, demo: gr.Blocks) -> None:
@@ -67,7 +84,9 @@ def on_page_load(visitor: Visitor):
 
 
 def _text(store) -> str:
-    return store.notice if store.notice else model_line(store, place="banner")
+    if store.notice:
+        return store.notice
+    return bundled_note() if _serves_bundled(store) else model_line(store, place="banner")
 
 
 def _offer_bundled(store) -> bool:
