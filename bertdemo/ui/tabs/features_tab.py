@@ -179,6 +179,7 @@ def on_find_features(visitor: Visitor, query, by, layer, top_features):
         a line saying what was found (by word: the word's occurrences in the corpus searched; by label: how many labels hold the text, or, with none, that the nearest labels are shown), a table (by word: feature, lift, the share of the word's occurrences it fires on, the share of its firings on the word, label; by label: feature, density, label), and the raw result (by word {"layer", "word", "token", "token_id", "occurrences", "corpus": {"tokens", "lines"}, "min_firings", "features": [{"feature", "lift", "firings", "word_share", "feature_share", "label"}]}; by label {"layer", "text", "matched", "total", "features": [{"feature", "label", "density"}]}).
     """
     lm, store = visitor.lm, _store(visitor)
+    top_features = validate.whole_number(top_features, "number of features", 1, finding.MAX_TOP, field="top_features")
     if by == "label":
         result = finding.features_by_label(lm, query, layer, top_features, store)
         return found_label_note(result), label_frame(result), result
