@@ -45,10 +45,11 @@ def bundled_note() -> str:
     """The one line above the tabs while the app serves the bundled model: what it is and how to
     serve BERT itself; what it is in full in a closed <details>."""
     line = (f"**Serving the bundled model**: small and trained offline, so its guesses are rough. To serve "
-            f"BERT itself, start the app with `--model {DEFAULT_MODEL}` (downloaded once; for a machine "
-            f"offline, `python -m bertdemo download {DEFAULT_MODEL} --dir models/bert` where there is "
-            "internet, then `--model models/bert`).")
-    return line + "\n\n" + details("What the bundled model is", bundled.describe(bundled.read_report()))
+            f"BERT itself, start the app with `--model {DEFAULT_MODEL}`.")
+    offline = (f"BERT is downloaded once; for a machine offline, run `python -m bertdemo download {DEFAULT_MODEL} "
+               "--dir models/bert` where there is internet, then start with `--model models/bert`.")
+    return line + "\n\n" + details("What the bundled model is, and BERT offline",
+                                    bundled.describe(bundled.read_report()), offline)
 
 
 def shown(store) -> bool:
