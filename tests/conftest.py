@@ -101,9 +101,12 @@ def awaited(coroutine):
 
 
 def launch(demo):
-    """Launch a built demo on a free local port; returns its URL. Caller closes it."""
+    """Launch a built demo on a free local port, with the app's theme (its fonts); returns its
+    URL. Caller closes it."""
+    from bertdemo.ui.serving.lifecycle import page_theme
+
     _, url, _ = demo.launch(server_name="127.0.0.1", server_port=None, prevent_thread_lock=True,
-                            quiet=True, share=False)
+                            quiet=True, share=False, theme=page_theme())
     return url
 
 

@@ -48,3 +48,29 @@ def preload_event(url: str) -> dict:
         config = json.load(response)
     chart = next(c["id"] for c in config["components"] if c.get("props", {}).get("elem_id") == ELEM_ID)
     return next(d for d in config["dependencies"] if chart in d["outputs"])
+
+
+def test_the_pages_fonts_come_from_the_app_whole(page, app_url):
+    """Offline the page looks as online: every font is served by the app itself (none from Google),
+    and each face holds every letter, so bold text never falls back letter by letter (Gradio's own
+    SemiBold files hold 55 glyphs: "ʙERT" in a bold heading)."""
+    import io
+    import string
+
+    from fontTools.ttLib import TTFont
+
+    page.goto(app_url)
+    expect(page.get_by_role("heading", name="bertdemo")).to_be_visible()
+    loaded = ("[...document.fonts].filter(f => f.status === 'loaded' && !f.family.startsWith('KaTeX'))"
+              ".map(f => f.family + ' ' + f.weight).sort()")
+    page.wait_for_function(f"{loaded}.length >= 4")  # a face loads when text first uses it
+    assert page.evaluate(loaded) == ["IBM Plex Mono 400", "IBM Plex Mono 700", "Source Sans Pro 400",
+                                     "Source Sans Pro 700"]
+    assert not [url for url in page.blocked if "font" in url]  # nothing asked of Google
+    served = page.evaluate("[...new Set(performance.getEntriesByType('resource').map(e => e.name)"
+                           ".filter(url => url.includes('/static/fonts/')))]")
+    assert len(served) == 4 and all(url.startswith(app_url) for url in served), served
+    for url in served:
+        with urllib.request.urlopen(url) as answer:
+            glyphs = TTFont(io.BytesIO(answer.read())).getBestCmap()
+        assert not [c for c in string.ascii_letters + string.digits if ord(c) not in glyphs], url

@@ -29,6 +29,19 @@ EXIT_WITHIN_S = 10.0  # SIGTERM to exit: Docker's `stop` kills after 10 s
 RUNS_STOP_WITHIN_S = 6.0  # of which the running runs get this long to end their current step
 
 
+def page_theme() -> gr.themes.Base:
+    """Gradio's default theme with fonts the app serves itself, whole. The default's Source Sans
+    Pro and IBM Plex Mono come from Gradio's own static folder, but its SemiBold files (weight 600:
+    headings, labels, bold text) hold 55 and 75 glyphs (no lowercase, few capitals), so bold text
+    fell back to the system font letter by letter and some capitals showed smaller ("ʙERT").
+    Weights 400 and 700 are the fonts' whole files (1,615 and 750 glyphs; SIL Open Font License,
+    shipped in the gradio package): text at 600 takes the 700 face. Nothing comes from Google, so
+    the page renders the same offline."""
+    return gr.themes.Default(
+        font=(gr.themes.LocalFont("Source Sans Pro", weights=(400, 700)), "ui-sans-serif", "system-ui", "sans-serif"),
+        font_mono=(gr.themes.LocalFont("IBM Plex Mono", weights=(400, 700)), "ui-monospace", "Consolas", "monospace"))
+
+
 class Signals:
     """SIGTERM (docker stop, kubectl, systemd) and Ctrl-C. While the server starts (the model
     loading, the page being built) the process exits at once, status 0, its temporary files
@@ -139,7 +152,7 @@ def serve(demo: gr.Blocks, settings: Settings, block: bool = True,
                 server_name=settings.host, server_port=settings.port, share=share,
                 auth=parse_auth(settings.auth), auth_message="Log in to use this bertdemo.",
                 max_file_size=MAX_UPLOAD, state_session_capacity=settings.max_sessions,
-                mcp_server=settings.mcp, prevent_thread_lock=True, quiet=True,
+                mcp_server=settings.mcp, prevent_thread_lock=True, quiet=True, theme=page_theme(),
                 app_kwargs=health_check(store, settings, disk))
     except BaseException:
         sys.stdout.write(gradio_says.getvalue())
