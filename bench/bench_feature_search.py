@@ -51,9 +51,9 @@ def server(lm, store: FeatureStore, repeats: int) -> None:
     _, layout_s = timed(lambda: feature_map.feature_map(lm, LAYER, store))
     _, again_s = timed(lambda: feature_map.feature_map(lm, 4, store))
     counts = search.token_counts(lm, store.get(lm, LAYER), store)
-    print(f"once per dictionary (layer {LAYER}): the counts' corpus pass {counts_s:.1f} s ({counts.tokens:,} tokens, "
-          f"{counts.lines:,} lines); the {method} layout {layout_s:.1f} s (first in this process), layer 4's "
-          f"{again_s:.1f} s")
+    print(f"once per dictionary (layer {LAYER}): the counts' corpus pass {counts_s:.1f} s ({counts.tokens:,} "
+          f"tokens, {counts.lines:,} lines); the {method} layout {layout_s:.1f} s (first in this process), "
+          f"layer 4's {again_s:.1f} s")
     feature = 1265
     medians = interleaved_medians({
         "word 'river'": lambda: bertdemo.features_for_word(lm, "river", LAYER, 10, store),

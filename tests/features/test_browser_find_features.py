@@ -84,7 +84,8 @@ def test_the_map_is_drawn_and_a_click_on_a_point_opens_its_card(page, url, tiny_
     xy = np.stack([layout["x"], layout["y"]], 1)
     gaps = np.linalg.norm(xy[:, None] - xy[None], axis=-1) + np.eye(len(xy)) * 1e9
     picked = int(gaps.min(1).argmax())  # the point farthest from any other: a click there is on it alone
-    points.nth(picked).click(force=True)  # plotly draws the points in the data's order  # plotly's own layer over the points takes the click, as a visitor's
+    # plotly draws the points in the data's order; its own layer over them takes the click, as a visitor's
+    points.nth(picked).click(force=True)
     expect(page.locator("#features-feature input")).to_have_value(str(picked))
     expect(page.locator("#feature-summary")).to_contain_text(f"Feature {picked} of layer 1")
     screenshot("features_map")

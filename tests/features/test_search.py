@@ -1,7 +1,7 @@
 """Finding a feature (`features/search.py`) and a layer's map (`features/feature_map.py`), on a tiny
-dictionary built here: one feature is made to fire on "river" alone (its encoder row points at
-river's hidden state, its bias cuts off every other token), the rest are random. Search by word must
-find it first, by its label too; its nearest directions are the ones made near it; the map has a
+dictionary built here: one feature is made to fire on "river" alone (its encoder row points at river's
+hidden state, its bias cuts off every other token), the rest are random. Search by word must find it
+first, by its label too; its nearest directions are the ones made near it; the map has a
 point per feature, kept on disk and read back the same."""
 from __future__ import annotations
 
