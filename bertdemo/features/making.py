@@ -26,11 +26,11 @@ from ..views.corpus_search import DEFAULT_CORPUS
 from . import dictionary as files
 from .data import RESIDUAL, Lines, Point, point_of
 from .dictionary import Dictionary
+from .effects import promoted_ids
 from .quality import measure
 from .stats import corpus_codes, from_codes, keep_used_lines
 from .store import FeatureStore, shared_store
 from .training import FeatureHistory, FeatureSettings, machine, train
-from .views import promoted_ids
 
 MIN_TOKENS = 1_000  # kept positions: below this a dictionary learns nothing worth showing
 HELD_OUT_TOKENS = 20_000  # the held-out text, where the corpus allows
