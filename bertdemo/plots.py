@@ -248,10 +248,11 @@ def attention_heatmap(labels: list[str], matrix, title: str, boundary: int | Non
 
 
 def mask_attention_grid(rows, labels: list[str], hidden: list[bool] | None = None,
-                        title: str = "What the [MASK] looked at") -> go.Figure:
+                        title: str = "What the [MASK] looked at", first_layer: int = 0) -> go.Figure:
     """Layers x heads grid for one [MASK]: each cell names the token the mask attends to most in
     that head, coloured by the weight; hover lists the top 3. `rows` is (layers, heads, T);
-    tokens with `hidden[j]` true are skipped (e.g. [CLS]/[SEP])."""
+    tokens with `hidden[j]` true are skipped (e.g. [CLS]/[SEP]); layers are named from
+    `first_layer` (the page's 1: 0 is the embeddings)."""
     weights = np.array(rows, dtype=np.float64)
     if hidden is not None and not all(hidden):
         weights[:, :, np.array(hidden, dtype=bool)] = -1.0  # never the top choice
@@ -264,7 +265,8 @@ def mask_attention_grid(rows, labels: list[str], hidden: list[bool] | None = Non
               for h in range(n_heads)] for i in range(n_layers)]
     grid = dict(type="heatmap", z=top.tolist(), text=text, customdata=hover, texttemplate="%{text}",
                 colorscale=_colorscale("Oranges"), zmin=0, zmax=1, x=list(range(n_heads)),
-                y=list(range(n_layers)), hovertemplate="layer %{y}, head %{x}<br>%{customdata}<extra></extra>",
+                y=list(range(first_layer, first_layer + n_layers)),
+                hovertemplate="layer %{y}, head %{x}<br>%{customdata}<extra></extra>",
                 colorbar=dict(title=dict(text="weight")), xgap=1, ygap=1)
     return fast_figure([grid], dict(
         title=dict(text=title), height=min(max(300, 90 + 34 * n_layers), 1200),

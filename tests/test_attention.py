@@ -262,16 +262,17 @@ def test_endpoint_matches_service_and_refuses_long_text(client, tiny_bert):
         text, "", "model", [], [], "mean_heads", 1, 0, True, True, 0.0, 1, api_name="/attention")
     expected = bertdemo.attention(tiny_bert, text)
     assert raw["tokens"] == expected.tokens
-    shown = view(expected, "mean_heads", 1, 0, whole_words=True, hide_special=True)
+    shown = view(expected, "mean_heads", 0, 0, whole_words=True, hide_special=True)  # the page's layer 1: the first
+    assert raw["heatmap"]["title"] == "Attention, layer 1, mean over heads (words): row attends to column"
     assert raw["heatmap"]["labels"] == shown.labels
     np.testing.assert_allclose(raw["heatmap"]["matrix"], shown.matrix, atol=1e-4)
-    assert viz.startswith("<iframe srcdoc=") and "Layers 0-1, heads 0-1" in note
+    assert viz.startswith("<iframe srcdoc=") and "Layers 1-2, heads 0-1" in note  # layers as every tab counts
     assert "`[MASK]` 1 of 1" in mask_note
     with open(download, encoding="utf-8") as f:
         assert "data:text/javascript;base64," in f.read()
     as_shown = dataclasses.replace(tiny_bert, name=Path(tiny_bert.name).name)  # the page hides server paths
     with pytest.raises(AppError, match=re.escape(str(_fill_mask_error(as_shown)))):
-        client.predict("[MASK] " + "paris " * 100, "", "head", [], [], "head", 0, 0, False, False,
+        client.predict("[MASK] " + "paris " * 100, "", "head", [], [], "head", 1, 0, False, False,
                        0.0, 1, api_name="/attention")
 
 
@@ -300,18 +301,19 @@ def test_handlers_keep_only_the_query_and_recompute_the_same_views(real_vocab_be
     visitor = _visitor(real_vocab_bert)
     text = "The [MASK] sat on the mat because it was tired and " + "very " * 100 + "sleepy."
     viz, download, note, heatmap, raw, grid, preds, mask_note = attention_tab.on_run(
-        visitor, text, "", "head", [], [], "head", 1, 1, False, False, 0.0, 1)
+        visitor, text, "", "head", [], [], "head", 2, 1, False, False, 0.0, 1)  # the page's layer 2: index 1
     att = bertdemo.attention(real_vocab_bert, text)
     assert len(att.tokens) > 100 and att.weights.nbytes > 100_000
     assert visitor.store.result_bytes() < 2_000  # the query, not the (layers, heads, T, T) weights
     assert not any(isinstance(v, np.ndarray) for v in vars(visitor.store.result("s1", "attention")).values())
     assert raw["heatmap"]["matrix"] == [[round(w, 4) for w in row] for row in view(att, "head", 1, 1).matrix.tolist()]
-    _, changed = attention_tab.on_heatmap(visitor, "rollout", 1, 0, True, True, 0.0)
+    _, changed = attention_tab.on_heatmap(visitor, "rollout", 2, 0, True, True, 0.0)
     expected = view(att, "rollout", 1, 0, whole_words=True, hide_special=True)
     assert changed["heatmap"]["labels"] == expected.labels
     np.testing.assert_allclose(changed["heatmap"]["matrix"], expected.matrix, atol=1e-4)
-    frame, export, viz_note = attention_tab.on_viz(visitor, "model", [0], [1])
-    assert "Layers 0, heads 1 of 2 x 2" in viz_note and frame.startswith("<iframe srcdoc=")
+    frame, export, viz_note = attention_tab.on_viz(visitor, "model", [1], [1])  # the first layer
+    assert "Layers 1, heads 1 of 2 x 2" in viz_note and frame.startswith("<iframe srcdoc=")
+    assert ".text(config.layers[i] + 1)" in frame  # bertviz's own labels count from 1 too
     assert Path(export).parent.parent == visitor.store.session_dir("s1")  # the session's own files
     assert "[MASK]` 1 of 1" in attention_tab.on_mask(visitor, 1, True)[2]
     with pytest.raises(ValueError, match="mask number must be a whole number from 1 to 1"):
@@ -338,7 +340,7 @@ def test_a_freed_model_asks_to_run_again(tiny_bert):
     tuned = LoadedModel("tuned", tiny_bert.tokenizer, tiny_bert.model, tiny_bert.device)
     visitor.store.put_model("s1", "tuned", tuned)
     visitor.store.use_tuned("s1")
-    attention_tab.on_run(visitor, "Paris is the [MASK] of France.", "", "head", [], [], "head", 0, 0,
+    attention_tab.on_run(visitor, "Paris is the [MASK] of France.", "", "head", [], [], "head", 1, 0,
                          False, False, 0.0, 1)
     visitor.store.use_base("s1")
     del tuned
@@ -346,4 +348,4 @@ def test_a_freed_model_asks_to_run_again(tiny_bert):
     import gc
     gc.collect()
     with pytest.raises(ValueError, match="Show attention again"):
-        attention_tab.on_heatmap(visitor, "head", 0, 0, False, False, 0.0)
+        attention_tab.on_heatmap(visitor, "head", 1, 0, False, False, 0.0)

@@ -31,12 +31,14 @@ def test_attention_tab_renders_bertviz_offline(page, app_url, screenshot):
     expect(frame.locator("#filter option")).to_have_text(
         ["All", "Sentence A -> Sentence A", "Sentence B -> Sentence B", "Sentence A -> Sentence B",
          "Sentence B -> Sentence A"])  # the A/B boundary, in bertviz's own filter
+    expect(frame.locator("#layer option")).to_have_text(["1", "2"])  # layers as every tab counts them
     expect(page.get_by_text("What [MASK] 1 looked at")).to_be_visible()
     expect(page.locator("#bertviz-view ~ * .js-plotly-plot, .js-plotly-plot").first).to_be_visible()
     screenshot("attention_head_view")
 
     page.get_by_label("Model view").check()
     expect(frame.locator("svg text", has_text="Heads")).to_be_visible()
+    expect(frame.locator("svg text", has_text=re.compile(r"^2$"))).to_have_count(1)  # layers 1-2 (heads 0-1)
     assert not [u for u in page.blocked if re.search(r"cdnjs|d3|jquery|require", u)]
     screenshot("attention_model_view")
 

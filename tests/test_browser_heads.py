@@ -29,11 +29,11 @@ def test_neuron_view_draws_and_a_clicked_token_becomes_the_query(page, app_url, 
     expect(page.get_by_role("spinbutton", name=re.compile(r"^Query token"))).to_have_value("4")
     page.get_by_role("button", name="Show the neuron view").click()
     title = plot_title(page, "Neuron view: query, keys")
-    expect(title).to_have_text("Layer 0, head 0: the query of token 4, “[MASK]”, against every key")
+    expect(title).to_have_text("Layer 1, head 0: the query of token 4, “[MASK]”, against every key")  # the first layer
     weights = bertdemo.neuron_view(tiny_bert, SENTENCE, layer=0, head=0, token=4)["weights"]
     page.locator("#neuron-tokens .token", has_text="paris").click()
     expect(page.get_by_role("spinbutton", name=re.compile(r"^Query token"))).to_have_value("1")
-    expect(title).to_have_text("Layer 0, head 0: the query of token 1, “paris”, against every key")
+    expect(title).to_have_text("Layer 1, head 0: the query of token 1, “paris”, against every key")
     weights = bertdemo.neuron_view(tiny_bert, SENTENCE, layer=0, head=0, token=1)["weights"]
     block = page.locator("div.block", has=page.get_by_test_id("block-label").filter(has_text="Neuron view: query"))
     expect(block.locator(".bartext", has_text=f"{max(weights):.2f}").first).to_be_attached()  # the weights' bars
@@ -46,13 +46,14 @@ def test_a_click_on_the_grid_switches_a_head_off_and_the_predictions_change(page
     page.get_by_role("button", name="Compute head importance").click()
     delta = bertdemo.head_importance(tiny_bert, SENTENCE)["delta"]
     grid = page.locator("#head-importance")
-    cell = grid.get_by_test_id("cell-1-1")  # layer 1, head 0 (column 0 names the layer)
+    cell = grid.get_by_test_id("cell-1-1")  # the second layer ("layer 2"), head 0 (column 0 names the layer)
+    expect(grid.get_by_test_id("cell-1-0")).to_have_text("layer 2")
     expect(cell).to_have_text(f"{delta[1][0]:+.3f}")
     cell.click()
     heads = page.get_by_role("textbox", name=re.compile(r"^Heads switched off"))
-    expect(heads).to_have_value("1:0")
+    expect(heads).to_have_value("2:0")
     expect(grid.get_by_test_id("cell-1-1")).to_have_text(f"✕ {delta[1][0]:+.3f}")
-    expect(page.get_by_text("1 of 4 heads switched off (1:0)")).to_be_visible()
+    expect(page.get_by_text("1 of 4 heads switched off (2:0)")).to_be_visible()
     expect(page.locator(".legendtext", has_text="1 heads off")).to_be_visible()
     screenshot("attention_head_importance")
     grid.get_by_test_id("cell-1-1").click()  # and on again

@@ -304,7 +304,8 @@ def test_saliency_handler_shows_attribution_beside_attention(visitor):
     from bertdemo.views.attention_views import attention, mask_rows
     from bertdemo.ui.tabs.explain_tab import on_saliency
 
-    note, coloured, result = on_saliency(visitor, TWO, "", 1, "integrated_gradients", 16, 0)
+    note, coloured, result = on_saliency(visitor, TWO, "", 1, "integrated_gradients", 16, 1)  # layer 1: the first
+    assert "Attention of the [MASK], layer 1, mean over heads" in coloured
     assert "convergence delta" in note
     assert coloured.count('class="explain-token"') == 2 * len(result["tokens"])
     att = mask_rows(attention(visitor.lm, TWO), 0)[0].mean(0)
@@ -324,8 +325,8 @@ def test_layers_handler_refuses_bad_input(visitor, args, words):
 def test_saliency_handler_refuses_a_layer_the_model_lacks(visitor):
     from bertdemo.ui.tabs.explain_tab import on_saliency
 
-    with pytest.raises(InputError, match="from 0 to 1") as err:
-        on_saliency(visitor, TEXT, "", 1, "gradient_x_input", 1, 2)
+    with pytest.raises(InputError, match="from 1 to 2") as err:  # the tiny model's 2 layers, as the page counts
+        on_saliency(visitor, TEXT, "", 1, "gradient_x_input", 1, 3)
     assert err.value.field == "layer"
 
 
@@ -344,7 +345,7 @@ def test_named_endpoints_answer_as_the_python_api(client, tiny_bert):
     for served, direct in zip(raw, direct_layers):
         for served_layer, direct_layer in zip(served["layers"], direct["layers"]):
             _close(served_layer, direct_layer)
-    note, coloured, result = client.predict(TEXT, "capital", 1, "gradient_x_input", 1, 0, api_name="/saliency")
+    note, coloured, result = client.predict(TEXT, "capital", 1, "gradient_x_input", 1, 1, api_name="/saliency")  # layer 1: the first
     direct = bertdemo.saliency(tiny_bert, TEXT, "capital", method="gradient_x_input")
     assert result["tokens"] == direct["tokens"] and "capital" in note
     assert result["attributions"] == pytest.approx(direct["attributions"], abs=1e-5)

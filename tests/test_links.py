@@ -89,5 +89,5 @@ def test_every_tabs_link_parameters_are_its_main_endpoints(tiny_bert_dir):
         kinds = {name: links.control_of(name, c).kind for name, c in pairs}
         assert "other" not in {kinds[n] for n in kinds if n not in ("examples",)}, tab
     layer = dict(links.Links._inputs(endpoints["attention"]))["layer"]
-    assert links.control_of("layer", layer) == Control("layer", "number", 1, 0, 1, True)
+    assert links.control_of("layer", layer) == Control("layer", "number", 2, 1, 2, True)  # 1 = the first layer
     assert isinstance(layer, gr.Slider)

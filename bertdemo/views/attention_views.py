@@ -244,11 +244,12 @@ class View:
 
 
 def view(att: Attention, heatmap: str = "head", layer: int = 0, head: int = 0, whole_words: bool = False,
-         hide_special: bool = False) -> View:
+         hide_special: bool = False, first_layer: int = 0) -> View:
     """A heatmap (`VIEWS`: one head, a mean, rollout), optionally per word and without special tokens.
 
     Hiding [CLS]/[SEP] drops their rows and columns and renormalises each row over the tokens left
-    (BERT sends much attention to them, Clark et al. 2019), so rows still sum to 1.
+    (BERT sends much attention to them, Clark et al. 2019), so rows still sum to 1. `layer` counts
+    from 0; the title names it counted from `first_layer` (the page's 1: 0 is the embeddings).
     """
     matrix = aggregate(att.weights, heatmap, layer, head)
     groups = token_groups(att, whole_words)
@@ -262,7 +263,8 @@ def view(att: Attention, heatmap: str = "head", layer: int = 0, head: int = 0, w
         matrix = matrix / np.maximum(matrix.sum(-1, keepdims=True), 1e-12)
         groups = [groups[g] for g in keep]
     boundary = next((g for g, group in enumerate(groups) if group.sequence == 1), None)
-    return View([g.label for g in groups], matrix, boundary, _title(heatmap, layer, head, whole_words))
+    return View([g.label for g in groups], matrix, boundary,
+                _title(heatmap, layer + first_layer, head, whole_words))
 
 
 def _title(heatmap: str, layer: int, head: int, whole_words: bool) -> str:
@@ -304,7 +306,7 @@ def _spread(n: int, k: int) -> list[int]:
 
 def bertviz_html(att: Attention, bertviz_view: str = "head", layers: list[int] | None = None,
                  heads: list[int] | None = None, script_urls: dict[str, str] | None = None,
-                 decimals: int | None = None, max_weights: int = MAX_VIEW_WEIGHTS) -> str:
+                 decimals: int | None = None, max_weights: int = MAX_VIEW_WEIGHTS, first_layer: int = 0) -> str:
     """A complete HTML document with bertviz's head view (`bertviz_view="head"`) or model view ("model").
 
     `layers` and `heads` (model view only) filter what is sent, None for `default_selection`;
@@ -313,7 +315,8 @@ def bertviz_html(att: Attention, bertviz_view: str = "head", layers: list[int] |
     "jquery"} -> URL), by default inlined as data: URLs so the file works offline. Tokens are
     escaped for the <script> they sit in. A chosen view of more weights than `max_weights` (or
     than the default view, if that is more) raises ValueError: the page and its download would
-    be too large.
+    be too large. `layers` count from 0; bertviz's own labels name them counted from `first_layer`
+    (the page's 1: 0 is the embeddings).
     """
     if bertviz_view not in {"head", "model"}:
         raise ValueError(f"Unknown bertviz view {bertviz_view!r}: use 'head' or 'model'.")
@@ -343,6 +346,7 @@ def bertviz_html(att: Attention, bertviz_view: str = "head", layers: list[int] |
     else:
         body = model_view(**common, include_heads=heads, display_mode="light").data
     body = _script_safe_params(body, bertviz_view)
+    body = _layer_labels(body, bertviz_view, first_layer) if first_layer else body
     body = _local_scripts(body, script_urls or data_urls())
     return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>bertviz "
             f"{bertviz_view} view</title></head>\n<body style=\"margin:8px\">{body}</body></html>")
@@ -362,6 +366,23 @@ def _script_safe_params(body: str, bertviz_view: str) -> str:
     safe = (json.dumps(_integral_floats_as_ints(params), separators=(",", ":")).replace("<", "\\u003c")
             .replace(">", "\\u003e").replace("&", "\\u0026"))
     return body[:start] + safe + body[end:].replace(body[start:end], "PYTHON_PARAMS")  # once, not twice
+
+
+# Where bertviz's scripts write a layer's number for the reader (its index, from 0)
+_LAYER_LABELS = {"head": [".val(layer).text(layer)"],
+                 "model": [".text(config.layers[i])", "'Layer ' + config.layers[layerIndex]"]}
+
+
+def _layer_labels(body: str, bertviz_view: str, first_layer: int) -> str:
+    """bertviz's layer labels counted from `first_layer` (its data keeps the indices)."""
+    for label in _LAYER_LABELS[bertviz_view]:
+        if label not in body:
+            raise RuntimeError(f"bertviz's {bertviz_view} view no longer writes {label!r}: update _LAYER_LABELS.")
+        shifted = (label.replace(".text(layer)", f".text(layer + {first_layer})")
+                   .replace(".text(config.layers[i])", f".text(config.layers[i] + {first_layer})")
+                   .replace("config.layers[layerIndex]", f"(config.layers[layerIndex] + {first_layer})"))
+        body = body.replace(label, shifted)
+    return body
 
 
 def _integral_floats_as_ints(value):

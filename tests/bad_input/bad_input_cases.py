@@ -80,7 +80,7 @@ ENDPOINTS = {
     "/export_training_script": [],  # after /finetune: it exports the session's finished run
     "/layer_predictions": [("text", SENTENCE), ("number", 1), ("number", 3)],
     "/saliency": [("text", SENTENCE), ("text", ""), ("number", 1), ("choice", "gradient_x_input"),
-                  ("number", 2), ("number", 0)],
+                  ("number", 2), ("number", 1)],  # layer 1: the first (0 is the embeddings: no attention)
     "/embedding_map": [("text", "I sat on the river bank.\nThe bank lent me money."), ("number", 1),
                        ("text", "bank")],
     "/search_corpus": [("text", "I sat on the river bank."), ("text", "bank"), ("number", 1), ("number", 5),

@@ -11,6 +11,11 @@ import pandas as pd
 from gradio.components.plot import PlotData
 
 log = logging.getLogger("bertdemo")
+# How every tab counts layers (said once above the tabs): the hidden state after the embeddings is
+# layer 0, the N-th layer's output layer N; layer N's attention heads are the N-th layer's. The
+# Python API's own `layer` arguments keep their meaning (attention and heads count from 0 there).
+LAYERS_LINE = ("**Layers** are counted the same way on every tab: **0 = the embeddings**, **N = the N-th "
+               "layer** (its output; its attention heads). Heads are counted from 0.")
 # Two or more /segments not glued to a word, URL or relative path: a path on the server.
 _SERVER_PATH = re.compile(r"""(?<![\w.:/~-])(?:/[^\s'"`/<>]+){2,}/?""")
 

@@ -1,11 +1,13 @@
 """The model picker above the tabs: a visitor picks the base model of their own browser session
-among those the operator offers (`--models`); nothing else can be loaded from the page."""
+among those the operator offers (`--models`); nothing else can be loaded from the page. Under it,
+the one line saying how every tab counts layers."""
 import logging
 
 import gradio as gr
 
 from ...config import Settings
 from ...model.loading import LoadedModel, allowed_choices, allowed_entry, family_hint
+from .common import LAYERS_LINE
 from .context import AppContext, Visitor, handler, standalone_demo
 from .model_line import model_card, model_line
 
@@ -27,6 +29,7 @@ def render(ctx: AppContext) -> None:
         note = gr.Markdown(scale=3)
     with gr.Accordion("Model card: size, precision, what the checkpoint lacked", open=False):
         card = gr.Markdown(model_card(ctx.store, features=ctx.features))
+    gr.Markdown(LAYERS_LINE, elem_id="layers-line")  # said once, for every tab
     # One load at a time: a model the operator listed can be large, and loading it once is enough.
     picker.input(handler(ctx, on_pick), picker, note, api_name="choose_model", concurrency_id="load_model",
                  concurrency_limit=1).then(handler(ctx, on_card), None, card, api_visibility="private",

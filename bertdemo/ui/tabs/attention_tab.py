@@ -35,8 +35,9 @@ pieces back into words: a word **receives** the sum of what its pieces receive (
 and **gives** the mean of what its pieces give (mean over query pieces), so rows still sum to 1.
 *Hide [CLS]/[SEP]* drops them and renormalises each row over the tokens left. *Hide weights below*
 only blanks weak cells. *Rollout* (Abnar & Zuidema 2020) follows attention through the layers: each
-layer's head-mean plus the residual (0.5·A + 0.5·I, renormalised), multiplied from layer 0 up to
-the chosen layer. Hover a cell for its exact value; the camera icon saves a PNG."""
+layer's head-mean plus the residual (0.5·A + 0.5·I, renormalised), multiplied from the first layer up to
+the chosen layer. Layers count from 1 (the first layer; 0 is the embeddings, which attend to nothing),
+heads from 0. Hover a cell for its exact value; the camera icon saves a PNG."""
 EXPLAINER = """**What attention weights are.** In each layer, every head computes for every token a
 probability distribution over all tokens (a row of the heatmap); the token's new representation is
 that weighted average of the other tokens' *value* vectors, one per head, then mixed by the next
@@ -114,7 +115,8 @@ def _section_bertviz(n_layers: int, n_heads: int):
     with gr.Row():
         kind = gr.Radio([("Head view", "head"), ("Model view", "model")], value="head", label="View",
                         scale=1)
-        layers = gr.CheckboxGroup(list(range(n_layers)), label="Layers (none ticked: automatic)", scale=2)
+        layers = gr.CheckboxGroup(list(range(1, n_layers + 1)), label="Layers, 1 = the first (none ticked: automatic)",
+                                  scale=2)
         heads = gr.CheckboxGroup(list(range(n_heads)), label="Heads, model view (none: automatic)", scale=2)
     note = gr.Markdown()
     viz = gr.HTML(elem_id="bertviz-view")
@@ -127,7 +129,7 @@ def _section_heatmaps(n_layers: int, n_heads: int):
     with gr.Row():
         kind = gr.Dropdown([(label, key) for key, label in VIEWS.items()], value="head", label="Show",
                            scale=2)
-        layer = gr.Slider(0, n_layers - 1, value=n_layers - 1, step=1, label="Layer (from 0)", scale=2)
+        layer = gr.Slider(1, n_layers, value=n_layers, step=1, label="Layer (1 = the first)", scale=2)
         head = gr.Slider(0, n_heads - 1, value=0, step=1, label="Head (from 0)", scale=2)
     with gr.Row():
         words = gr.Checkbox(label="Whole words (merge word pieces)")
@@ -206,13 +208,14 @@ def on_export_mask(visitor: Visitor, mask_number, hide_special) -> dict:
         raise ValueError("There is no [MASK] in the sentence: put one where a word is missing.")
     index = _mask_index(mask_number, len(att.mask_positions))
     return view_downloads.listed(view_files.mask_grid(att, index, view_downloads.folder(visitor),
-                                                      bool(hide_special)))
+                                                      bool(hide_special), first_layer=1))
 
 
 def _shown(att: Attention, heatmap, layer, head, whole_words, hide_special):
-    """The heatmap's view, its layer and head kept within the model's (the sliders are the app's)."""
-    layer, head = min(int(layer), att.num_layers - 1), min(int(head), att.num_heads - 1)
-    return view(att, heatmap, layer, head, bool(whole_words), bool(hide_special))
+    """The heatmap's view, its layer (1 = the first, as the page counts) and head kept within the
+    model's (the sliders are the app's)."""
+    layer, head = min(max(int(layer), 1), att.num_layers) - 1, min(int(head), att.num_heads - 1)
+    return view(att, heatmap, layer, head, bool(whole_words), bool(hide_special), first_layer=1)
 
 
 def _recalled(visitor: Visitor) -> Attention:
@@ -253,17 +256,18 @@ def _model_shape(store: SessionStore) -> tuple[int, int]:
 
 
 def _viz_outputs(visitor: Visitor, att: Attention, bertviz_view: str, layers, heads):
-    """The bertviz view in an iframe, the same view as a download, and a line on what is shown."""
+    """The bertviz view in an iframe, the same view as a download, and a line on what is shown
+    (`layers` as the page counts them, 1 = the first)."""
     auto_layers, auto_heads = default_selection(att, bertviz_view)
-    layers = [x for x in layers or [] if x < att.num_layers] or auto_layers
+    layers = [x - 1 for x in layers or [] if 1 <= x <= att.num_layers] or auto_layers
     heads = [x for x in heads or [] if x < att.num_heads] or auto_heads
     start = time.perf_counter()
     urls = served_urls()
-    in_page = bertviz_html(att, bertviz_view, layers, heads, script_urls=urls)
+    in_page = bertviz_html(att, bertviz_view, layers, heads, script_urls=urls, first_layer=1)
     ms = (time.perf_counter() - start) * 1e3
     frame = srcdoc_iframe(in_page, view_height(att, bertviz_view, len(layers)), title=f"bertviz {bertviz_view} view")
     shown_heads = f", heads {_ranges(heads)}" if bertviz_view == "model" else ""
-    note = (f"Layers {_ranges(layers)}{shown_heads} of {att.num_layers} x {att.num_heads}; "
+    note = (f"Layers {_ranges([x + 1 for x in layers])}{shown_heads} of {att.num_layers} x {att.num_heads}; "
             f"{len(in_page) / 1e3:,.0f} kB built in {ms:.0f} ms. Tick layers/heads to choose others "
             "(fewer keep long inputs responsive).")
     return frame, _export(visitor, standalone(in_page, urls), bertviz_view), note
@@ -287,7 +291,8 @@ def _mask_outputs(att: Attention, mask_number, hide_special):
     index = _mask_index(mask_number, len(att.mask_positions))
     hidden = att.special if hide_special else None
     grid = plots.mask_attention_grid(mask_rows(att, index), att.tokens, hidden,
-                                     title=f"What [MASK] {index + 1} looked at (token with the most weight)")
+                                     title=f"What [MASK] {index + 1} looked at (token with the most weight)",
+                                     first_layer=1)
     bars = plots.prediction_bars([att.predictions[index]])
     note = (f"`[MASK]` {index + 1} of {len(att.mask_positions)} (token {att.mask_positions[index]}). "
             "Each cell: the token this mask attends to most in that layer and head; hover for the top 3.")

@@ -17,8 +17,8 @@ EXAMPLES = ["Paris is the [MASK] of France.", "The doctor said that [MASK] would
 INTRO = """**Layer by layer** applies the model's own MLM head to the hidden state after the embeddings
 and after every layer (a "logit lens"): where does the final answer appear? **Which tokens caused
 it** attributes log p(answer) at one mask to every input token with Captum, shown next to what that
-mask attended to in a layer you choose: attention says where a head looked, attribution what
-changed the answer."""
+mask attended to in a layer you choose (layer 1 = the first; the heatmap's "embeddings" row is
+layer 0): attention says where a head looked, attribution what changed the answer."""
 SALIENCY_HELP = """**Reading the colours.** Red tokens raised the probability of the explained token,
 blue ones lowered it; hover a token for its value. *Integrated gradients* integrates the gradient
 from a baseline (every word replaced by [PAD]; [CLS], [SEP] and the masks kept) to the sentence, so
@@ -63,7 +63,7 @@ def _section_saliency(n_layers: int):
         method = gr.Radio([(label, key) for key, label in explain.METHODS.items()],
                           value="integrated_gradients", label="Method", scale=2)
         steps = gr.Slider(1, explain.MAX_STEPS, value=32, step=1, label="Integration steps", scale=2)
-        layer = gr.Slider(0, n_layers - 1, value=n_layers - 1, step=1, label="Attention from layer (0 = first)",
+        layer = gr.Slider(1, n_layers, value=n_layers, step=1, label="Attention in layer (1 = the first)",
                           scale=2)
     button = gr.Button("Explain this mask", variant="primary")
     note = gr.Markdown()
@@ -112,7 +112,7 @@ def on_saliency(visitor: Visitor, sentence, target, mask_number, method, steps, 
         mask_number: which [MASK] to explain, 1 = the first.
         method: "integrated_gradients" (baseline: non-special tokens replaced by [PAD]) or "gradient_x_input".
         steps: integration steps for integrated gradients, 1 to 256 (32 is a good default; more is slower and more exact).
-        layer: the attention layer shown beside the attributions, 0 = the first.
+        layer: the layer whose attention is shown beside the attributions, 1 = the first (as every tab counts layers: 0 is the embeddings, which have none).
 
     Returns:
         a summary line, the tokens coloured by attribution beside the attention (HTML), and the raw result {"tokens", "attributions" (one float per token), "delta" (Captum's convergence delta), "target", ...}.
@@ -122,9 +122,9 @@ def on_saliency(visitor: Visitor, sentence, target, mask_number, method, steps, 
                               max_masks=visitor.settings.max_masks)
     att = attention(lm, sentence)
     rows = mask_rows(att, result["mask"] - 1)  # (layers, heads, T)
-    layer = validate.whole_number(layer, "attention layer", 0, rows.shape[0] - 1,
-                                  " (0 = the first layer)", field="layer")
-    weights = rows[layer].mean(0).tolist()  # (T,): mean over heads
+    layer = validate.whole_number(layer, "attention layer", 1, rows.shape[0],
+                                  " (1 = the first layer)", field="layer")
+    weights = rows[layer - 1].mean(0).tolist()  # (T,): mean over heads
     return _summary(lm.name, result), token_rows(result, weights, layer), result
 
 
@@ -143,7 +143,8 @@ def _summary(model: str, result: dict) -> str:
 
 def token_rows(result: dict, attention_weights: list[float], layer: int) -> str:
     """Two aligned rows of tokens: attribution (diverging red/blue, centred at 0) and the mask's
-    attention (white to orange). Hover a token for its value; every token is escaped."""
+    attention in `layer` (1 = the first, as the page counts; white to orange). Hover a token for
+    its value; every token is escaped."""
     values = result["attributions"]
     scale = max((abs(v) for v in values), default=0.0) or 1.0
     top = max(attention_weights, default=0.0) or 1.0
