@@ -110,14 +110,15 @@ def test_funnels_pooled_layer_is_refused_in_words_and_its_probes_answer(edge):
 
 
 def test_the_probes_pool_each_text_as_it_is_alone(edge):
-    """Every layer's mean over the text's tokens (Funnel's pooled layer too), as the model gives
-    them for the text alone; the probes answer on every family."""
+    """Every hidden state's mean over the text's tokens (Funnel's pooled layer and its decoder's
+    layers too), as the model gives them for the text alone; the probes answer on every family,
+    one per hidden state."""
     _, _, lm, reference = edge
-    ours = embeddings.pooled(lm, TEXTS)  # (N, L+1, H)
-    assert ours.shape[1] == embeddings.layer_count(lm) + 1
+    ours = embeddings.pooled(lm, TEXTS)  # (N, S, H)
     for text, row in zip(TEXTS, ours):
         out, length = alone(lm, reference, lm.tokenizer(text)["input_ids"], output_hidden_states=True)
-        states = out.hidden_states[:ours.shape[1]]
+        states = out.hidden_states
+        assert ours.shape[1] == len(states) >= embeddings.layer_count(lm) + 1
         means = [h[0, :length].mean(0) if h.shape[1] >= length else h[0].mean(0) for h in states]
         np.testing.assert_allclose(row, torch.stack(means).numpy(), atol=1e-5, rtol=0)
     examples = [(f"{w} is here today.", "animal" if w in ("cat", "dog") else "place")

@@ -239,11 +239,11 @@ def probe_layers(lm: LoadedModel, examples, *, seed: int = 0, max_examples: int 
 
 @anatomy.guarded("The layer probes")
 def run_probe(lm: LoadedModel, plan: ProbePlan) -> dict:
-    """A logistic regression per layer (0 = embeddings .. L) on the frozen hidden states
-    mean-pooled over each text's tokens, trained on the plan's training split and scored on its
+    """A logistic regression per hidden state the model gives (0 = embeddings .. L, and for Funnel its
+    decoder's after its encoder's) on the frozen hidden states mean-pooled over each text's tokens, trained on the plan's training split and scored on its
     held-out part.
 
-    Returns {"layers": [{"layer", "accuracy"}] (L + 1 entries), "baseline" (held-out accuracy of
+    Returns {"layers": [{"layer", "accuracy"}] (one per hidden state: L + 1 entries), "baseline" (held-out accuracy of
     always answering the training split's most frequent label), "best_layer", "labels",
     "train_size", "held_out_size"}."""
     from sklearn.linear_model import LogisticRegression
@@ -264,15 +264,15 @@ def run_probe(lm: LoadedModel, plan: ProbePlan) -> dict:
 
 @torch.inference_mode()
 def pooled(lm: LoadedModel, texts: list[str], max_length: int = 128) -> np.ndarray:
-    """(N, L+1, H): each text's hidden states after the embeddings and every layer, averaged over
-    its tokens (special tokens included, padding not); texts cut at `max_length` tokens, as the
-    classifier cuts them."""
+    """(N, S, H): each of the S hidden states the model gives (the embeddings and every layer: S = L + 1;
+    Funnel's decoder layers after its encoder's too), averaged over each text's tokens (special
+    tokens included, padding not); texts cut at `max_length` tokens, as the classifier cuts them."""
     ids = lm.tokenizer(texts, truncation=True, max_length=min(max_length, lm.max_length))["input_ids"]
     out: list = [None] * len(texts)
     for group in anatomy.batches(lm.model, [len(row) for row in ids], BATCH):  # padded, or one length per forward
         batch = lm.tokenizer.pad([{"input_ids": ids[i]} for i in group], return_tensors="pt").to(lm.device)
         with hooks.switched_off(lm):
-            hidden = lm.model.base_model(**batch, output_hidden_states=True).hidden_states[:layer_count(lm) + 1]
+            hidden = lm.model.base_model(**batch, output_hidden_states=True).hidden_states
         means = torch.stack([_token_mean(h, batch["attention_mask"]) for h in hidden], 1)  # (B, L+1, H)
         for row, i in enumerate(group):
             out[i] = means[row].float().cpu().numpy()
