@@ -120,6 +120,35 @@ def test_an_export_is_made_once_per_weights(tiny_bert, tmp_path, monkeypatch):
     assert export_path(lm, tmp_path) != export_path(tiny_bert, tmp_path)  # changed weights: another export
 
 
+def test_an_export_a_stop_cuts_short_is_logged_as_stopped_not_as_a_failure(tiny_bert_dir, monkeypatch, caplog):
+    """A stop removes the export's temporary folder under it (disk.remove_own), so the export then
+    fails to find its files: one line saying the stop ended it, no ERROR and no traceback. The same
+    failure with no stop is an error, with its traceback."""
+    import logging
+    import threading
+
+    def build_until_stopped(model, path, threads=None):
+        stopped.wait(10)
+        raise FileNotFoundError(f"{path}: removed under the export")
+    monkeypatch.setattr(onnx_engine.OnnxMaskedLM, "build", build_until_stopped)
+    for stop in (True, False):
+        stopped = threading.Event()
+        engine = bertdemo.Engine(onnx=True)
+        lm = engine.load(str(tiny_bert_dir), device="cpu")
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="bertdemo"):
+            engine._build_onnx(lm)
+            if stop:
+                assert [f"the ONNX export of {lm.model.name_or_path}"] == engine.stop_background()[:1]
+            stopped.set()
+            assert not engine.onnx_ready(lm, timeout=10)
+        errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+        if stop:
+            assert not errors and any("ended by the stop" in r.getMessage() for r in caplog.records)
+        else:
+            assert len(errors) == 1 and errors[0].exc_info and "export failed" in errors[0].getMessage()
+
+
 def test_heads_switched_off_take_the_models_own_modules(served):
     view = bertdemo.heads_off(served, [(0, 0)])
     expected = bertdemo.heads_off(dataclass_without_onnx(served), [(0, 0)])

@@ -76,6 +76,7 @@ class Engine:
         self.onnx = onnx is not False and onnx_engine.available()
         self.measure_onnx = onnx is None
         self._builds: dict[int, threading.Thread] = {}  # id of a served model -> its ONNX build
+        self._stopping = threading.Event()  # the server stops: background work cut short is no failure
         self._loaded: dict[tuple, LoadedModel] = {}  # (name, device, pickle, dtype) -> model
         self._shown: dict[tuple[int, str], LoadedModel] = {}  # (id of the loaded one, shown name) -> model
         self._lock = threading.Lock()
@@ -157,7 +158,10 @@ class Engine:
             log.info("ONNX Runtime forward ready for %s in %.1f s (%s)", model.name_or_path,
                      time.perf_counter() - started, "warm: exported ahead by `python -m bertdemo warm`" if path == warm
                      else "its export found on disk" if found else "exported now")
-        except Exception:  # noqa: BLE001 - the torch forward serves on; the log says why
+        except Exception as error:  # noqa: BLE001 - the torch forward serves on; the log says why
+            if self._stopping.is_set():  # the stop removed its temporary files under it: no failure
+                log.info("the ONNX export of %s ended by the stop (%s)", model.name_or_path, type(error).__name__)
+                return
             log.exception("ONNX Runtime export failed for %s: serving with torch", model.name_or_path)
 
     def build_default_index(self, lm: LoadedModel) -> threading.Thread:
@@ -200,6 +204,7 @@ class Engine:
         (an ONNX export still running is left to the process's exit: its temporary files go with
         `disk.remove_own`)."""
         # no lock: a signal handler calls this on the main thread, which may hold it (loading a model)
+        self._stopping.set()
         exports = [thread.name.removeprefix("onnx-export-") for thread in list(self._builds.values())
                    if thread.is_alive()]
         return [*(f"the ONNX export of {name}" for name in exports), *self.search.stop_all()]
