@@ -72,8 +72,8 @@ def start(model: Path, tmp_path: Path, patch: str = "", args=(), **env) -> subpr
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def stop_within_10_s(proc: subprocess.Popen, log: str) -> str:
-    """SIGTERM; asserts status 0 within 10 s, no abort, no traceback. Returns the whole log."""
+def stop_within_10_s(proc: subprocess.Popen, log: str, within: float = 10) -> str:
+    """SIGTERM; asserts status 0 within 10 s (or `within`), no abort, no traceback. Returns the whole log."""
     signalled = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     try:
@@ -84,7 +84,7 @@ def stop_within_10_s(proc: subprocess.Popen, log: str) -> str:
     took = time.monotonic() - signalled
     log += proc.stdout.read()
     assert returncode == 0, log[-3000:]
-    assert took < 10, f"exited {took:.1f} s after SIGTERM"
+    assert took < within, f"exited {took:.1f} s after SIGTERM"
     assert "terminate called" not in log and "Traceback" not in log, log[-3000:]
     return log
 
@@ -192,8 +192,9 @@ def test_sigterm_mid_features_training_exits_in_time_and_leaves_nothing(tiny_ber
         assert not job.done(), job.status()
         time.sleep(0.1)
     assert job.outputs(), "the training sent no update"
-    log = stop_within_10_s(proc, log)
+    log = stop_within_10_s(proc, log, within=5)  # at its next step: no statistics measured on the way out
     assert "stopped 1 run(s) after their current step" in log
+    assert "did not end in time" not in log  # it ended at its step, not by the watchdog
     assert temporaries(tmp_path) == []
 
 

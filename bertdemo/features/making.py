@@ -103,7 +103,9 @@ def made(lm: LoadedModel, layers: list[int], texts: list[str] | str | None, sett
     start = {layer: found for layer in layers if resume and (found := store.get(lm, layer)) is not None} or None
     trained, history = train(lm, layers, lines, settings, point=point, on_event=on_event, should_stop=should_stop,
                              start_from=start)
-    if not history.steps or (history.stopped is not None and not keep_partial):
+    if not history.steps or (history.stopped is not None and not keep_partial) or history.stopped == "shutdown":
+        # a server's stop keeps nothing it would first have to measure (statistics, held-out
+        # quality: seconds to a minute): the process is ending, within the 10 s a container gets
         return {}, history, held_out
     return finish(lm, trained, lines, held_out, training=lines), history, held_out
 
