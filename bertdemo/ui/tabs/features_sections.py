@@ -41,7 +41,23 @@ def layer_picker(n_layers: int, default: int, line: str):
     return layer, available
 
 
-def sentence_section():
+@dataclass
+class SentenceSection:
+    """A sentence's features: the form and what `on_sentence_features` returns, in `outputs` order."""
+
+    text: gr.Textbox
+    top: gr.Slider
+    button: gr.Button
+    heatmap: gr.Plot
+    table: gr.Dataframe
+    raw: gr.JSON
+
+    @property
+    def outputs(self) -> list:
+        return [self.heatmap, self.table, self.raw]
+
+
+def sentence_section() -> SentenceSection:
     gr.Markdown("### A sentence's features")
     with gr.Row():
         text = gr.Textbox(label="Sentence", value=SENTENCE, lines=2, scale=4, elem_id="features-sentence")
@@ -51,7 +67,7 @@ def sentence_section():
     table = _table(TOKEN_COLUMNS, "Each token's strongest features (click a row for its card)", "features-tokens")
     with gr.Accordion("Raw features (JSON)", open=False):
         raw = gr.JSON()
-    return text, top, button, heatmap, table, raw
+    return SentenceSection(text, top, button, heatmap, table, raw)
 
 
 @dataclass
@@ -72,7 +88,19 @@ class Card:
         return [self.summary, self.histogram, self.contexts, self.effects, self.cofiring, self.raw]
 
 
-def card_section(default: int):
+@dataclass
+class CardSection:
+    """The card's form (the feature's number, its button), the card, and its export (the button and
+    the files it fills)."""
+
+    feature: gr.Number
+    button: gr.Button
+    card: Card
+    export_button: gr.Button
+    export_files: gr.File
+
+
+def card_section(default: int) -> CardSection:
     gr.Markdown("### A feature's card")
     with gr.Row():
         feature = gr.Number(label="Feature", value=default, precision=0, minimum=0, scale=1, elem_id="features-feature",
@@ -89,8 +117,9 @@ def card_section(default: int):
                          "feature-similar")
     with gr.Accordion("Raw card (JSON)", open=False):
         raw = gr.JSON()
-    export = view_downloads.controls("the feature card")
-    return feature, button, Card(summary, histogram, contexts, effects, cofiring, similar, raw), export
+    export_button, export_files = view_downloads.controls("the feature card")
+    return CardSection(feature, button, Card(summary, histogram, contexts, effects, cofiring, similar, raw),
+                       export_button, export_files)
 
 
 @dataclass
@@ -136,7 +165,34 @@ def find_section() -> Finder:
     return Finder(query, by, top, find, note, table, raw, draw, map_note, plot)
 
 
-def prediction_section():
+@dataclass
+class PredictionSection:
+    """A prediction feature by feature: steering (its form and outputs) and the features behind the
+    top word (its form and outputs), each output list in its handler's return order."""
+
+    masked: gr.Textbox
+    scale: gr.Slider
+    add: gr.Slider
+    top_k: gr.Slider
+    steer: gr.Button
+    steer_note: gr.Markdown
+    steer_plot: gr.Plot
+    steer_raw: gr.JSON
+    why_top: gr.Slider
+    why: gr.Button
+    why_table: gr.Dataframe
+    why_raw: gr.JSON
+
+    @property
+    def steered(self) -> list:
+        return [self.steer_note, self.steer_plot, self.steer_raw]
+
+    @property
+    def why_outputs(self) -> list:
+        return [self.why_table, self.why_raw]
+
+
+def prediction_section() -> PredictionSection:
     gr.Markdown("### A prediction, feature by feature")
     masked = gr.Textbox(label="Sentence with [MASK]", value=MASKED, lines=2, elem_id="features-masked")
     with gr.Row():
@@ -157,11 +213,29 @@ def prediction_section():
                                            "time (click a row for its card)", "prediction-features")
     with gr.Accordion("Raw features behind the prediction (JSON)", open=False):
         why_raw = gr.JSON()
-    return (masked, scale, add, top_k, steer_button, [steer_note, steer_plot, steer_raw],
-            top, why_button, [why_table, why_raw])
+    return PredictionSection(masked, scale, add, top_k, steer_button, steer_note, steer_plot, steer_raw,
+                             top, why_button, why_table, why_raw)
 
 
-def contrast_section():
+@dataclass
+class ContrastSection:
+    """Two uses of a word: the form, and what `on_contrast` returns, in `outputs` order."""
+
+    texts_a: gr.Textbox
+    texts_b: gr.Textbox
+    word: gr.Textbox
+    top: gr.Slider
+    button: gr.Button
+    note: gr.Markdown
+    table_a: gr.Dataframe
+    table_b: gr.Dataframe
+
+    @property
+    def outputs(self) -> list:
+        return [self.note, self.table_a, self.table_b]
+
+
+def contrast_section() -> ContrastSection:
     gr.Markdown("### Two uses of a word")
     river, money = sense_lists("bank")
     with gr.Row():
@@ -175,10 +249,25 @@ def contrast_section():
     with gr.Row():
         table_a = _table(CONTRAST_COLUMNS, "Features of list A's use", "contrast-a")
         table_b = _table(CONTRAST_COLUMNS, "Features of list B's use", "contrast-b")
-    return texts_a, texts_b, word, top, button, [note, table_a, table_b]
+    return ContrastSection(texts_a, texts_b, word, top, button, note, table_a, table_b)
 
 
-def quality_section():
+@dataclass
+class QualitySection:
+    """The dictionaries' quality: the button, what `on_quality` returns (`outputs`), and the words
+    under the table."""
+
+    button: gr.Button
+    table: gr.Dataframe
+    raw: gr.JSON
+    words: gr.Markdown
+
+    @property
+    def outputs(self) -> list:
+        return [self.table, self.raw]
+
+
+def quality_section() -> QualitySection:
     gr.Markdown("### How far to trust them")
     gr.Markdown("What replacing a layer by its dictionary's reconstruction costs the masked LM on held-out text "
                 "comes first: the cross-entropy it adds (nats), the perplexity ratio, and the KL divergence of the "
@@ -191,14 +280,30 @@ def quality_section():
     words = gr.Markdown(elem_id="features-quality-notes")
     with gr.Accordion("Raw quality (JSON)", open=False):
         raw = gr.JSON()
-    return button, [table, raw], words
+    return QualitySection(button, table, raw, words)
 
 
 DRIFT_COLUMNS = ("feature", "fires on (base)", "fires on (tuned)", "change of firing share (points)",
                  "mean activation (base)", "mean activation (tuned)", "change of mean activation", "label")
 
 
-def drift_section():
+@dataclass
+class DriftSection:
+    """After a fine-tune: the form, and what `on_tuning_drift` returns, in `outputs` order."""
+
+    text: gr.Textbox
+    top: gr.Slider
+    sort_by: gr.Radio
+    button: gr.Button
+    note: gr.Markdown
+    table: gr.Dataframe
+
+    @property
+    def outputs(self) -> list:
+        return [self.note, self.table]
+
+
+def drift_section() -> DriftSection:
     gr.Markdown("### After your fine-tune: what changed at this layer")
     with gr.Row():
         text = gr.Textbox(label="Text to compare on, one sentence per line (empty: the text your last fine-tune "
@@ -210,10 +315,29 @@ def drift_section():
     note = gr.Markdown(elem_id="features-drift-note")
     table = _table(DRIFT_COLUMNS, "The base dictionary's features that changed most (click a row for its card)",
                    "features-drift")
-    return text, top, sort_by, button, [note, table]
+    return DriftSection(text, top, sort_by, button, note, table)
 
 
-def training_section(limits: Limits, layer: int):
+@dataclass
+class TrainingSection:
+    """Training a layer's features: the form, Stop and its line, and the run's live outputs
+    (`outputs`, in `on_train_features`' order)."""
+
+    texts: gr.Textbox
+    keep_partial: gr.Checkbox
+    button: gr.Button
+    stop: gr.Button
+    stopping: gr.Markdown
+    status: gr.Markdown
+    curve: gr.Plot
+    quality: gr.Dataframe
+
+    @property
+    def outputs(self) -> list:
+        return [self.status, self.curve, self.quality]
+
+
+def training_section(limits: Limits, layer: int) -> TrainingSection:
     gr.Markdown("### Train features for a layer")
     texts = gr.Textbox(label="Text to train on, one sentence per line (empty: the default corpus)", lines=4,
                        max_lines=10, info=f"At most {limits.max_chars:,} characters; training stops after "
@@ -229,4 +353,4 @@ def training_section(limits: Limits, layer: int):
     status = gr.Markdown(elem_id="features-status")
     curve = gr.Plot(label="FVU and dead latents, live")
     quality = _table(QUALITY_COLUMNS, "The new dictionary's quality", "features-new-quality", wrap=False)
-    return texts, keep_partial, button, stop, stopping, [status, curve, quality]
+    return TrainingSection(texts, keep_partial, button, stop, stopping, status, curve, quality)

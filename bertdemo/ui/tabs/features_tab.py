@@ -49,19 +49,20 @@ def render(ctx: AppContext) -> None:
     gr.Markdown(INTRO)
     line = availability(ctx.store.base, _store(ctx), start)
     layer, available = sections.layer_picker(n_layers, start, line)
-    text, top, show, heatmap, tokens, raw = sections.sentence_section()
+    sentence = sections.sentence_section()
     finder = sections.find_section()
-    feature, open_card, card, export = sections.card_section(default_feature(ctx, start))
-    masked, scale, add, top_k, steer, steered, why_top, why, why_outputs = sections.prediction_section()
-    texts_a, texts_b, word, contrast_top, contrast, contrasted = sections.contrast_section()
-    quality, quality_outputs, quality_words = sections.quality_section()
-    drift_text, drift_top, drift_sort, drift, drifted = sections.drift_section()
-    texts, keep_partial, train, stop, stopping, trained = sections.training_section(ctx.settings.limits, start)
+    opener = sections.card_section(default_feature(ctx, start))
+    feature, card = opener.feature, opener.card
+    prediction = sections.prediction_section()
+    contrast = sections.contrast_section()
+    quality = sections.quality_section()
+    drift = sections.drift_section()
+    training = sections.training_section(ctx.settings.limits, start)
 
-    layer.change(handler(ctx, on_layer), layer, [available, train], api_visibility="private",
+    layer.change(handler(ctx, on_layer), layer, [available, training.button], api_visibility="private",
                  trigger_mode="always_last")
-    show.click(handler(ctx, on_sentence_features), [text, layer, top], [heatmap, tokens, raw],
-               api_name="sentence_features", concurrency_id="model").success(  # and the chosen feature's card
+    sentence.button.click(handler(ctx, on_sentence_features), [sentence.text, layer, sentence.top], sentence.outputs,
+                          api_name="sentence_features", concurrency_id="model").success(  # and the chosen feature's card
         handler(ctx, on_feature_card), [layer, feature], card.outputs, api_visibility="private",
         concurrency_id="model").success(handler(ctx, on_linked_search), [finder.query, finder.by, layer, finder.top],
                                         finder.outputs, api_visibility="private", concurrency_id="model")
@@ -71,33 +72,37 @@ def render(ctx: AppContext) -> None:
                         finder.outputs, api_visibility="private", concurrency_id="model")
     finder.draw.click(handler(ctx, on_feature_map), layer, [finder.map, finder.map_note], api_name="feature_map",
                       concurrency_id="model").then(None, None, None, js=MAP_CLICKS)
-    open_card.click(handler(ctx, on_feature_card), [layer, feature], card.outputs, api_name="feature_card",
-                    concurrency_id="model")
+    opener.button.click(handler(ctx, on_feature_card), [layer, feature], card.outputs, api_name="feature_card",
+                        concurrency_id="model")
     card.raw.change(handler(ctx, on_similar_features), [layer, feature], card.similar,  # whichever event drew it
                     api_name="similar_features", concurrency_id="model")
-    for table in (tokens, finder.table, card.cofiring, card.similar, why_outputs[0], contrasted[1], contrasted[2],
-                  drifted[1]):  # a row: its card
+    for table in (sentence.table, finder.table, card.cofiring, card.similar, prediction.why_table, contrast.table_a,
+                  contrast.table_b, drift.table):  # a row: its card
         table.select(on_pick_feature, None, feature, api_visibility="private", queue=False).success(
             handler(ctx, on_feature_card), [layer, feature], card.outputs, api_visibility="private",
             concurrency_id="model")
-    export[0].click(handler(ctx, on_export_card), [layer, feature], export[1], api_visibility="private",
-                    concurrency_id="model")
-    steer.click(handler(ctx, on_steer), [masked, layer, feature, scale, add, top_k], steered,
-                api_name="steer_feature", concurrency_id="model")
-    why.click(handler(ctx, on_prediction_features), [masked, layer, why_top], why_outputs,
-              api_name="prediction_features", concurrency_id="model")
-    contrast.click(handler(ctx, on_contrast), [texts_a, texts_b, word, layer, contrast_top], contrasted,
-                   api_name="contrast_features", concurrency_id="model")
-    quality.click(handler(ctx, on_quality), None, quality_outputs, api_name="feature_quality",
-                  concurrency_id="model").success(quality_notes, quality_outputs[1], quality_words,
-                                                  api_visibility="private", queue=False)
-    drift.click(handler(ctx, on_tuning_drift), [drift_text, layer, drift_top, drift_sort], drifted,
-                api_name="features_after_tuning", concurrency_id="model")
-    drift_sort.change(handler(ctx, on_drift_sort), [drift_text, layer, drift_top, drift_sort], drifted,
-                      api_visibility="private", concurrency_id="model", trigger_mode="always_last")
-    live_run.wire(ctx, "train_features", train, {"layer": layer, "texts": texts, "keep_partial": keep_partial},
-                  [*trained, available, stopping], on_train_features)
-    stop.click(handler(ctx, on_stop), None, stopping, api_name="stop_features", queue=False)
+    opener.export_button.click(handler(ctx, on_export_card), [layer, feature], opener.export_files,
+                               api_visibility="private", concurrency_id="model")
+    prediction.steer.click(handler(ctx, on_steer), [prediction.masked, layer, feature, prediction.scale, prediction.add,
+                                                    prediction.top_k], prediction.steered,
+                           api_name="steer_feature", concurrency_id="model")
+    prediction.why.click(handler(ctx, on_prediction_features), [prediction.masked, layer, prediction.why_top],
+                         prediction.why_outputs, api_name="prediction_features", concurrency_id="model")
+    contrast.button.click(handler(ctx, on_contrast), [contrast.texts_a, contrast.texts_b, contrast.word, layer,
+                                                      contrast.top], contrast.outputs,
+                          api_name="contrast_features", concurrency_id="model")
+    quality.button.click(handler(ctx, on_quality), None, quality.outputs, api_name="feature_quality",
+                         concurrency_id="model").success(quality_notes, quality.raw, quality.words,
+                                                         api_visibility="private", queue=False)
+    drift_inputs = [drift.text, layer, drift.top, drift.sort_by]
+    drift.button.click(handler(ctx, on_tuning_drift), drift_inputs, drift.outputs,
+                       api_name="features_after_tuning", concurrency_id="model")
+    drift.sort_by.change(handler(ctx, on_drift_sort), drift_inputs, drift.outputs,
+                         api_visibility="private", concurrency_id="model", trigger_mode="always_last")
+    live_run.wire(ctx, "train_features", training.button,
+                  {"layer": layer, "texts": training.texts, "keep_partial": training.keep_partial},
+                  [*training.outputs, available, training.stopping], on_train_features)
+    training.stop.click(handler(ctx, on_stop), None, training.stopping, api_name="stop_features", queue=False)
 
 
 # A click on a point of the map writes its feature into the card's box and opens the card.
