@@ -2,6 +2,7 @@
 and the article's `mask_tokens` next to transformers' collator."""
 import html
 import math
+from dataclasses import dataclass
 
 import gradio as gr
 import pandas as pd
@@ -54,29 +55,58 @@ sentences themselves). The models are not kept."""
 def render(ctx: AppContext) -> None:
     """Build the tab's components and events inside the current Blocks/Tab context."""
     gr.Markdown(INTRO)
-    text, seed, rates, sample_btn, resample_btn, sample_out = _section_sample()
-    epochs, copies, epochs_btn, epochs_out = _section_epochs()
-    draws, law_btn, law_out = _section_law()
-    max_length, article_btn, article_out, consequence = _section_article(text)
-    steps, lr, consequence_btn, stop_btn, consequence_out = consequence
+    sample = _section_sample()
+    epochs = _section_epochs()
+    law = _section_law()
+    article = _section_article(sample.text)
+    consequence = article.consequence
 
-    inputs = [text, seed, *rates]
-    sample_btn.click(handler(ctx, on_sample), inputs, sample_out, api_name="mask_sample")
-    text.submit(handler(ctx, on_sample), inputs, sample_out, api_visibility="private")
-    resample_btn.click(_next_seed, seed, seed, api_visibility="private", queue=False).then(
-        handler(ctx, on_sample), inputs, sample_out, api_visibility="private")
-    epochs_btn.click(handler(ctx, on_epochs), inputs + [epochs, copies], epochs_out,
-                     api_name="static_vs_dynamic")
-    law_btn.click(handler(ctx, on_law), inputs + [draws], law_out, api_name="masking_law")
-    article_btn.click(handler(ctx, on_article), inputs + [max_length], article_out,
-                      api_name="article_snippet", concurrency_id="model")
+    text, seed = sample.text, sample.seed
+    inputs = sample.inputs
+    sample.button.click(handler(ctx, on_sample), inputs, sample.outputs, api_name="mask_sample")
+    text.submit(handler(ctx, on_sample), inputs, sample.outputs, api_visibility="private")
+    sample.resample.click(_next_seed, seed, seed, api_visibility="private", queue=False).then(
+        handler(ctx, on_sample), inputs, sample.outputs, api_visibility="private")
+    epochs.button.click(handler(ctx, on_epochs), inputs + [epochs.epochs, epochs.copies], epochs.outputs,
+                        api_name="static_vs_dynamic")
+    law.button.click(handler(ctx, on_law), inputs + [law.draws], law.outputs, api_name="masking_law")
+    article.button.click(handler(ctx, on_article), inputs + [article.max_length], article.outputs,
+                         api_name="article_snippet", concurrency_id="model")
     # Two fine-tunes: they share the Fine-tune tab's slot, so the server never runs more at once.
-    live_run.wire(ctx, "article_finetune", consequence_btn,
-                  dict(text=text, seed=seed, steps=steps, learning_rate=lr), consequence_out, on_consequence)
-    stop_btn.click(handler(ctx, on_stop), None, None, api_visibility="private", queue=False)
+    live_run.wire(ctx, "article_finetune", consequence.button,
+                  dict(text=text, seed=seed, steps=consequence.steps, learning_rate=consequence.learning_rate),
+                  consequence.outputs, on_consequence)
+    consequence.stop.click(handler(ctx, on_stop), None, None, api_visibility="private", queue=False)
 
 
-def _section_sample():
+@dataclass
+class SampleSection:
+    """One seeded draw: the text, the seed, the rates, and what `on_sample` returns, in `outputs` order."""
+
+    text: gr.Textbox
+    seed: gr.Number
+    p: gr.Slider
+    p_mask: gr.Slider
+    p_random: gr.Slider
+    whole_word: gr.Checkbox
+    button: gr.Button
+    resample: gr.Button
+    strip: gr.HighlightedText
+    table: gr.HTML
+    counts: gr.Dataframe
+    rows: gr.JSON
+
+    @property
+    def inputs(self) -> list:
+        """What every handler of the tab reads first: the text, the seed and the four rates."""
+        return [self.text, self.seed, self.p, self.p_mask, self.p_random, self.whole_word]
+
+    @property
+    def outputs(self) -> list:
+        return [self.strip, self.table, self.counts, self.rows]
+
+
+def _section_sample() -> SampleSection:
     text = gr.Textbox(label="Text", value=EXAMPLES[0], lines=2,
                       info=f"At most {masking.MAX_TEXT_TOKENS} tokens.")
     gr.Examples(EXAMPLES, inputs=text)
@@ -98,11 +128,27 @@ def _section_sample():
                           interactive=False)
     with gr.Accordion("Rows (JSON)", open=False):
         rows_json = gr.JSON()
-    return (text, seed, [p, p_mask, p_random, whole_word], sample_btn, resample_btn,
-            [strip, table, counts, rows_json])
+    return SampleSection(text, seed, p, p_mask, p_random, whole_word, sample_btn, resample_btn,
+                         strip, table, counts, rows_json)
 
 
-def _section_epochs():
+@dataclass
+class EpochsSection:
+    """Static vs dynamic masking: its form and what `on_epochs` returns, in `outputs` order."""
+
+    epochs: gr.Slider
+    copies: gr.Slider
+    button: gr.Button
+    summary: gr.Markdown
+    grid: gr.Plot
+    curve: gr.Plot
+
+    @property
+    def outputs(self) -> list:
+        return [self.summary, self.grid, self.curve]
+
+
+def _section_epochs() -> EpochsSection:
     with gr.Accordion("Static vs dynamic masking", open=True):
         gr.Markdown(STATIC_HELP)
         with gr.Row():
@@ -113,10 +159,24 @@ def _section_epochs():
         summary = gr.Markdown()
         grid = gr.Plot(label="What the model sees each epoch (colour = outcome)")
         curve = gr.Plot(label="Tokens ever chosen")
-    return epochs, copies, epochs_btn, [summary, grid, curve]
+    return EpochsSection(epochs, copies, epochs_btn, summary, grid, curve)
 
 
-def _section_law():
+@dataclass
+class LawSection:
+    """Many samples: the number of draws, the button, and what `on_law` returns, in `outputs` order."""
+
+    draws: gr.Slider
+    button: gr.Button
+    plot: gr.Plot
+    table: gr.Dataframe
+
+    @property
+    def outputs(self) -> list:
+        return [self.plot, self.table]
+
+
+def _section_law() -> LawSection:
     with gr.Accordion("The law behind it: many samples", open=False):
         gr.Markdown("The same text sampled many times in one collator call: the measured rates, "
                     "with 95% intervals, against the configured ones. *z* is the distance in "
@@ -125,24 +185,58 @@ def _section_law():
         law_btn = gr.Button("Sample many times")
         law_plot = gr.Plot(label="Measured vs configured rates")
         law_table = gr.Dataframe(empty_table(LAW_COLUMNS), interactive=False, label="Rates, measured")
-    return draws, law_btn, [law_plot, law_table]
+    return LawSection(draws, law_btn, law_plot, law_table)
 
 
-def _section_article(text):
+@dataclass
+class ConsequenceSection:
+    """The two fine-tunes: their form, and what `on_consequence` streams, in `outputs` order."""
+
+    steps: gr.Slider
+    learning_rate: gr.Number
+    button: gr.Button
+    stop: gr.Button
+    plot: gr.Plot
+    table: gr.Dataframe
+    note: gr.Markdown
+
+    @property
+    def outputs(self) -> list:
+        return [self.plot, self.table, self.note]
+
+
+@dataclass
+class ArticleSection:
+    """The article's mask_tokens: its form, what `on_article` returns (in `outputs` order), and the
+    fine-tunes that show the consequence."""
+
+    max_length: gr.Slider
+    button: gr.Button
+    table: gr.HTML
+    counts: gr.Dataframe
+    notes: gr.Markdown
+    consequence: ConsequenceSection
+
+    @property
+    def outputs(self) -> list:
+        return [self.table, self.counts, self.notes]
+
+
+def _section_article(text) -> ArticleSection:
     with gr.Accordion("The article's mask_tokens, side by side", open=False):
         gr.Markdown(ARTICLE_HELP)
         max_length = gr.Slider(8, 64, value=20, step=1, label="max_length (the article uses 20)")
         article_btn = gr.Button("Run the article's mask_tokens")
-        article_out = [gr.HTML(),
-                       gr.Dataframe(empty_table(ARTICLE_COUNT_COLUMNS), label="In numbers", interactive=False),
-                       gr.Markdown()]
+        table = gr.HTML()
+        counts = gr.Dataframe(empty_table(ARTICLE_COUNT_COLUMNS), label="In numbers", interactive=False)
+        notes = gr.Markdown()
         gr.Markdown(CONSEQUENCE_HELP)
         gr.Examples([[ARTICLE_TEXT]], inputs=text, example_labels=["The article's three sentences"])
         consequence = _section_consequence()
-    return max_length, article_btn, article_out, consequence
+    return ArticleSection(max_length, article_btn, table, counts, notes, consequence)
 
 
-def _section_consequence():
+def _section_consequence() -> ConsequenceSection:
     with gr.Row():
         steps = gr.Slider(5, experiments.MAX_CONSEQUENCE_STEPS, value=experiments.MAX_CONSEQUENCE_STEPS,
                           step=1, label="Steps per run")
@@ -154,7 +248,8 @@ def _section_consequence():
     plot = gr.Plot(label="Training loss (own labelling) and eval loss (proper masks)")
     table = gr.Dataframe(empty_table(CONSEQUENCE_COLUMNS), label="Before and after, on properly masked tokens",
                          interactive=False)
-    return steps, lr, run_btn, stop_btn, [plot, table, gr.Markdown()]
+    note = gr.Markdown()
+    return ConsequenceSection(steps, lr, run_btn, stop_btn, plot, table, note)
 
 
 def create_demo(store=None, settings: Settings | None = None) -> gr.Blocks:
