@@ -211,6 +211,10 @@ def prediction_section() -> PredictionSection:
         why_button = gr.Button("Which features made the top word", scale=2)
     why_table = _table(PREDICTION_COLUMNS, "The features behind each mask's top word, switched off one at a "
                                            "time (click a row for its card)", "prediction-features")
+    gr.Markdown("*Measured drop in log p*: how much the top word's log-probability falls when the feature is "
+                "switched off at every token, in the real model (0.7 halves its probability; under 0.05 is "
+                "small). *First-order estimate*: the same drop from the model's slope, without running it again: "
+                "how features are picked before they are measured.")
     with gr.Accordion("Raw features behind the prediction (JSON)", open=False):
         why_raw = gr.JSON()
     return PredictionSection(masked, scale, add, top_k, steer_button, steer_note, steer_plot, steer_raw,

@@ -442,9 +442,24 @@ def quality_line(lm: LoadedModel, store: FeatureStore, layer: int) -> str:
 def card_summary(card: dict, model: str) -> str:
     return (f"**Feature {card['feature']}** of layer {card['layer']} ({_markdown(model)}): "
             f"*{_markdown(card['label'])}*  \nFires on {card['density']:.2%} of the {card['statistics_tokens']:,} "
-            f"tokens its statistics counted; mean activation {card['mean']:.3f} where it fires, largest "
-            f"{card['max']:.3f}. Promoted and suppressed: its direction, times its mean activation, added at a "
+            f"tokens its statistics counted ({firings(card):,} firings{few_firings(card)}); mean activation "
+            f"{card['mean']:.3f} where it fires, {share_of_largest(card)} of its largest ({card['max']:.3f}): "
+            "activations have no unit and differ from layer to layer, so compare a feature with its own largest. "
+            "Promoted and suppressed: its direction, times its mean activation, added at a "
             "[MASK] of a few sentences, through the rest of the model and its MLM head.")
+
+
+def firings(card: dict) -> int:
+    """How many times the feature fired in the tokens its statistics counted."""
+    return round(card["density"] * card["statistics_tokens"])
+
+
+def few_firings(card: dict) -> str:
+    return ": too few to say much of what it does" if 0 < firings(card) < 200 else ""
+
+
+def share_of_largest(card: dict) -> str:
+    return f"{card['mean'] / card['max']:.0%}" if card["max"] else "none"
 
 
 def contexts_html(card: dict, width: int = 70) -> str:
