@@ -1,6 +1,7 @@
 """The fill-mask tab: top-k bars per mask, joint completion, candidate words, sentence score, and
 the same sentence through two models side by side."""
 import math
+from dataclasses import dataclass
 
 import gradio as gr
 import pandas as pd
@@ -40,7 +41,8 @@ def render(ctx: AppContext) -> None:
     """The tab's components and events, inside the current Blocks/Tab context."""
     settings = ctx.settings
     model_info = gr.Markdown(model_line(ctx.store))
-    text, words, top_k, beam, predict = _section_input(settings)
+    form = _section_input(settings)
+    text, top_k, beam = form.text, form.top_k, form.beam
     bars = gr.Plot(label="Predictions per mask", render=False)
     joint = gr.Dataframe(label="Joint completions: masks filled most-confident first, re-run each time",
                          headers=list(JOINT_COLUMNS), interactive=False, render=False, wrap=True,
@@ -54,33 +56,44 @@ def render(ctx: AppContext) -> None:
     joint.render()
     with gr.Accordion("Raw predictions (JSON)", open=False):
         raw.render()
-    candidates, mask_number, score_btn, candidate_table = _section_candidates()
-    pll_btn, pll_summary, pll_plot = _section_sentence_score()
-    other_model, compare_btn, compare_outputs = _section_compare(settings)
+    candidates = _section_candidates()
+    sentence_score = _section_sentence_score()
+    comparison = _section_compare(settings)
 
     # Predictions get their own concurrency group, wide enough for the micro-batcher to gather a
     # crowd; the rest share the "model" group with the other tabs' model calls.
     fill = dict(concurrency_id="fill_mask", concurrency_limit=settings.max_batch)
-    predict.click(handler(ctx, on_predict), [text, top_k], [bars, raw, model_info], api_name="fill_mask",
+    form.predict.click(handler(ctx, on_predict), [text, top_k], [bars, raw, model_info], api_name="fill_mask",
                   **fill).then(handler(ctx, on_joint), [text, beam], joint, api_name="fill_jointly",
                                concurrency_id="model")
     text.submit(handler(ctx, on_predict), [text, top_k], [bars, raw, model_info], api_visibility="private",
                 **fill).then(handler(ctx, on_joint), [text, beam], joint, api_visibility="private",
                              concurrency_id="model")
-    score_btn.click(handler(ctx, on_candidates), [text, candidates, mask_number], candidate_table,
-                    api_name="score_candidates", concurrency_id="model")
-    pll_btn.click(handler(ctx, on_sentence_score), text, [pll_summary, pll_plot], api_name="sentence_score",
-                  concurrency_id="model")
-    compare_btn.click(handler(ctx, on_compare), [text, other_model, top_k], compare_outputs,
-                      api_name="compare_models", concurrency_id="model")
-    text.change(_word_segments, text, words, api_visibility="private", queue=False)
-    words.select(on_word_click, text, text, api_visibility="private")
+    candidates.button.click(handler(ctx, on_candidates), [text, candidates.words, candidates.mask_number],
+                            candidates.table, api_name="score_candidates", concurrency_id="model")
+    sentence_score.button.click(handler(ctx, on_sentence_score), text, sentence_score.outputs,
+                                api_name="sentence_score", concurrency_id="model")
+    comparison.button.click(handler(ctx, on_compare), [text, comparison.other_model, top_k], comparison.outputs,
+                            api_name="compare_models", concurrency_id="model")
+    text.change(_word_segments, text, form.words, api_visibility="private", queue=False)
+    form.words.select(on_word_click, text, text, api_visibility="private")
     tab = get_render_context()
     if isinstance(tab, gr.Tab):  # back on this tab: the Fine-tune tab may have switched the model
         tab.select(handler(ctx, on_show), None, model_info, api_visibility="private", queue=False)
 
 
-def _section_input(settings: Settings):
+@dataclass
+class InputSection:
+    """The sentence, its clickable words, the two sliders and the Predict button."""
+
+    text: gr.Textbox
+    words: gr.HighlightedText
+    top_k: gr.Slider
+    beam: gr.Slider
+    predict: gr.Button
+
+
+def _section_input(settings: Settings) -> InputSection:
     text = gr.Textbox(label="Sentence with [MASK]s", value=EXAMPLES[0], lines=2,
                       info=f"Type [MASK] (any case) where a word is missing; at most {settings.max_masks}.")
     words = gr.HighlightedText(label="Click a word to turn it into [MASK]", combine_adjacent=False,
@@ -89,10 +102,20 @@ def _section_input(settings: Settings):
     with gr.Row():
         top_k = gr.Slider(1, settings.max_top_k, value=5, step=1, label="Top-k per mask")
         beam = gr.Slider(1, MAX_BEAM, value=3, step=1, label="Beam size (joint completion)")
-    return text, words, top_k, beam, gr.Button("Predict", variant="primary")
+    return InputSection(text, words, top_k, beam, gr.Button("Predict", variant="primary"))
 
 
-def _section_candidates():
+@dataclass
+class CandidatesSection:
+    """Candidate words at a mask: the words, the mask's number, the button and `on_candidates`' table."""
+
+    words: gr.Textbox
+    mask_number: gr.Number
+    button: gr.Button
+    table: gr.Dataframe
+
+
+def _section_candidates() -> CandidatesSection:
     with gr.Accordion("Score candidate words at a mask", open=True):
         with gr.Row():
             candidates = gr.Textbox(label="Candidate words, comma separated", value="capital, city, heart")
@@ -100,10 +123,23 @@ def _section_candidates():
         score_btn = gr.Button("Score candidates")
         table = gr.Dataframe(interactive=False, label="Candidates, best first", headers=list(CANDIDATE_COLUMNS))
         gr.Markdown(CANDIDATE_HELP)
-    return candidates, mask_number, score_btn, table
+    return CandidatesSection(candidates, mask_number, score_btn, table)
 
 
-def _section_sentence_score():
+@dataclass
+class SentenceScoreSection:
+    """The sentence score: its button and what `on_sentence_score` returns, in `outputs` order."""
+
+    button: gr.Button
+    summary: gr.Markdown
+    plot: gr.Plot
+
+    @property
+    def outputs(self) -> list:
+        return [self.summary, self.plot]
+
+
+def _section_sentence_score() -> SentenceScoreSection:
     with gr.Accordion("Sentence score (pseudo-log-likelihood)", open=False):
         gr.Markdown("Each token is masked in turn and scored given the rest (Salazar et al. 2020), "
                     "all copies in one batched pass. With masks in the text, the best joint "
@@ -111,10 +147,27 @@ def _section_sentence_score():
         button = gr.Button("Score the sentence")
         summary = gr.Markdown()
         plot = gr.Plot(label="Each token's log-probability")
-    return button, summary, plot
+    return SentenceScoreSection(button, summary, plot)
 
 
-def _section_compare(settings: Settings):
+@dataclass
+class CompareSection:
+    """Two models side by side: the second model, the button, and what `on_compare` returns, in
+    `outputs` order."""
+
+    other_model: gr.Dropdown
+    button: gr.Button
+    note: gr.Markdown
+    bars: gr.Plot
+    table: gr.Dataframe
+    score_changes: gr.Plot
+
+    @property
+    def outputs(self) -> list:
+        return [self.note, self.bars, self.table, self.score_changes]
+
+
+def _section_compare(settings: Settings) -> CompareSection:
     with gr.Accordion("Compare with another model", open=False):
         gr.Markdown("The sentence above through two models: **A**, the model your tabs use (your "
                     "base model when B is your fine-tuned one), and **B**, chosen here. Per mask, "
@@ -129,7 +182,7 @@ def _section_compare(settings: Settings):
         table = gr.Dataframe(interactive=False, headers=list(COMPARE_COLUMNS),
                              label="Tokens of either top-k: probability under each model and the change")
         score_changes = gr.Plot(label="Sentence score: change in each token's log-probability (B - A)")
-    return other_model, button, [note, bars, table, score_changes]
+    return CompareSection(other_model, button, note, bars, table, score_changes)
 
 
 def create_demo(store=None, settings: Settings | None = None) -> gr.Blocks:
