@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
 import bertdemo  # noqa: E402
-from bertdemo import plots  # noqa: E402
+from bertdemo import feature_plots  # noqa: E402
 from bertdemo.features import feature_map, search  # noqa: E402
 from bertdemo.features.store import FeatureStore  # noqa: E402
 from common import interleaved_medians, machine  # noqa: E402
@@ -42,7 +42,7 @@ def timed(fn):
 def drawn(lm, store) -> str:
     """What the page's map costs the server: the service (layout from the disk cache, labels), the
     figure, and its JSON."""
-    return plots.feature_map(feature_map.feature_map(lm, LAYER, store)).to_json()
+    return feature_plots.feature_map(feature_map.feature_map(lm, LAYER, store)).to_json()
 
 
 def server(lm, store: FeatureStore, repeats: int) -> None:

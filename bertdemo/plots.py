@@ -50,7 +50,7 @@ def _prediction_bars_parts(predictions: list[list[dict]]) -> tuple[list[dict], d
         tokens = [p["token"] for p in preds][::-1]
         scores = [p["score"] for p in preds][::-1]
         suffix = "" if i == 1 else str(i)
-        data.append(dict(type="bar", x=scores, y=_unique_labels(tokens), orientation="h",
+        data.append(dict(type="bar", x=scores, y=unique_labels(tokens), orientation="h",
                          text=[f"{s:.1%}" for s in scores], textposition="auto",
                          hovertemplate="%{y}: %{x:.4f}<extra></extra>", showlegend=False,
                          xaxis=f"x{suffix}", yaxis=f"y{suffix}"))
@@ -62,7 +62,7 @@ def _prediction_bars_parts(predictions: list[list[dict]]) -> tuple[list[dict], d
 
 def token_scores(tokens: list[str], log_probs: list[float], title: str) -> go.Figure:
     """Bar per token of its log-probability (PLL contributions): the surprising tokens stand out."""
-    bars = dict(type="bar", x=_unique_labels(tokens), y=log_probs,
+    bars = dict(type="bar", x=unique_labels(tokens), y=log_probs,
                 hovertemplate="%{x}: %{y:.3f}<extra></extra>")
     return fast_figure([bars], dict(title=dict(text=title), yaxis=dict(title=dict(text="log p(token | rest)")),
                                     height=320, margin=dict(l=10, r=10, t=50, b=10)))
@@ -118,7 +118,7 @@ def shown_token(token: str) -> str:
     return text.replace("Ċ", "⏎").replace("\n", "⏎") or str(token)
 
 
-def _unique_labels(labels: list[str]) -> list[str]:
+def unique_labels(labels: list[str]) -> list[str]:
     """Tokens as words (`shown_token`); plotly merges equal category labels, so repeats get
     zero-width spaces and stay separate bars."""
     seen: dict[str, int] = {}
@@ -150,7 +150,7 @@ def outcome_grid(tokens: list[str], grids: dict[str, dict]) -> go.Figure:
     # One above the other, each the page's full width, with the cells' text at a size one reads
     # (plotly's own shrinks it to fit the cell: at 20 tokens side by side, about 7 px)
     fig = make_subplots(rows=len(modes), cols=1, subplot_titles=modes, vertical_spacing=0.12 / len(modes))
-    x = _unique_labels(tokens)
+    x = unique_labels(tokens)
     size = 13 if len(tokens) <= 20 else 12 if len(tokens) <= 28 else 11 if len(tokens) <= 36 else 10
     for row, mode in enumerate(modes, start=1):
         outcome = grids[mode]["outcome"]
@@ -228,7 +228,7 @@ def attention_heatmap(labels: list[str], matrix, title: str, boundary: int | Non
     line. Small inputs get each value written in its cell.
     """
     shown = [[w if w >= threshold else None for w in row] for row in matrix.tolist()]
-    names = _unique_labels([_plotly_text(x) for x in labels])
+    names = unique_labels([plotly_text(x) for x in labels])
     n = len(names)
     heatmap = dict(type="heatmap", z=shown, x=names, y=names, colorscale=_colorscale("Blues"), zmin=0,
                    zmax=max(float(matrix.max()), 1e-6), hovertemplate="%{y} → %{x}: %{z:.4f}<extra></extra>",
@@ -257,7 +257,7 @@ def mask_attention_grid(rows, labels: list[str], hidden: list[bool] | None = Non
     if hidden is not None and not all(hidden):
         weights[:, :, np.array(hidden, dtype=bool)] = -1.0  # never the top choice
     order = np.argsort(-weights, axis=-1)[:, :, :3]  # (L, H, 3)
-    names = [_plotly_text(x) for x in labels]
+    names = [plotly_text(x) for x in labels]
     top = np.take_along_axis(weights, order[:, :, :1], -1)[:, :, 0]
     n_layers, n_heads = weights.shape[:2]
     text = [[names[order[i, h, 0]] for h in range(n_heads)] for i in range(n_layers)]
@@ -278,7 +278,7 @@ def neuron_view(result: dict) -> go.Figure:
     """One head's query against every key (`heads.neuron_view`'s result): the query (one row of
     head_dim cells), each token's key and query * key per dimension (T rows each, red positive,
     blue negative), then each key's score (sum of products / sqrt(head_dim)) and its weight."""
-    tokens = _unique_labels([_plotly_text(t) for t in result["tokens"]])
+    tokens = unique_labels([plotly_text(t) for t in result["tokens"]])
     asking = tokens[result["token"]]
     dims = list(range(result["head_dim"]))
     fig = make_subplots(rows=2, cols=4, shared_yaxes=True, row_heights=[0.08, 0.92], vertical_spacing=0.08,
@@ -304,7 +304,7 @@ def neuron_view(result: dict) -> go.Figure:
     fig.update_xaxes(title_text="dimension", row=2, col=1)
     fig.update_xaxes(title_text="dimension", row=2, col=2)
     fig.update_xaxes(range=share_range(result["weights"]), row=2, col=4)
-    named = _plotly_text(result["tokens"][result["token"]])
+    named = plotly_text(result["tokens"][result["token"]])
     fig.update_layout(title=f"Layer {result['layer']}, head {result['head']}: the query of token "
                             f"{result['token']}, “{named}”, against every key", showlegend=False,
                       height=min(max(360, 140 + 24 * len(tokens)), 2400), margin=dict(l=10, r=10, t=70, b=10))
@@ -317,7 +317,7 @@ def _colorscale(name: str) -> tuple:
     return tuple(tuple(pair) for pair in go.Heatmap(colorscale=name).colorscale)
 
 
-def _plotly_text(label: str) -> str:
+def plotly_text(label: str) -> str:
     """Plotly reads `<b>`, `<br>`, `<a href>` in labels as markup; escape user text so it stays text
     (tokens shown as words, `shown_token`)."""
     return html.escape(shown_token(label), quote=False)
@@ -352,7 +352,7 @@ def finetune_curves(steps: list, evals: list, planned_steps: int | None = None,
         layout["shapes"] = [dict(type="line", x0=step, x1=step, y0=0, y1=1, xref="x", yref="paper",
                                  line=dict(dash="dash", color="#16a34a", width=1.5))]
         layout["annotations"] = [*layout.get("annotations", ()), dict(
-            x=step, y=1, xref="x", yref="paper", text=_plotly_text(label), showarrow=False,
+            x=step, y=1, xref="x", yref="paper", text=plotly_text(label), showarrow=False,
             xanchor="left", yanchor="top", font=dict(color="#16a34a"))]
     return fast_figure(data, layout)
 
@@ -420,7 +420,7 @@ def layer_heatmap(entry: dict, title: str) -> go.Figure:
     """Layers x top-k for one mask (`explain.layer_predictions`' entry): each cell names the
     token at that rank after that layer, coloured by its probability; the final answer is bold."""
     layers, final = entry["layers"], entry["final"]["token_id"]
-    text = [[_bold_if(_plotly_text(p["token"]), p["token_id"] == final) for p in row] for row in layers]
+    text = [[_bold_if(plotly_text(p["token"]), p["token_id"] == final) for p in row] for row in layers]
     fig = go.Figure(go.Heatmap(
         z=[[p["score"] for p in row] for row in layers], text=text, texttemplate="%{text}",
         x=[f"#{r + 1}" for r in range(len(layers[0]))], y=entry["layer_names"], colorscale="Purples",
@@ -441,7 +441,7 @@ def final_rank_lines(entries: list[dict]) -> go.Figure:
     """Rank of each mask's final answer after every layer (log scale, rank 1 at the top)."""
     fig = go.Figure()
     for entry in entries:
-        name = f"[MASK] {entry['mask']}: {_plotly_text(entry['final']['token'])}"
+        name = f"[MASK] {entry['mask']}: {plotly_text(entry['final']['token'])}"
         fig.add_trace(go.Scatter(x=entry["layer_names"], y=entry["final_rank"], mode="lines+markers",
                                  name=name, customdata=entry["final_prob"],
                                  hovertemplate=f"{name}<br>%{{x}}: rank %{{y}}, p = %{{customdata:.4f}}"
@@ -456,11 +456,11 @@ def final_rank_lines(entries: list[dict]) -> go.Figure:
 def comparison_bars(result: dict) -> go.Figure:
     """Both models' probabilities of each token of either top-k, side by side, one row of bars
     per mask (`compare.compare_predictions`' result); hover gives the change."""
-    masks, names = result["masks"], [_plotly_text(n) for n in result["models"]]
+    masks, names = result["masks"], [plotly_text(n) for n in result["models"]]
     fig = make_subplots(rows=max(len(masks), 1), cols=1, vertical_spacing=0.3 / max(len(masks), 1),
                         subplot_titles=[f"[MASK] {m['mask']}" for m in masks])
     for row, mask in enumerate(masks, start=1):
-        labels = _unique_labels([_plotly_text(r["token"]) for r in mask["changes"]])
+        labels = unique_labels([plotly_text(r["token"]) for r in mask["changes"]])
         for key, name, colour in (("a", names[0], "#6366f1"), ("b", names[1], "#f59e0b")):
             fig.add_trace(go.Bar(
                 x=labels, y=[r[key] for r in mask["changes"]], name=name, marker_color=colour,
@@ -488,7 +488,7 @@ def classifier_curves(runs: dict, planned_steps: int | None = None) -> go.Figure
     """
     fig = make_subplots(rows=1, cols=2, subplot_titles=["training loss", "held-out accuracy"])
     for i, (name, run) in enumerate(runs.items()):
-        color, label = _RUN_COLORS[i % len(_RUN_COLORS)], _plotly_text(name)
+        color, label = _RUN_COLORS[i % len(_RUN_COLORS)], plotly_text(name)
         fig.add_trace(go.Scatter(x=[s.step for s in run.steps], y=[s.loss for s in run.steps],
                                  mode="lines", name=label, line=dict(color=color), legendgroup=label),
                       row=1, col=1)
@@ -506,7 +506,7 @@ def classifier_curves(runs: dict, planned_steps: int | None = None) -> go.Figure
 def confusion_heatmap(labels: list[str], confusion: list[list[int]]) -> go.Figure:
     """counts[i][j] = held-out examples of label i predicted as j; true labels down, predicted
     across, each cell written out (a person reads the mistakes off the diagonal)."""
-    names = _unique_labels([_plotly_text(label) for label in labels])
+    names = unique_labels([plotly_text(label) for label in labels])
     fig = go.Figure(go.Heatmap(z=confusion, x=names, y=names, colorscale="Blues", showscale=False,
                                text=confusion, texttemplate="%{text}",
                                hovertemplate="true %{y}, predicted %{x}: %{z}<extra></extra>"))
@@ -543,19 +543,19 @@ def embedding_scatter(result: dict, title: str) -> go.Figure:
     word_only = result["word"] is not None
     for s, points in by_sentence.items():
         text = points[0]["text"]
-        name = f"{s + 1}: {_plotly_text(text[:40] + ('…' if len(text) > 40 else ''))}"
+        name = f"{s + 1}: {plotly_text(text[:40] + ('…' if len(text) > 40 else ''))}"
         fig.add_trace(go.Scatter(
             x=[p["x"] for p in points], y=[p["y"] for p in points], name=name,
             mode="markers+text" if word_only else "markers", marker=dict(size=11 if word_only else 8),
-            text=[_plotly_text(p["token"]) for p in points], textposition="top center",
-            customdata=[[_plotly_text(p["text"])] for p in points],
+            text=[plotly_text(p["token"]) for p in points], textposition="top center",
+            customdata=[[plotly_text(p["text"])] for p in points],
             hovertemplate="<b>%{text}</b><br>%{customdata[0]}<extra></extra>"))
     x, y = (f"PC{i + 1} ({share:.0%} of the variance)" for i, share in enumerate(result["explained"]))
     missing = result.get("missing") or []
     if missing:  # the lines without the word: left out of the map, and said
-        lines = "; ".join(f"line {m['line']} ({_plotly_text(m['text'][:30] + ('…' if len(m['text']) > 30 else ''))})"
+        lines = "; ".join(f"line {m['line']} ({plotly_text(m['text'][:30] + ('…' if len(m['text']) > 30 else ''))})"
                           for m in missing[:4]) + ("; …" if len(missing) > 4 else "")
-        title = f"{title}<br><sup>Left out, without '{_plotly_text(result['word'])}': {lines}</sup>"
+        title = f"{title}<br><sup>Left out, without '{plotly_text(result['word'])}': {lines}</sup>"
     fig.update_layout(title=title, height=460, xaxis=dict(title=x), yaxis=dict(title=y),
                       legend=dict(title="sentence"), margin=dict(l=10, r=10, t=70 if missing else 50, b=10))
     return fig
@@ -579,124 +579,9 @@ def probe_accuracy_lines(result: dict, title: str) -> go.Figure:
 def search_word_counts(result: dict, title: str) -> go.Figure:
     """`corpus_search.search_corpus`'s hits counted by the word they matched, most frequent first."""
     counts = result["counts"]
-    fig = go.Figure(go.Bar(x=[_plotly_text(c["word"]) for c in counts], y=[c["count"] for c in counts],
+    fig = go.Figure(go.Bar(x=[plotly_text(c["word"]) for c in counts], y=[c["count"] for c in counts],
                            marker_color="#93c5fd", hovertemplate="%{x}: %{y} of the top hits<extra></extra>"))
     fig.update_layout(title=title, height=320, margin=dict(l=10, r=10, t=50, b=10),
                       xaxis=dict(title="word matched", type="category"),
                       yaxis=dict(title="hits", dtick=1, rangemode="tozero"))
-    return fig
-
-
-# ---------------------------------------------------------------- features (sparse autoencoders)
-
-def feature_heatmap(result: dict, title: str) -> go.Figure:
-    """Tokens x features of `features.views.sentence_features`' heatmap: each counted token's
-    activation of each feature shown (blank where it does not fire); hover names the feature."""
-    grid = result["heatmap"]
-    tokens = _unique_labels([_plotly_text(t["token"]) for t in result["per_token"]])
-    columns = [f"#{f}" for f in grid["features"]]
-    labels = [_plotly_text(label) for label in grid["labels"]]
-    z = [[a if a > 0 else None for a in row] for row in grid["activations"]]
-    fig = go.Figure(go.Heatmap(
-        z=z, x=columns, y=tokens, colorscale="Oranges", zmin=0, xgap=1, ygap=1,
-        customdata=[labels] * len(tokens), colorbar=dict(title="activation"),
-        hovertemplate="%{y}, feature %{x}: %{z:.3f}<br>%{customdata}<extra></extra>"))
-    fig.update_layout(title=title, height=min(max(300, 150 + 26 * len(tokens)), 1400),
-                      margin=dict(l=10, r=10, t=110, b=10),
-                      xaxis=dict(side="top", type="category", tickangle=-60),
-                      yaxis=dict(title="token", autorange="reversed", type="category"))
-    return fig
-
-
-def feature_histogram(card: dict) -> go.Figure:
-    """A feature's activations where it fires (`feature_card`'s histogram): the share of its
-    firings in each bin from 0 to its largest activation."""
-    edges, shares = card["histogram"]["edges"], card["histogram"]["shares"]
-    centres = [(a + b) / 2 for a, b in zip(edges[:-1], edges[1:])]
-    width = (edges[1] - edges[0]) if len(edges) > 1 else 1.0
-    fig = go.Figure(go.Bar(x=centres, y=shares, width=[width] * len(centres), marker_color="#f59e0b",
-                           hovertemplate="activation %{x:.3f}: %{y:.1%} of its firings<extra></extra>"))
-    fig.update_layout(title=f"Feature {card['feature']}: fires on {card['density']:.2%} of tokens, "
-                            f"mean {card['mean']:.3f} where it fires",
-                      height=300, margin=dict(l=10, r=10, t=50, b=10), bargap=0.05,
-                      xaxis=dict(title="activation", rangemode="tozero"),
-                      yaxis=dict(title="share of its firings", tickformat=".0%", rangemode="tozero"))
-    return fig
-
-
-def feature_effects(card: dict) -> go.Figure:
-    """What a feature does to the MLM head's output at a [MASK]: the tokens whose logits it
-    raises most (left) and lowers most (right), as `feature_card` measured them."""
-    fig = make_subplots(rows=1, cols=2, subplot_titles=["promoted", "suppressed"], horizontal_spacing=0.18)
-    for col, key, colour in ((1, "promoted", "#16a34a"), (2, "suppressed", "#dc2626")):
-        rows = card[key]
-        fig.add_trace(go.Bar(x=[r["logit_change"] for r in rows][::-1],
-                             y=_unique_labels([_plotly_text(r["token"]) for r in rows])[::-1], orientation="h",
-                             marker_color=colour, showlegend=False,
-                             hovertemplate="%{y}: logit %{x:+.3f}<extra></extra>"), row=1, col=col)
-    fig.update_xaxes(title_text="logit change at a [MASK]")
-    fig.update_yaxes(type="category")
-    fig.update_layout(height=max(300, 80 + 24 * max(len(card["promoted"]), len(card["suppressed"]), 1)),
-                      margin=dict(l=10, r=10, t=40, b=10))
-    return fig
-
-
-def steer_bars(result: dict) -> go.Figure:
-    """Fill-mask before and after a feature is steered (`features.views.steer`): per mask, each
-    token of either top-k with its probability before and after."""
-    masks = result["masks"]
-    fig = make_subplots(rows=max(len(masks), 1), cols=1, vertical_spacing=0.3 / max(len(masks), 1),
-                        subplot_titles=[f"[MASK] {m['mask']}" for m in masks])
-    for row, mask in enumerate(masks, start=1):
-        labels = _unique_labels([_plotly_text(t["token"]) for t in mask["tokens"]])
-        for key, name, colour in (("before", "before", "#94a3b8"), ("after", "after steering", "#f59e0b")):
-            fig.add_trace(go.Bar(x=labels, y=[t[key] for t in mask["tokens"]], name=name, marker_color=colour,
-                                 legendgroup=key, showlegend=row == 1,
-                                 hovertemplate=f"{name}<br>%{{x}}: p = %{{y:.4f}}<extra></extra>"), row=row, col=1)
-    fig.update_yaxes(title_text="probability", tickformat=".0%", rangemode="tozero")
-    fig.update_layout(barmode="group", height=min(120 + 260 * len(masks), 2400),
-                      title=f"Feature {result['feature']} at layer {result['layer']}: scale {result['scale']:g}, "
-                            f"added {result['add']:g}",
-                      legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right"),
-                      margin=dict(l=10, r=10, t=80, b=10))
-    return fig
-
-
-def feature_curves(steps: list) -> go.Figure:
-    """A dictionary's training, live: FVU (the share of the layer it does not explain) and the
-    share of dead latents, against tokens seen. `steps`: `features.training.FeatureStep`s of
-    one layer's run (their first layer's figures are drawn)."""
-    tokens = [s.tokens for s in steps]
-    fig = make_subplots(specs=[[{"secondary_y": True}]])
-    fig.add_trace(go.Scatter(x=tokens, y=[s.fvu[0] for s in steps], mode="lines", name="FVU (lower is better)",
-                             hovertemplate="%{x:,} tokens: FVU %{y:.3f}<extra></extra>"), secondary_y=False)
-    fig.add_trace(go.Scatter(x=tokens, y=[s.dead[0] for s in steps], mode="lines", name="dead latents",
-                             line=dict(dash="dot"),
-                             hovertemplate="%{x:,} tokens: %{y:.1%} dead<extra></extra>"), secondary_y=True)
-    fig.update_xaxes(title_text="tokens seen", rangemode="tozero")
-    fig.update_yaxes(title_text="fraction of variance unexplained", rangemode="tozero", secondary_y=False)
-    fig.update_yaxes(title_text="dead latents", tickformat=".0%", secondary_y=True,
-                     range=share_range([s.dead[0] for s in steps]))
-    fig.update_layout(height=360, margin=dict(l=10, r=10, t=40, b=10),
-                      legend=dict(orientation="h", x=1, xanchor="right", y=1.02, yanchor="bottom"))
-    return fig
-
-def feature_map(result: dict) -> go.Figure:
-    """A layer's features as points (`features.feature_map.feature_map`): placed by their decoder
-    directions, coloured by `result["colour"]`; hover: the feature, its label and firings. Each
-    point's customdata is its feature number (a click opens its card)."""
-    method = {"umap": "UMAP", "pca": "PCA"}.get(result["method"], result["method"])
-    firings = result["firings"]
-    fig = go.Figure(go.Scatter(  # SVG: each point clickable; places rounded (a third less to send)
-        x=[round(v, 3) for v in result["x"]], y=[round(v, 3) for v in result["y"]], mode="markers",
-        customdata=result["features"],
-        text=[f"{_plotly_text(name)}<br>{count:,} firings" for name, count in zip(result["labels"], firings)],
-        marker=dict(size=6, color=[round(v, 3) for v in result["colour"]["values"]], colorscale="Viridis", opacity=0.8,
-                    colorbar=dict(title=result["colour"]["name"])),
-        hovertemplate="feature %{customdata}: %{text}<extra></extra>"))
-    fig.update_layout(title=f"Layer {result['layer']}: its {len(result['features']):,} features by the direction "
-                            f"each writes ({method} of the decoder rows); click one for its card",
-                      height=560, margin=dict(l=10, r=10, t=50, b=10), hovermode="closest", dragmode="pan",
-                      xaxis=dict(showticklabels=False, zeroline=False, title=f"{method} 1"),
-                      yaxis=dict(showticklabels=False, zeroline=False, title=f"{method} 2"))
     return fig

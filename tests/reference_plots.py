@@ -27,7 +27,7 @@ def prediction_bars(predictions: list[list[dict]]) -> go.Figure:
     for i, preds in enumerate(predictions, start=1):
         tokens = [p["token"] for p in preds][::-1]
         scores = [p["score"] for p in preds][::-1]
-        fig.add_trace(go.Bar(x=scores, y=_unique_labels(tokens), orientation="h",
+        fig.add_trace(go.Bar(x=scores, y=unique_labels(tokens), orientation="h",
                              text=[f"{s:.1%}" for s in scores], textposition="auto",
                              hovertemplate="%{y}: %{x:.4f}<extra></extra>", showlegend=False),
                       row=i, col=1)
@@ -39,7 +39,7 @@ def prediction_bars(predictions: list[list[dict]]) -> go.Figure:
 
 def token_scores(tokens: list[str], log_probs: list[float], title: str) -> go.Figure:
     """Bar per token of its log-probability (PLL contributions): the surprising tokens stand out."""
-    fig = go.Figure(go.Bar(x=_unique_labels(tokens), y=log_probs,
+    fig = go.Figure(go.Bar(x=unique_labels(tokens), y=log_probs,
                            hovertemplate="%{x}: %{y:.3f}<extra></extra>"))
     fig.update_layout(title=title, yaxis_title="log p(token | rest)", height=320,
                       margin=dict(l=10, r=10, t=50, b=10))
@@ -54,7 +54,7 @@ def attention_heatmap(labels: list[str], matrix, title: str, boundary: int | Non
     line. Small inputs get each value written in its cell.
     """
     shown = [[w if w >= threshold else None for w in row] for row in matrix.tolist()]
-    names = _unique_labels([_plotly_text(x) for x in labels])
+    names = unique_labels([plotly_text(x) for x in labels])
     n = len(names)
     fig = go.Figure(go.Heatmap(
         z=shown, x=names, y=names, colorscale="Blues", zmin=0, zmax=max(float(matrix.max()), 1e-6),
@@ -81,7 +81,7 @@ def mask_attention_grid(rows, labels: list[str], hidden: list[bool] | None = Non
     if hidden is not None and not all(hidden):
         weights[:, :, np.array(hidden, dtype=bool)] = -1.0  # never the top choice
     order = np.argsort(-weights, axis=-1)[:, :, :3]  # (L, H, 3)
-    names = [_plotly_text(x) for x in labels]
+    names = [plotly_text(x) for x in labels]
     top = np.take_along_axis(weights, order[:, :, :1], -1)[:, :, 0]
     n_layers, n_heads = weights.shape[:2]
     text = [[names[order[i, h, 0]] for h in range(n_heads)] for i in range(n_layers)]
@@ -127,7 +127,7 @@ def finetune_curves(steps: list, evals: list, planned_steps: int | None = None,
     return fig
 
 
-def _unique_labels(labels: list[str]) -> list[str]:
+def unique_labels(labels: list[str]) -> list[str]:
     """Plotly merges equal category labels; suffix zero-width spaces so repeats stay separate bars."""
     seen: dict[str, int] = {}
     out = []
@@ -137,6 +137,6 @@ def _unique_labels(labels: list[str]) -> list[str]:
     return out
 
 
-def _plotly_text(label: str) -> str:
+def plotly_text(label: str) -> str:
     """Plotly reads `<b>`, `<br>`, `<a href>` in labels as markup; escape user text so it stays text."""
     return html.escape(str(label), quote=False)

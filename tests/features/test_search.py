@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import bertdemo
-from bertdemo import plots
+from bertdemo import feature_plots
 from bertdemo.features import dictionary as files  # first: sparsify's decoder switch
 from bertdemo.features import feature_map, search
 from bertdemo.features.data import Lines, hidden_at
@@ -185,7 +185,7 @@ def test_the_map_has_a_point_per_feature_kept_on_disk(tiny_bert, made, method):
     assert not drawn["cached"] and again["cached"] and (again["x"], again["y"]) == (drawn["x"], drawn["y"])
     assert np.isfinite(np.stack([drawn["x"], drawn["y"]], 1)).all() and np.ptp(drawn["x"]) > 0
     assert drawn["colour"]["name"] == "density (log10)" and len(drawn["colour"]["values"]) == 64
-    figure = plots.feature_map(drawn)
+    figure = feature_plots.feature_map(drawn)
     assert list(figure.data[0].customdata) == list(range(64))  # a click names its feature
 
 

@@ -18,7 +18,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from gradio.context import get_render_context
 
-from ... import validate
+from ... import feature_plots, validate
 from ...circuits import attribution, drawing, files, heads, interventions
 from ...circuits.graph import Graph
 from ...circuits.transcoder_run import TranscodersRequest
@@ -460,7 +460,7 @@ class _Transcoders:
 def _effects(card: dict) -> go.Figure:
     from ... import plots
 
-    return plots.feature_effects(card)
+    return feature_plots.feature_effects(card)
 
 
 def heads_words(graph: Graph, split: dict) -> str:

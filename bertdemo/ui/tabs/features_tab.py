@@ -17,7 +17,7 @@ import re
 import gradio as gr
 import pandas as pd
 
-from ... import plots, validate
+from ... import feature_plots, validate
 from ...config import Settings
 from ...features import drift, making, quality_views
 from ...features import views as features
@@ -137,7 +137,7 @@ def on_sentence_features(visitor: Visitor, sentence, layer, top_features):
     lm = visitor.lm
     result = features.sentence_features(lm, sentence, layer, top_features, _store(visitor))
     title = f"Layer {result['layer']} of {lm.name}: each token's strongest features"
-    return plots.feature_heatmap(result, title), token_frame(result), result
+    return feature_plots.feature_heatmap(result, title), token_frame(result), result
 
 
 def on_feature_card(visitor: Visitor, layer, feature):
@@ -151,8 +151,8 @@ def on_feature_card(visitor: Visitor, layer, feature):
         a summary (Markdown: label, density, mean and largest activation), its activations' histogram (plotly), its top contexts with the firing token highlighted (HTML), the tokens it promotes and suppresses at a [MASK] (plotly), the features that fire with it (table), and the raw card {"layer", "feature", "label", "density", "mean", "max", "histogram", "contexts": [{"text", "token", "start", "end", "activation"}], "promoted", "suppressed": [{"token", "token_id", "logit_change"}], "cofiring": [{"feature", "share", "label"}]}.
     """
     card = features.feature_card(visitor.lm, layer, feature, _store(visitor))
-    return (card_summary(card, visitor.lm.name), plots.feature_histogram(card), contexts_html(card),
-            plots.feature_effects(card), cofiring_frame(card), card)
+    return (card_summary(card, visitor.lm.name), feature_plots.feature_histogram(card), contexts_html(card),
+            feature_plots.feature_effects(card), cofiring_frame(card), card)
 
 
 def on_similar_features(visitor: Visitor, layer, feature):
@@ -213,7 +213,7 @@ def on_feature_map(visitor: Visitor, layer):
         the map (plotly; each point's customdata is its feature number, and a click on it opens its card) and a line saying how it was laid out.
     """
     result = maps.feature_map(visitor.lm, layer, _store(visitor))
-    return plots.feature_map(result), map_note(result)
+    return feature_plots.feature_map(result), map_note(result)
 
 
 def on_pick_feature(evt: gr.SelectData):
@@ -253,7 +253,7 @@ def on_steer(visitor: Visitor, sentence, layer, feature, scale, mean_activations
     """
     result = features.steer(visitor.lm, sentence, layer, feature, scale, mean_activations_added, top_k, _store(visitor),
                             max_masks=visitor.settings.max_masks)
-    return steer_note(result), plots.steer_bars(result), result
+    return steer_note(result), feature_plots.steer_bars(result), result
 
 
 def on_prediction_features(visitor: Visitor, sentence, layer, top_features):
@@ -375,7 +375,7 @@ def on_train_features(visitor: Visitor, request: FeaturesRequest, progress=gr.Pr
     plan = outcome.plan
     quality = quality_frame([_public(quality_views.feature_quality(plan.lm, plan.layer, plan.store))]) \
         if dictionary is not None else empty_table(sections.QUALITY_COLUMNS)
-    yield (final_status(outcome.kept, history, plan), plots.feature_curves(history.steps), quality,
+    yield (final_status(outcome.kept, history, plan), feature_plots.feature_curves(history.steps), quality,
            availability(plan.lm, plan.store, plan.layer), gr.skip())
 
 
@@ -388,7 +388,7 @@ def _live_outputs(log: EventLog, progress) -> tuple:
     status = (f"Step {last.step}: {last.tokens:,} tokens, FVU {last.fvu[0]:.3f}, {last.dead[0]:.1%} dead, "
               f"{last.tokens_per_s:,.0f} tokens/s. When training ends, its statistics and quality are "
               "measured before it is kept.")
-    return status, plots.feature_curves([e.step for e in events]), gr.skip(), gr.skip(), gr.skip()
+    return status, feature_plots.feature_curves([e.step for e in events]), gr.skip(), gr.skip(), gr.skip()
 
 
 def on_stop(visitor: Visitor) -> str:
