@@ -1,4 +1,5 @@
-"""Beyond one sentence: the corpus contexts the model treats as the same as a word in a sentence.
+"""One concept, one module (over 500 lines): corpus search, the corpus contexts the model treats as the same
+as a word in a sentence.
 
 exBERT's search, for any encoder with hidden states: the contextual embedding of `word` in `text`
 at `layer` (a word split into pieces is the mean of its pieces, as the embedding map does) against
