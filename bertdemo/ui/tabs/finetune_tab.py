@@ -8,6 +8,7 @@ reserves the session's slot when the request enters the queue, so a second click
 once, not queued behind.
 """
 import re
+from dataclasses import dataclass
 
 import gradio as gr
 import pandas as pd
@@ -54,24 +55,42 @@ def render(ctx: AppContext) -> None:
     limits = ctx.settings.limits
     gr.Markdown(INTRO)
     active = gr.Markdown(model_line(ctx.store, None, "finetune"))
-    form, keep, probes, suggest = _section_form(limits)
-    run_btn, stop_btn, compare_btn, status, curve, metrics, probe_table = _section_run()
-    use_tuned_btn, use_base_btn, download_btn, download = _section_model()
+    form = _section_form(limits)
+    run = _section_run()
+    model = _section_model()
     export_button.render(ctx)
     compare_status, compare_plot = _section_compare()
 
-    live_run.wire(ctx, "finetune", run_btn, {**form, **keep, "probes": probes},
-                  [status, curve, metrics, probe_table, active], on_finetune)
-    live_run.wire(ctx, "compare_masking", compare_btn, form, [compare_status, compare_plot], on_compare)
-    stop_btn.click(handler(ctx, on_stop), None, status, api_name="stop_finetune", queue=False)
-    use_tuned_btn.click(handler(ctx, on_use_tuned), None, active, api_name="use_tuned", queue=False)
-    use_base_btn.click(handler(ctx, on_use_base), None, active, api_name="use_base", queue=False)
-    download_btn.click(handler(ctx, on_download), None, download, api_name="download_tuned",
-                       concurrency_id="model")
-    suggest.click(handler(ctx, on_suggest), form["text"], probes, api_name="suggest_probes", queue=False)
+    live_run.wire(ctx, "finetune", run.button, form.finetune_form, [*run.outputs, active], on_finetune)
+    live_run.wire(ctx, "compare_masking", run.compare, form.fields, [compare_status, compare_plot], on_compare)
+    run.stop.click(handler(ctx, on_stop), None, run.status, api_name="stop_finetune", queue=False)
+    model.use_tuned.click(handler(ctx, on_use_tuned), None, active, api_name="use_tuned", queue=False)
+    model.use_base.click(handler(ctx, on_use_base), None, active, api_name="use_base", queue=False)
+    model.download_button.click(handler(ctx, on_download), None, model.download, api_name="download_tuned",
+                                concurrency_id="model")
+    form.suggest.click(handler(ctx, on_suggest), form.fields["text"], form.probes, api_name="suggest_probes",
+                       queue=False)
 
 
-def _section_form(limits: Limits):
+@dataclass
+class FormSection:
+    """The run's form: `fields` maps the request's field names (both runs read them) to their
+    components; the two keep boxes, the probes and their Suggest button are the fine-tune's own."""
+
+    fields: dict
+    keep_partial: gr.Checkbox
+    keep_best: gr.Checkbox
+    probes: gr.Textbox
+    suggest: gr.Button
+
+    @property
+    def finetune_form(self) -> dict:
+        """The fine-tune's form: the shared fields, the keep boxes and the probes."""
+        return {**self.fields, "keep_partial": self.keep_partial, "keep_best": self.keep_best,
+                "probes": self.probes}
+
+
+def _section_form(limits: Limits) -> FormSection:
     text = gr.Textbox(label="Your text (one sentence or paragraph per line)", value=EXAMPLE_TEXT,
                       lines=8, info=f"At most {limits.max_chars:,} characters.")
     # no max_length: the browser would cut a longer paste silently; the plan refuses it, saying both lengths
@@ -98,12 +117,29 @@ def _section_form(limits: Limits):
     probes = gr.Textbox(label="Probe sentences, one per line, with [MASK]", lines=3,
                         value="\n".join(default_probes(EXAMPLE_TEXT)), info=PROBES_INFO)
     suggest = gr.Button("Suggest probes from my text", size="sm")
-    form = dict(text=text, training_length=length, length_unit=unit, learning_rate=lr, batch_size=batch,
-                block_length=block, mask_probability=probability, masking=masking, seed=seed)
-    return form, dict(keep_partial=keep_partial, keep_best=keep_best), probes, suggest
+    fields = dict(text=text, training_length=length, length_unit=unit, learning_rate=lr, batch_size=batch,
+                  block_length=block, mask_probability=probability, masking=masking, seed=seed)
+    return FormSection(fields, keep_partial, keep_best, probes, suggest)
 
 
-def _section_run():
+@dataclass
+class RunSection:
+    """The run's buttons, and what `on_finetune` streams (before the model line), in `outputs` order."""
+
+    button: gr.Button
+    stop: gr.Button
+    compare: gr.Button
+    status: gr.Markdown
+    curve: gr.Plot
+    metrics: gr.Dataframe
+    probes: gr.Dataframe
+
+    @property
+    def outputs(self) -> list:
+        return [self.status, self.curve, self.metrics, self.probes]
+
+
+def _section_run() -> RunSection:
     with gr.Row():
         run_btn = gr.Button("Fine-tune", variant="primary")
         stop_btn = gr.Button("Stop", variant="stop")
@@ -114,16 +150,26 @@ def _section_run():
                            interactive=False, elem_id="finetune-metrics")
     probe_table = gr.Dataframe(empty_table(PROBE_COLUMNS), label="Top-3 fill-mask predictions, before and after",
                                interactive=False, elem_id="finetune-probes")
-    return run_btn, stop_btn, compare_btn, status, curve, metrics, probe_table
+    return RunSection(run_btn, stop_btn, compare_btn, status, curve, metrics, probe_table)
 
 
-def _section_model():
+@dataclass
+class ModelSection:
+    """What to do with the tuned model: use it, go back to the base one, download it (and the file)."""
+
+    use_tuned: gr.Button
+    use_base: gr.Button
+    download_button: gr.Button
+    download: gr.File
+
+
+def _section_model() -> ModelSection:
     with gr.Row():
         use_tuned_btn = gr.Button("Use my tuned model in all tabs")
         use_base_btn = gr.Button("Back to the base model")
         download_btn = gr.Button("Download my tuned model (.zip)")
     download = gr.File(label="Tuned model: save_pretrained folder + tokenizer, zipped", height=90)
-    return use_tuned_btn, use_base_btn, download_btn, download
+    return ModelSection(use_tuned_btn, use_base_btn, download_btn, download)
 
 
 def _section_compare():
