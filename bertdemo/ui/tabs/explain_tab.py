@@ -3,6 +3,7 @@ next to what the mask attended to."""
 from __future__ import annotations
 
 import html
+from dataclasses import dataclass
 
 import gradio as gr
 
@@ -37,15 +38,30 @@ def render(ctx: AppContext) -> None:
     with gr.Row():
         mask_number = gr.Number(label="Which mask (1 = first)", value=1, precision=0, minimum=1)
         top_k = gr.Slider(1, 20, value=5, step=1, label="Tokens per layer")
-    lens_btn, heatmap, ranks, lens_raw = _section_layers()
-    target, method, steps, layer, why_btn, note, coloured, why_raw = _section_saliency(n_layers)
-    lens_btn.click(handler(ctx, on_layers), [text, mask_number, top_k], [heatmap, ranks, lens_raw],
-                   api_name="layer_predictions", concurrency_id="model")
-    why_btn.click(handler(ctx, on_saliency), [text, target, mask_number, method, steps, layer],
-                  [note, coloured, why_raw], api_name="saliency", concurrency_id="model")
+    layers = _section_layers()
+    saliency = _section_saliency(n_layers)
+    layers.button.click(handler(ctx, on_layers), [text, mask_number, top_k], layers.outputs,
+                        api_name="layer_predictions", concurrency_id="model")
+    saliency.button.click(handler(ctx, on_saliency),
+                          [text, saliency.target, mask_number, saliency.method, saliency.steps, saliency.layer],
+                          saliency.outputs, api_name="saliency", concurrency_id="model")
 
 
-def _section_layers():
+@dataclass
+class LayersSection:
+    """Layer by layer: the button and what `on_layers` returns, in `outputs` order."""
+
+    button: gr.Button
+    heatmap: gr.Plot
+    ranks: gr.Plot
+    raw: gr.JSON
+
+    @property
+    def outputs(self) -> list:
+        return [self.heatmap, self.ranks, self.raw]
+
+
+def _section_layers() -> LayersSection:
     gr.Markdown("### Layer by layer")
     button = gr.Button("Show predictions after each layer", variant="primary")
     heatmap = gr.Plot(label="Top tokens after each layer, for the chosen mask")
@@ -53,10 +69,29 @@ def _section_layers():
     gr.Markdown(f"*Caveat.* {explain.LENS_CAVEAT}")
     with gr.Accordion("Raw layer predictions (JSON)", open=False):
         raw = gr.JSON()
-    return button, heatmap, ranks, raw
+    return LayersSection(button, heatmap, ranks, raw)
 
 
-def _section_saliency(n_layers: int):
+@dataclass
+class SaliencySection:
+    """Which tokens caused it: the form (beside the shared sentence and mask number), the button, and
+    what `on_saliency` returns, in `outputs` order."""
+
+    target: gr.Textbox
+    method: gr.Radio
+    steps: gr.Slider
+    layer: gr.Slider
+    button: gr.Button
+    note: gr.Markdown
+    coloured: gr.HTML
+    raw: gr.JSON
+
+    @property
+    def outputs(self) -> list:
+        return [self.note, self.coloured, self.raw]
+
+
+def _section_saliency(n_layers: int) -> SaliencySection:
     gr.Markdown("### Which tokens caused it")
     with gr.Row():
         target = gr.Textbox(label="Explain which word (empty: the top prediction)", value="", scale=2)
@@ -71,7 +106,7 @@ def _section_saliency(n_layers: int):
     gr.Markdown(SALIENCY_HELP)
     with gr.Accordion("Raw attributions (JSON)", open=False):
         raw = gr.JSON()
-    return target, method, steps, layer, button, note, coloured, raw
+    return SaliencySection(target, method, steps, layer, button, note, coloured, raw)
 
 
 def create_demo(store=None, settings: Settings | None = None) -> gr.Blocks:
