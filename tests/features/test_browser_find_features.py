@@ -9,46 +9,20 @@ import numpy as np
 import pytest
 from playwright.sync_api import expect
 
-import app
 import bertdemo
-from bertdemo.config import Settings
-from bertdemo.features.making import train_features
-from bertdemo.features.store import FeatureStore
-from bertdemo.features.training import FeatureSettings
-from conftest import expect_toast, launch
-from test_features_tab import CORPUS
+from conftest import expect_toast
+from test_browser_features import features, features_url, open_tab  # noqa: F401 - its page, shared
 
 pytestmark = pytest.mark.browser
 WORD = "river"
-
-
-@pytest.fixture(scope="module")
-def features(tiny_bert, tmp_path_factory):
-    store = FeatureStore(tmp_path_factory.mktemp("browser-find"), shipped=None)
-    train_features(tiny_bert, 1, CORPUS, FeatureSettings(max_tokens=3000, batch_tokens=512), store=store)
-    return store
-
-
-@pytest.fixture(scope="module")
-def url(tiny_bert_dir, features):
-    demo = app.build_demo(Settings(model=str(tiny_bert_dir), device="cpu"), features=features)
-    address = launch(demo)
-    yield address
-    demo.close()
-
-
-def open_tab(page, url: str) -> None:
-    page.goto(url)
-    page.get_by_role("tab", name="Features").click()
-    expect(page.locator("#features-available")).to_contain_text("Feature dictionaries of")
 
 
 def cells(page, table: str, row: int):
     return page.locator(f"#{table}").get_by_role("row").nth(row).get_by_role("gridcell")
 
 
-def test_a_word_finds_features_by_lift_and_a_row_opens_its_card(page, url, tiny_bert, features, screenshot):
-    open_tab(page, url)
+def test_a_word_finds_features_by_lift_and_a_row_opens_its_card(page, features_url, tiny_bert, features, screenshot):
+    open_tab(page, features_url)
     page.locator("#features-query").get_by_role("textbox").fill(WORD)
     page.get_by_role("button", name="Find features").click()
     found = bertdemo.features_for_word(tiny_bert, WORD, 1, 10, features)
@@ -73,8 +47,8 @@ def test_a_word_finds_features_by_lift_and_a_row_opens_its_card(page, url, tiny_
     expect_toast(page, re.compile(r"splits into 'un', '##believ', '##able'"))
 
 
-def test_the_map_is_drawn_and_a_click_on_a_point_opens_its_card(page, url, tiny_bert, features, screenshot):
-    open_tab(page, url)
+def test_the_map_is_drawn_and_a_click_on_a_point_opens_its_card(page, features_url, tiny_bert, features, screenshot):
+    open_tab(page, features_url)
     page.get_by_role("button", name="Draw the map of this layer's features").click()
     note = page.locator("#features-map-note")
     expect(note).to_contain_text("Click a point for its card", timeout=120_000)  # UMAP's first run compiles
@@ -94,8 +68,8 @@ def test_the_map_is_drawn_and_a_click_on_a_point_opens_its_card(page, url, tiny_
     expect(note).to_contain_text("read from the disk cache")
 
 
-def test_a_link_runs_its_search(page, url, tiny_bert, features):
-    page.goto(url + "?" + urlencode({"tab": "features", "layer": 1, "query": WORD, "by": "word"}))
+def test_a_link_runs_its_search(page, features_url, tiny_bert, features):
+    page.goto(features_url + "?" + urlencode({"tab": "features", "layer": 1, "query": WORD, "by": "word"}))
     expect(page.get_by_role("tab", name="Features", selected=True)).to_be_visible()
     first = bertdemo.features_for_word(tiny_bert, WORD, 1, 5, features)["features"][0]
     expect(cells(page, "features-found", 1).first).to_have_text(str(first["feature"]), timeout=30_000)
