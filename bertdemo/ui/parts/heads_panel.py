@@ -71,34 +71,61 @@ class Importance:
 
 def render(ctx: AppContext, text, text_b, n_layers: int, n_heads: int) -> None:
     """The two sections, below the tab's own; `text`, `text_b` are the tab's sentence boxes."""
-    layer, head, token, tokens, show, neuron_outputs, neuron_export = _section_neuron(n_layers, n_heads)
-    mask_number, target, compute, grid, note, raw, importance_export = _section_importance(n_heads)
-    off, predict, bars, off_note, off_raw, off_export = _section_heads_off()
+    neuron = _section_neuron(n_layers, n_heads)
+    importance = _section_importance(n_heads)
+    heads_off = _section_heads_off()
+    off, grid = heads_off.off, importance.grid
 
-    neuron_options = [layer, head, token]
-    show.click(handler(ctx, on_neuron), [text, text_b, *neuron_options], neuron_outputs, api_name="neuron_view",
-               concurrency_id="model")
-    gr.on([c.change for c in neuron_options], handler(ctx, on_neuron_options), neuron_options, neuron_outputs,
+    neuron_options = neuron.options
+    neuron.show.click(handler(ctx, on_neuron), [text, text_b, *neuron_options], neuron.outputs,
+                      api_name="neuron_view", concurrency_id="model")
+    gr.on([c.change for c in neuron_options], handler(ctx, on_neuron_options), neuron_options, neuron.outputs,
           api_visibility="private", trigger_mode="always_last", concurrency_id="model")
-    tokens.select(on_token_click, None, token, api_visibility="private")
-    gr.on([text.change, text_b.change], handler(ctx, on_sentence), [text, text_b], token, api_visibility="private",
-          trigger_mode="always_last", queue=False)
-    neuron_export[0].click(handler(ctx, on_export_neuron), neuron_options, neuron_export[1],
-                           api_visibility="private", concurrency_id="model")
+    neuron.tokens.select(on_token_click, None, neuron.token, api_visibility="private")
+    gr.on([text.change, text_b.change], handler(ctx, on_sentence), [text, text_b], neuron.token,
+          api_visibility="private", trigger_mode="always_last", queue=False)
+    neuron.export_button.click(handler(ctx, on_export_neuron), neuron_options, neuron.export_files,
+                               api_visibility="private", concurrency_id="model")
 
-    compute.click(handler(ctx, on_importance), [text, mask_number, target, off], [note, grid, raw],
-                  api_name="head_importance", concurrency_id="model")
-    grid.select(handler(ctx, on_grid_click), off, [off, grid, bars, off_note, off_raw],
+    importance.compute.click(handler(ctx, on_importance), [text, importance.mask_number, importance.target, off],
+                             importance.outputs, api_name="head_importance", concurrency_id="model")
+    grid.select(handler(ctx, on_grid_click), off, [off, grid, *heads_off.outputs],
                 api_visibility="private", concurrency_id="model")
-    importance_export[0].click(handler(ctx, on_export_importance), None, importance_export[1],
-                               api_visibility="private")
-    predict.click(handler(ctx, on_heads_off), [text, off], [bars, off_note, off_raw], api_name="heads_off",
-                  concurrency_id="model").success(handler(ctx, on_marks), off, grid, api_visibility="private")
-    off_export[0].click(handler(ctx, on_export_heads_off), [text, off], off_export[1], api_visibility="private",
-                        concurrency_id="model")
+    importance.export_button.click(handler(ctx, on_export_importance), None, importance.export_files,
+                                   api_visibility="private")
+    heads_off.predict.click(handler(ctx, on_heads_off), [text, off], heads_off.outputs, api_name="heads_off",
+                            concurrency_id="model").success(handler(ctx, on_marks), off, grid,
+                                                            api_visibility="private")
+    heads_off.export_button.click(handler(ctx, on_export_heads_off), [text, off], heads_off.export_files,
+                                  api_visibility="private", concurrency_id="model")
 
 
-def _section_neuron(n_layers: int, n_heads: int):
+@dataclass
+class NeuronSection:
+    """The neuron view: its options, the clickable tokens, the button, what `on_neuron` returns (in
+    `outputs` order) and its export (the button and the files it fills)."""
+
+    layer: gr.Slider
+    head: gr.Slider
+    token: gr.Number
+    tokens: gr.HighlightedText
+    show: gr.Button
+    plot: gr.Plot
+    raw: gr.JSON
+    export_button: gr.Button
+    export_files: gr.File
+
+    @property
+    def options(self) -> list:
+        """The layer, head and query token: what a change redraws the view for."""
+        return [self.layer, self.head, self.token]
+
+    @property
+    def outputs(self) -> list:
+        return [self.plot, self.tokens, self.raw]
+
+
+def _section_neuron(n_layers: int, n_heads: int) -> NeuronSection:
     gr.Markdown("### Neuron view: how one head weighs every key")
     gr.Markdown(NEURON_HELP)
     with gr.Row():
@@ -112,11 +139,30 @@ def _section_neuron(n_layers: int, n_heads: int):
     plot = gr.Plot(label="Neuron view: query, keys, query × key, score, weight")
     with gr.Accordion("The neuron view's numbers (JSON)", open=False):
         raw = gr.JSON()
-    export = view_downloads.controls("the neuron view")
-    return layer, head, token, tokens, show, [plot, tokens, raw], export
+    export_button, export_files = view_downloads.controls("the neuron view")
+    return NeuronSection(layer, head, token, tokens, show, plot, raw, export_button, export_files)
 
 
-def _section_importance(n_heads: int):
+@dataclass
+class ImportanceSection:
+    """Head importance: its form, the button, what `on_importance` returns (in `outputs` order; the
+    grid is clickable) and its export."""
+
+    mask_number: gr.Number
+    target: gr.Textbox
+    compute: gr.Button
+    grid: gr.Dataframe
+    note: gr.Markdown
+    raw: gr.JSON
+    export_button: gr.Button
+    export_files: gr.File
+
+    @property
+    def outputs(self) -> list:
+        return [self.note, self.grid, self.raw]
+
+
+def _section_importance(n_heads: int) -> ImportanceSection:
     gr.Markdown("### Head importance: what each head does for the [MASK]")
     with gr.Row():
         mask_number = gr.Number(label="Head importance at mask number (1 = first)", value=1, precision=0,
@@ -132,11 +178,29 @@ def _section_importance(n_heads: int):
     gr.Markdown(IMPORTANCE_HELP)
     with gr.Accordion("Head importance's numbers (JSON)", open=False):
         raw = gr.JSON()
-    export = view_downloads.controls("the head importance")
-    return mask_number, target, compute, grid, note, raw, export
+    export_button, export_files = view_downloads.controls("the head importance")
+    return ImportanceSection(mask_number, target, compute, grid, note, raw, export_button, export_files)
 
 
-def _section_heads_off():
+@dataclass
+class HeadsOffSection:
+    """Heads switched off: the box every event reads, the button, what `on_heads_off` returns (in
+    `outputs` order) and its export."""
+
+    off: gr.Textbox
+    predict: gr.Button
+    bars: gr.Plot
+    note: gr.Markdown
+    raw: gr.JSON
+    export_button: gr.Button
+    export_files: gr.File
+
+    @property
+    def outputs(self) -> list:
+        return [self.bars, self.note, self.raw]
+
+
+def _section_heads_off() -> HeadsOffSection:
     with gr.Row():
         off = gr.Textbox(label="Heads switched off (layer:head, layers from 1, heads from 0, e.g. 1:0, 3:*)", scale=3,
                          info="Click the grid above, or type; * is every layer or head.")
@@ -145,8 +209,8 @@ def _section_heads_off():
     note = gr.Markdown()
     with gr.Accordion("The predictions' numbers (JSON)", open=False):
         raw = gr.JSON()
-    export = view_downloads.controls("the predictions with heads off")
-    return off, predict, bars, note, raw, export
+    export_button, export_files = view_downloads.controls("the predictions with heads off")
+    return HeadsOffSection(off, predict, bars, note, raw, export_button, export_files)
 
 
 # ---------------------------------------------------------------- handlers: the neuron view

@@ -73,19 +73,23 @@ def render(ctx: AppContext) -> None:
     """Build the tab's components and events inside the current Blocks/Tab context."""
     _serve_vendored_scripts()
     n_layers, n_heads = _model_shape(ctx.store)
-    text, text_b, run = _section_input()
-    viz_inputs, viz_outputs = _section_bertviz(n_layers, n_heads)
-    heatmap_inputs, heatmap, heatmap_export = _section_heatmaps(n_layers, n_heads)
-    mask_number, mask_outputs, raw, mask_export = _section_mask()
-    heatmap_outputs = [heatmap, raw]
-    mask_inputs = [mask_number, heatmap_inputs[4]]  # the mask number and "Hide [CLS]/[SEP]"
+    sentence = _section_input()
+    bertviz = _section_bertviz(n_layers, n_heads)
+    heatmaps = _section_heatmaps(n_layers, n_heads)
+    mask = _section_mask()
+    text, text_b = sentence.text, sentence.text_b
+    viz_inputs, viz_outputs = bertviz.inputs, bertviz.outputs
+    heatmap_inputs = heatmaps.inputs
+    heatmap_outputs = [heatmaps.heatmap, mask.raw]
+    mask_inputs = [mask.mask_number, heatmaps.hide_special]
+    mask_outputs = mask.outputs
     heads_panel.render(ctx, text, text_b, n_layers, n_heads)
     with gr.Accordion("What attention weights are, and are not", open=False):
         gr.Markdown(EXPLAINER)
 
-    run_inputs = [text, text_b, *viz_inputs, *heatmap_inputs, mask_number]
+    run_inputs = [text, text_b, *viz_inputs, *heatmap_inputs, mask.mask_number]
     run_outputs = [*viz_outputs, *heatmap_outputs, *mask_outputs]
-    run.click(handler(ctx, on_run), run_inputs, run_outputs, api_name="attention", concurrency_id="model")
+    sentence.button.click(handler(ctx, on_run), run_inputs, run_outputs, api_name="attention", concurrency_id="model")
     gr.on([text.submit, text_b.submit], handler(ctx, on_run), run_inputs, run_outputs,
           api_visibility="private", concurrency_id="model")
     gr.on([c.change for c in viz_inputs], handler(ctx, on_viz), viz_inputs, viz_outputs,
@@ -94,23 +98,52 @@ def render(ctx: AppContext) -> None:
           api_visibility="private", trigger_mode="always_last", concurrency_id="model")
     gr.on([c.change for c in mask_inputs], handler(ctx, on_mask), mask_inputs, mask_outputs,
           api_visibility="private", trigger_mode="always_last", concurrency_id="model")
-    heatmap_export[0].click(handler(ctx, on_export_heatmap), heatmap_inputs, heatmap_export[1],
-                            api_visibility="private", concurrency_id="model")
-    mask_export[0].click(handler(ctx, on_export_mask), mask_inputs, mask_export[1], api_visibility="private",
-                         concurrency_id="model")
+    heatmaps.export_button.click(handler(ctx, on_export_heatmap), heatmap_inputs, heatmaps.export_files,
+                                 api_visibility="private", concurrency_id="model")
+    mask.export_button.click(handler(ctx, on_export_mask), mask_inputs, mask.export_files,
+                             api_visibility="private", concurrency_id="model")
 
 
-def _section_input():
+@dataclass
+class InputSection:
+    """The sentence (or pair) and the button that shows its attention."""
+
+    text: gr.Textbox
+    text_b: gr.Textbox
+    button: gr.Button
+
+
+def _section_input() -> InputSection:
     with gr.Row():
         text = gr.Textbox(label="Sentence", value=EXAMPLES[0][0], lines=2, scale=3,
                           info="Type a sentence; put [MASK] in it to see what the mask looks at.")
         text_b = gr.Textbox(label="Second sentence (optional)", lines=2, scale=2,
                             info="A sentence pair, as in next-sentence prediction: [CLS] A [SEP] B [SEP].")
     gr.Examples(EXAMPLES, [text, text_b])
-    return text, text_b, gr.Button("Show attention", variant="primary")
+    return InputSection(text, text_b, gr.Button("Show attention", variant="primary"))
 
 
-def _section_bertviz(n_layers: int, n_heads: int):
+@dataclass
+class BertvizSection:
+    """bertviz: its options (`inputs`) and what `on_viz` returns, in `outputs` order."""
+
+    kind: gr.Radio
+    layers: gr.CheckboxGroup
+    heads: gr.CheckboxGroup
+    note: gr.Markdown
+    viz: gr.HTML
+    download: gr.DownloadButton
+
+    @property
+    def inputs(self) -> list:
+        return [self.kind, self.layers, self.heads]
+
+    @property
+    def outputs(self) -> list:
+        return [self.viz, self.download, self.note]
+
+
+def _section_bertviz(n_layers: int, n_heads: int) -> BertvizSection:
     gr.Markdown("### bertviz")
     with gr.Row():
         kind = gr.Radio([("Head view", "head"), ("Model view", "model")], value="head", label="View",
@@ -121,10 +154,30 @@ def _section_bertviz(n_layers: int, n_heads: int):
     note = gr.Markdown()
     viz = gr.HTML(elem_id="bertviz-view")
     download = gr.DownloadButton("Download this view as standalone HTML", value=None, size="sm")
-    return [kind, layers, heads], [viz, download, note]
+    return BertvizSection(kind, layers, heads, note, viz, download)
 
 
-def _section_heatmaps(n_layers: int, n_heads: int):
+@dataclass
+class HeatmapSection:
+    """The heatmaps: their options (`inputs`, in `on_heatmap`'s order), the heatmap and its export
+    (the button and the files it fills)."""
+
+    kind: gr.Dropdown
+    layer: gr.Slider
+    head: gr.Slider
+    words: gr.Checkbox
+    hide_special: gr.Checkbox
+    threshold: gr.Slider
+    heatmap: gr.Plot
+    export_button: gr.Button
+    export_files: gr.File
+
+    @property
+    def inputs(self) -> list:
+        return [self.kind, self.layer, self.head, self.words, self.hide_special, self.threshold]
+
+
+def _section_heatmaps(n_layers: int, n_heads: int) -> HeatmapSection:
     gr.Markdown("### Heatmaps")
     with gr.Row():
         kind = gr.Dropdown([(label, key) for key, label in VIEWS.items()], value="head", label="Show",
@@ -137,11 +190,29 @@ def _section_heatmaps(n_layers: int, n_heads: int):
         threshold = gr.Slider(0, 1, value=0, step=0.01, label="Hide weights below")
     heatmap = gr.Plot(label="Attention heatmap")
     gr.Markdown(WORDS_HELP)
-    export = view_downloads.controls("the heatmap")
-    return [kind, layer, head, words, hide_special, threshold], heatmap, export
+    export_button, export_files = view_downloads.controls("the heatmap")
+    return HeatmapSection(kind, layer, head, words, hide_special, threshold, heatmap, export_button, export_files)
 
 
-def _section_mask():
+@dataclass
+class MaskSection:
+    """What the [MASK] looked at: the mask's number, what `on_mask` returns (in `outputs` order), its
+    export, and the JSON of the heatmap's numbers below it."""
+
+    mask_number: gr.Number
+    note: gr.Markdown
+    grid: gr.Plot
+    predictions: gr.Plot
+    export_button: gr.Button
+    export_files: gr.File
+    raw: gr.JSON
+
+    @property
+    def outputs(self) -> list:
+        return [self.grid, self.predictions, self.note]
+
+
+def _section_mask() -> MaskSection:
     """The [MASK] section, then the accordion that shows the heatmap's numbers (JSON)."""
     gr.Markdown("### What the [MASK] looked at")
     mask_number = gr.Number(label="Mask number (1 = first)", value=1, precision=0, minimum=1)
@@ -149,10 +220,10 @@ def _section_mask():
     with gr.Row():
         mask_grid = gr.Plot(label="Most-attended token per layer and head", scale=3)
         mask_preds = gr.Plot(label="Fill-mask predictions for this mask", scale=2)
-    export = view_downloads.controls("what the [MASK] looked at")
+    export_button, export_files = view_downloads.controls("what the [MASK] looked at")
     with gr.Accordion("Tokens and the heatmap's numbers (JSON)", open=False):
         raw = gr.JSON()
-    return mask_number, [mask_grid, mask_preds, mask_note], raw, export
+    return MaskSection(mask_number, mask_note, mask_grid, mask_preds, export_button, export_files, raw)
 
 
 def create_demo(store=None, settings: Settings | None = None) -> gr.Blocks:
