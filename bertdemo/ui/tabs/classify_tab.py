@@ -8,6 +8,7 @@ the trained classifier, as the session's model of kind "classifier").
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from pathlib import Path
 
 import gradio as gr
@@ -75,29 +76,39 @@ def render(ctx: AppContext) -> None:
     limits = ctx.settings.limits
     gr.Markdown(RECIPE)
     data = _section_data(limits)
-    form = {"examples": data["table"], **_section_settings(limits)}
+    form = {"examples": data.table, **_section_settings(limits)}
     run = _section_run()
     use = _section_use()
     sweep = _section_forgetting()
     adapt = _section_adapt()
     probe = _section_probe()
-    data["load"].click(handler(ctx, on_example), data["example"], data["table"], api_name="classify_example")
-    data["upload"].upload(handler(ctx, on_upload), data["upload"], data["table"], api_visibility="private")
-    live_run.wire(ctx, "train_classifier", run["train"], form, run["outputs"], on_train)
-    run["stop"].click(handler(ctx, on_stop), None, run["outputs"][0], api_name="stop_classifier", queue=False)
-    use["classify"].click(handler(ctx, on_classify), use["sentences"], use["result"], api_name="classify")
-    use["download"].click(handler(ctx, on_download), None, use["file"], api_name="download_classifier",
-                          concurrency_id="model")
-    live_run.wire(ctx, "forgetting_sweep", sweep["run"], form, sweep["outputs"], on_sweep)  # rates swept
-    live_run.wire(ctx, "adapt_then_classify", adapt["run"], form, adapt["outputs"], on_adapt)
-    probe["word_order"].click(on_word_order, None, [data["example"], data["table"]], api_visibility="private")
-    probe["run"].click(handler(ctx, on_probe), [data["table"], form["seed"]], probe["outputs"],
-                       api_name="probe_layers", validator=handler(ctx, check_probe), concurrency_id="model")
+    data.load.click(handler(ctx, on_example), data.example, data.table, api_name="classify_example")
+    data.upload.upload(handler(ctx, on_upload), data.upload, data.table, api_visibility="private")
+    live_run.wire(ctx, "train_classifier", run.train, form, run.outputs, on_train)
+    run.stop.click(handler(ctx, on_stop), None, run.status, api_name="stop_classifier", queue=False)
+    use.classify.click(handler(ctx, on_classify), use.sentences, use.result, api_name="classify")
+    use.download.click(handler(ctx, on_download), None, use.file, api_name="download_classifier",
+                       concurrency_id="model")
+    live_run.wire(ctx, "forgetting_sweep", sweep.run, form, sweep.outputs, on_sweep)  # rates swept
+    live_run.wire(ctx, "adapt_then_classify", adapt.run, form, adapt.outputs, on_adapt)
+    probe.word_order.click(on_word_order, None, [data.example, data.table], api_visibility="private")
+    probe.run.click(handler(ctx, on_probe), [data.table, form["seed"]], probe.outputs,
+                    api_name="probe_layers", validator=handler(ctx, check_probe), concurrency_id="model")
 
 
 # ---------------------------------------------------------------- layout sections
 
-def _section_data(limits: Limits) -> dict:
+@dataclass
+class DataSection:
+    """The labelled examples: the bundled sets, their Load button, the upload and the table."""
+
+    example: gr.Dropdown
+    load: gr.Button
+    upload: gr.UploadButton
+    table: gr.Dataframe
+
+
+def _section_data(limits: Limits) -> DataSection:
     with gr.Row(equal_height=True):
         example = gr.Dropdown(list(EXAMPLE_SETS), value=FIRST_EXAMPLE, label="Bundled examples", scale=3)
         load = gr.Button("Load these examples", scale=1)
@@ -107,7 +118,7 @@ def _section_data(limits: Limits) -> dict:
                          label=f"Labelled examples: text, label (at most {limits.max_examples:,} rows "
                                f"and {limits.max_chars:,} characters; texts past {MAX_TOKENS} tokens are cut)",
                          max_height=320, wrap=True, elem_id="classify-table")
-    return {"example": example, "load": load, "upload": upload, "table": table}
+    return DataSection(example, load, upload, table)
 
 
 def _section_settings(limits: Limits) -> dict:
@@ -126,7 +137,24 @@ SWEEP_COLUMNS = ("learning rate", "held-out accuracy", "macro-F1", "MLM loss bef
 ADAPT_COLUMNS = ("body", "accuracy before", "accuracy after", "macro-F1 after", "loss after", "steps")
 
 
-def _section_run() -> dict:
+@dataclass
+class RunSection:
+    """Training the classifier: its buttons and what `on_train` streams, in `outputs` order."""
+
+    train: gr.Button
+    stop: gr.Button
+    status: gr.Markdown
+    curve: gr.Plot
+    before_after: gr.Dataframe
+    confusion: gr.Plot
+    predictions: gr.Dataframe
+
+    @property
+    def outputs(self) -> list:
+        return [self.status, self.curve, self.before_after, self.confusion, self.predictions]
+
+
+def _section_run() -> RunSection:
     with gr.Row():
         train = gr.Button("Train the classifier", variant="primary")
         stop = gr.Button("Stop", variant="stop")
@@ -140,10 +168,21 @@ def _section_run() -> dict:
     predictions = gr.Dataframe(label="Held-out predictions, mistakes first", interactive=False,
                                headers=list(PREDICTION_COLUMNS),
                                wrap=True, max_height=320, elem_id="classify-predictions")
-    return {"train": train, "stop": stop, "outputs": [status, curve, before_after, confusion, predictions]}
+    return RunSection(train, stop, status, curve, before_after, confusion, predictions)
 
 
-def _section_use() -> dict:
+@dataclass
+class UseSection:
+    """Using the trained classifier: new sentences, their predictions, and its download."""
+
+    sentences: gr.Textbox
+    classify: gr.Button
+    download: gr.Button
+    result: gr.Dataframe
+    file: gr.File
+
+
+def _section_use() -> UseSection:
     with gr.Row(equal_height=True):
         sentences = gr.Textbox(label="Classify new sentences (one per line)", lines=3, scale=3,
                                value="The midfielder scored in the last minute.\nStir the sauce gently.")
@@ -155,25 +194,38 @@ def _section_use() -> dict:
                           elem_id="classify-result")
     file = gr.File(label="save_pretrained folder + tokenizer, zipped: AutoModelForSequenceClassification"
                          ".from_pretrained(folder)", height=90)
-    return {"sentences": sentences, "classify": classify_btn, "download": download, "result": result,
-            "file": file}
+    return UseSection(sentences, classify_btn, download, result, file)
 
 
-def _section_forgetting() -> dict:
+def _section_forgetting() -> RunsSection:
     return _section_of_runs("Forgetting, measured: learning rate against the MLM it keeps",
                             FORGETTING_NOTE.format(lrs=", ".join(f"{lr:g}" for lr in DEFAULT_SWEEP_LRS)),
                             "Run the learning-rate sweep", "Held-out accuracy against the body's MLM loss",
                             SWEEP_COLUMNS, "The sweep")
 
 
-def _section_adapt() -> dict:
+def _section_adapt() -> RunsSection:
     return _section_of_runs("Adapt, then classify: does MLM on your domain help?",
                             ADAPT_NOTE.format(steps=ADAPT_MLM_STEPS),
                             "Train from the base and from my MLM-tuned model",
                             "Base body vs MLM-adapted body, overlaid", ADAPT_COLUMNS, "Held-out scores after")
 
 
-def _section_of_runs(title: str, note: str, button: str, plot_label: str, columns, table_label: str) -> dict:
+@dataclass
+class RunsSection:
+    """A section that runs several classifiers: its button and what its handler streams, in `outputs` order."""
+
+    run: gr.Button
+    status: gr.Markdown
+    plot: gr.Plot
+    table: gr.Dataframe
+
+    @property
+    def outputs(self) -> list:
+        return [self.status, self.plot, self.table]
+
+
+def _section_of_runs(title: str, note: str, button: str, plot_label: str, columns, table_label: str) -> RunsSection:
     """A folded section that runs several classifiers: its note, button, status, plot and table."""
     with gr.Accordion(title, open=False):
         gr.Markdown(note)
@@ -181,10 +233,25 @@ def _section_of_runs(title: str, note: str, button: str, plot_label: str, column
         status = gr.Markdown()
         plot = gr.Plot(label=plot_label)
         table = gr.Dataframe(empty_table(columns), interactive=False, label=table_label)
-    return {"run": run, "outputs": [status, plot, table]}
+    return RunsSection(run, status, plot, table)
 
 
-def _section_probe() -> dict:
+@dataclass
+class ProbeSection:
+    """Which layer knows the labels: the word-order examples' button, the probe's, and what `on_probe`
+    returns, in `outputs` order."""
+
+    word_order: gr.Button
+    run: gr.Button
+    status: gr.Markdown
+    plot: gr.Plot
+
+    @property
+    def outputs(self) -> list:
+        return [self.status, self.plot]
+
+
+def _section_probe() -> ProbeSection:
     with gr.Accordion("Which layer knows your labels?", open=False):
         gr.Markdown(PROBE_NOTE)
         with gr.Row():
@@ -192,7 +259,7 @@ def _section_probe() -> dict:
             run = gr.Button("Probe every layer", variant="primary")
         status = gr.Markdown(elem_id="probe-status")
         plot = gr.Plot(label="Held-out accuracy of a linear probe, by layer", elem_id="probe-chart")
-    return {"run": run, "word_order": word_order, "outputs": [status, plot]}
+    return ProbeSection(word_order, run, status, plot)
 
 
 # ---------------------------------------------------------------- handlers
