@@ -84,9 +84,9 @@ def test_about_tab_shows_the_formula_and_the_glue_chart(page, app_url, screensho
     expect(page.locator(".katex-display").first).to_be_visible()  # the loss, typeset
     expect(page.locator(".katex").nth(3)).to_be_visible()  # and the inline $M$, $x$, $\\tilde x$
     expect(page.get_by_text(re.compile(r"\$M\$"))).to_have_count(0)  # no raw dollar signs left
-    chart = block(page, "GLUE scores")
+    chart = block(page, "GLUE [1] scores")
     expect(chart.locator(".barlayer .point")).to_have_count(4 * 8)  # 4 systems x 8 tasks
-    expect(chart.locator(".legendtext", has_text="BERT-large [1]")).to_be_visible()
+    expect(chart.locator(".legendtext", has_text="BERT-large [4]")).to_be_visible()
     expect(page.get_by_text("arXiv:1810.04805")).to_be_visible()  # its sources
     screenshot("about_tab")
 

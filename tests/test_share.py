@@ -157,7 +157,7 @@ def test_without_a_model_the_page_says_how_to_fix_and_offers_the_bundled_model(n
     with pytest.raises(AppError, match=r"python -m bertdemo download .* --model .*bundled"):
         no_model_client.predict(SENTENCE, 3, api_name="/fill_mask")
     banner = no_model_client.predict(api_name="/use_bundled")
-    assert "Using bundled" in banner and "trained offline" in banner and "untrained" not in banner
+    assert "Serving the bundled model" in banner and "trained offline" in banner and "untrained" not in banner
     _, raw, model_line = no_model_client.predict(SENTENCE, 3, api_name="/fill_mask")
     assert "bundled" in model_line and "noise" not in model_line  # every tab's line says what it is
     assert len(raw[0]) == 3
