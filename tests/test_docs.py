@@ -217,3 +217,9 @@ def test_no_two_test_files_share_a_name():
     name in different folders (tests/test_heads.py, tests/circuits/test_heads.py) stop the run."""
     names = [path.name for path in (ROOT / "tests").rglob("test_*.py")]
     assert sorted(n for n in set(names) if names.count(n) > 1) == []
+
+
+def test_one_conftest_for_the_tests():
+    """A second conftest.py (tests/x/conftest.py) is imported as the module `conftest` too: in a
+    process that ran its folder first, `from conftest import launch` then finds that one."""
+    assert [p.relative_to(ROOT).as_posix() for p in (ROOT / "tests").rglob("conftest.py")] == ["tests/conftest.py"]

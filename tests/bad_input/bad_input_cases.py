@@ -202,6 +202,20 @@ def suite_app(root: Path):
             demo.close()
 
 
+@pytest.fixture(scope="module")
+def served(request, tmp_path_factory):
+    """The server of a test module's group (its GROUP): one per module, so the groups run side by
+    side. (Here, not in a conftest.py: a second module named conftest would shadow tests/conftest.py
+    for `from conftest import ...` in the same process.)"""
+    with suite_app(tmp_path_factory.mktemp(f"bad-input-{request.module.GROUP}")) as found:
+        yield found
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return Client(served[0], verbose=False)
+
+
 def cases(group: str):
     for api_name in GROUPS[group]:
         inputs = ENDPOINTS[api_name]
