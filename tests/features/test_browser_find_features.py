@@ -21,6 +21,18 @@ def cells(page, table: str, row: int):
     return page.locator(f"#{table}").get_by_role("row").nth(row).get_by_role("gridcell")
 
 
+def settled_centre(page, locator, tries: int = 40) -> tuple[float, float]:
+    """The centre of `locator`'s box once two reads 250 ms apart agree."""
+    last = None
+    for _ in range(tries):
+        box = locator.bounding_box()
+        if box is not None and box == last:
+            return box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+        last = box
+        page.wait_for_timeout(250)
+    raise AssertionError(f"the point never held still: last box {last}")
+
+
 def test_a_word_finds_features_by_lift_and_a_row_opens_its_card(page, features_url, tiny_bert, features, screenshot):
     open_tab(page, features_url)
     page.locator("#features-query").get_by_role("textbox").fill(WORD)
@@ -58,8 +70,15 @@ def test_the_map_is_drawn_and_a_click_on_a_point_opens_its_card(page, features_u
     xy = np.stack([layout["x"], layout["y"]], 1)
     gaps = np.linalg.norm(xy[:, None] - xy[None], axis=-1) + np.eye(len(xy)) * 1e9
     picked = int(gaps.min(1).argmax())  # the point farthest from any other: a click there is on it alone
-    # plotly draws the points in the data's order; its own layer over them takes the click, as a visitor's
-    points.nth(picked).click(force=True)
+    # plotly draws the points in the data's order; its own layer over them takes the click, as a visitor's.
+    # The chart may still be settling (a redraw at its final size): aim once its box holds still, and
+    # click once plotly's hover names the picked feature.
+    points.nth(picked).scroll_into_view_if_needed()
+    centre = settled_centre(page, points.nth(picked))
+    page.mouse.move(*centre)
+    expect(page.locator("#features-map .hoverlayer")).to_contain_text(f"feature {picked}:")
+    page.mouse.down()
+    page.mouse.up()
     expect(page.locator("#features-feature input")).to_have_value(str(picked))
     expect(page.locator("#feature-summary")).to_contain_text(f"Feature {picked} of layer 1")
     screenshot("features_map")
