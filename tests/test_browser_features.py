@@ -47,15 +47,15 @@ def test_a_sentences_features_open_a_card_and_a_feature_steers_the_prediction(
     page.locator("#features-sentence textarea").fill(SENTENCE)
     page.get_by_role("button", name="Show the sentence's features").click()
     result = bertdemo.sentence_features(tiny_bert, SENTENCE, 1, 5, features)
-    first = result["per_token"][0]["features"][0]
+    strongest = sorted((f for t in result["per_token"] for f in t["features"]), key=lambda f: -f["activation"])
     rows = page.locator("#features-tokens").get_by_role("row")
-    expect(rows.nth(1).get_by_role("gridcell").first).to_have_text(str(first["feature"]))
+    expect(rows.nth(1).get_by_role("gridcell").first).to_have_text(str(strongest[0]["feature"]))  # strongest first
     expect(block(page, "Tokens x features").locator(".ytick text", has_text=result["per_token"][0]["token"]).first
            ).to_be_visible()
     chosen = page.locator("#features-feature input").input_value()  # the example's strongest
     expect(page.locator("#feature-summary")).to_contain_text(f"Feature {chosen} of layer 1")
 
-    second = result["per_token"][0]["features"][1]["feature"]
+    second = strongest[1]["feature"]
     rows.nth(2).get_by_role("gridcell").nth(1).click()  # a row opens its feature's card
     expect(page.locator("#features-feature input")).to_have_value(str(second))
     expect(page.locator("#feature-summary")).to_contain_text(f"Feature {second} of layer 1")
@@ -64,10 +64,54 @@ def test_a_sentences_features_open_a_card_and_a_feature_steers_the_prediction(
     screenshot("features_card")
 
     page.locator("#features-masked textarea").fill(MASKED)
-    page.get_by_role("button", name=re.compile("^Steer")).click()
-    expect(page.locator("#steer-note")).to_contain_text(f"Feature {second}")
-    expect(page.locator("#steer-note")).to_contain_text("switched off")
+    expect(page.locator("#steer-target")).to_contain_text(f"Steers feature {second} of layer 1")  # it names it
+    expect(page.locator("#steer-scale")).to_contain_text("0 (as it starts) = switched off, 1 = unchanged")
+    page.get_by_role("button", name=f"Steer feature {second}: fill the masks with it changed").click()
+    expect(page.locator("#steer-note")).to_contain_text(f"Steered: feature {second} of layer 1")
+    expect(page.locator("#steer-note")).to_contain_text("switched off (scale 0: 0 switches it off, 1 leaves it "
+                                                        "unchanged")
     expect(block(page, "Before and after steering").locator(".legendtext")).to_have_text(["before", "after steering"])
+
+    page.get_by_role("button", name="Which features made the top word").click()
+    behind = bertdemo.prediction_features(tiny_bert, MASKED, 1, 5, 20, features)["masks"][0]["features"]
+    why = page.locator("#prediction-features").get_by_role("row")
+    expect(why.nth(1).get_by_role("gridcell").first).to_have_text(str(behind[0]["feature"]))
+    expect(page.locator("#prediction-features-help")).to_contain_text("percentage points")
+    expect(page.locator("#features-feature")).not_to_be_in_viewport()  # the card is a screen above
+    why.nth(1).get_by_role("gridcell").nth(2).click()  # a row below the card: its card, brought into view
+    expect(page.locator("#feature-summary")).to_contain_text(f"Feature {behind[0]['feature']} of layer 1")
+    expect(page.locator("#features-feature")).to_be_in_viewport()
+
+
+# Words of the tables' headers that the page draws on two lines (a header broken mid-word: "featu re")
+BROKEN_WORDS = """() => [...document.querySelectorAll(".features-table th .header.text")].flatMap(span => {
+    const broken = [];
+    for (const node of span.childNodes) {
+        if (node.nodeType !== Node.TEXT_NODE) continue;
+        for (const word of node.textContent.matchAll(/\\S+/g)) {
+            const range = document.createRange();
+            range.setStart(node, word.index);
+            range.setEnd(node, word.index + word[0].length);
+            if (new Set([...range.getClientRects()].map(r => Math.round(r.top))).size > 1) broken.push(word[0]);
+        }
+    }
+    return broken;
+})"""
+
+
+def test_tables_break_headers_between_words_and_the_quality_table_fits_the_page(page, features_url):
+    open_tab(page, features_url)
+    page.get_by_role("button", name="Show every dictionary's quality").click()
+    quality = page.locator("#features-quality")
+    expect(quality.get_by_role("row").nth(1).get_by_role("gridcell").first).to_have_text("1")
+    expect(page.locator("#features-quality-help")).to_contain_text("unexplained share (FVU): the fraction")
+    for heading in ("loss added (nats)", "unexplained share (FVU)", "never fired (dead)", "how it was made"):
+        expect(quality.get_by_role("columnheader", name=heading)).to_be_visible()
+    assert page.viewport_size["width"] == 1280
+    width = quality.evaluate("e => [e.querySelector('table').getBoundingClientRect().width, e.clientWidth]")
+    assert width[0] <= width[1] + 1  # within the page: no sideways scroll
+    assert page.locator(".features-table").count() >= 8
+    assert page.evaluate(BROKEN_WORDS) == []
 
 
 def test_training_a_layer_shows_live_curves_and_stops_without_keeping(page, features_url, tiny_bert, features):
@@ -90,7 +134,8 @@ def test_training_a_layer_shows_live_curves_and_stops_without_keeping(page, feat
 def test_a_link_opens_the_sentences_features_and_the_cards_feature(page, features_url, tiny_bert, features):
     page.goto(features_url + "?" + urlencode({"tab": "features", "layer": 1, "feature": 5, "sentence": SENTENCE}))
     expect(page.get_by_role("tab", name="Features", selected=True)).to_be_visible()
-    first = bertdemo.sentence_features(tiny_bert, SENTENCE, 1, 5, features)["per_token"][0]["features"][0]
+    result = bertdemo.sentence_features(tiny_bert, SENTENCE, 1, 5, features)
+    first = max((f for t in result["per_token"] for f in t["features"]), key=lambda f: f["activation"])
     expect(page.locator("#features-tokens").get_by_role("row").nth(1).get_by_role("gridcell").first).to_have_text(
-        str(first["feature"]))
+        str(first["feature"]))  # the strongest first
     expect(page.locator("#feature-summary")).to_contain_text("Feature 5 of layer 1")

@@ -2,6 +2,7 @@
 its own feature store (a temp folder) holding a dictionary of the tiny BERT's layer 1, trained here
 in well under a second; each handler's answer compared with the service's."""
 import itertools
+import math
 import json
 import pathlib
 
@@ -48,7 +49,8 @@ def test_a_sentences_features_are_the_services_in_a_table_and_a_heatmap(visitor,
     heatmap, table, raw = tab.on_sentence_features(visitor, SENTENCE, 1, 3)
     assert raw == bertdemo.sentence_features(tiny_bert, SENTENCE, 1, 3, features)
     expected = [(f["feature"], t["token"]) for t in raw["per_token"] for f in t["features"]]
-    assert list(zip(table["feature"], table["token"])) == expected
+    assert sorted(zip(table["feature"], table["token"])) == sorted(expected)
+    assert list(table["activation"]) == sorted(table["activation"], reverse=True)  # the strongest first
     assert list(table.columns[:2]) == ["feature", "token"]  # a row's first cell is its feature (a click opens it)
     assert list(heatmap.data[0].x) == [f"#{f}" for f in raw["heatmap"]["features"]]
     assert list(heatmap.data[0].y) == [t["token"] for t in raw["per_token"]]
@@ -90,7 +92,10 @@ def test_steering_at_scale_one_changes_nothing_and_off_changes_the_prediction(vi
     assert all(t["before"] == t["after"] for t in same["masks"][0]["tokens"])
     note, bars, off = tab.on_steer(visitor, MASKED, 1, feature, 0, 0, 5)
     assert off == bertdemo.steer(tiny_bert, MASKED, 1, feature, 0, 0, 5, features)
-    assert "switched off" in note and f"Feature {feature}" in note
+    assert f"feature {feature} of layer 1" in note and "**switched off** (scale 0: 0 switches it off, 1 leaves " \
+        "it unchanged" in note
+    line, button = tab.on_steer_target(1, feature)  # the form names the feature it steers
+    assert f"feature {feature} of layer 1" in line and button["value"].startswith(f"Steer feature {feature}:")
     assert [d.name for d in bars.data] == ["before", "after steering"]
     for scale in (-1, 11, float("nan"), "2"):
         with pytest.raises(ValueError, match="scale"):
@@ -104,8 +109,13 @@ def test_the_features_behind_a_prediction_are_ranked_per_mask(visitor, tiny_bert
     assert raw == bertdemo.prediction_features(tiny_bert, MASKED, 1, 4, 20, features)
     assert list(table["feature"]) == [f["feature"] for f in raw["masks"][0]["features"]]
     assert list(table["rank"]) == list(range(1, len(table) + 1))
-    drops = list(table["measured drop in log p"])
-    assert drops == sorted(drops, reverse=True)
+    changes = list(table["change (points)"])  # the drops in log p as the probability's change, in points
+    assert changes == sorted(changes)
+    first, p = raw["masks"][0]["features"][0], math.exp(raw["masks"][0]["log_prob"])
+    assert changes[0] == pytest.approx(100 * (p * math.exp(-first["drop"]) - p), abs=0.01)
+    assert table["p(word): with it → switched off"][0] == f"{p:.1%} → {p * math.exp(-first['drop']):.1%}"
+    assert table["estimated change (points)"][0] == pytest.approx(100 * (p * math.exp(-first["estimate"]) - p),
+                                                                  abs=0.01)
 
 
 def test_two_uses_of_a_word_give_two_tables(visitor, tiny_bert, features):
@@ -122,12 +132,18 @@ def test_two_uses_of_a_word_give_two_tables(visitor, tiny_bert, features):
 def test_the_quality_table_lists_every_layer_with_a_dictionary(visitor, tiny_bert, features):
     table, raw = tab.on_quality(visitor)
     assert list(table["layer"]) == [1] and "folder" not in raw[0]
-    assert table["FVU"][0] == pytest.approx(raw[0]["fvu"], abs=1e-3) and table["tokens trained"][0] > 0
-    assert list(table.columns[1:4]) == ["cross-entropy added (nats)", "perplexity ratio", "KL (nats)"]  # cost first
+    assert table["unexplained share (FVU)"][0] == pytest.approx(raw[0]["fvu"], abs=1e-3)
+    assert list(table.columns[1:4]) == ["loss added (nats)", "perplexity ×", "KL (nats)"]  # cost first
     cost = raw[0]["splice_cost"]
     assert table["KL (nats)"][0] == pytest.approx(cost["kl"], abs=1e-3)
-    assert table["cross-entropy added (nats)"][0] == pytest.approx(cost["added_cross_entropy"], abs=1e-3)
-    assert table["held-out tokens"][0] == raw[0]["held_out"]["tokens"] and table["passes"][0] > 1
+    assert table["loss added (nats)"][0] == pytest.approx(cost["added_cross_entropy"], abs=1e-3)
+    assert table["held-out tokens"][0] == raw[0]["held_out"]["tokens"]
+    training = raw[0]["training"]
+    assert (f"{training['tokens']:,} tokens, {training['passes']:.1f} passes" in table["how it was made"][0]
+            and training["passes"] > 1)
+    for heading in table.columns[1:]:  # each column said in a line under the table
+        assert f"- **{heading}**: " in tab.sections.QUALITY_HELP
+    assert not {"FVU", "k", "L0", "spliced", "zero-ablated", "mean-ablated"} & set(table.columns)  # no jargon
     words = tab.quality_notes(raw)
     assert words.startswith("**Layer 1.** Measured on") and "fewer than the 20,000 wanted" in words
     json.dumps(raw)  # the API sends it as it is

@@ -18,19 +18,63 @@ SENTENCE = "I sat on the river bank and watched the water."
 MASKED = "The [MASK] was on the table."
 TOKEN_COLUMNS = ("feature", "token", "position", "activation", "label")
 COFIRING_COLUMNS = ("feature", "fires with it (share)", "label")
-PREDICTION_COLUMNS = ("feature", "mask", "word", "rank", "measured drop in log p", "first-order estimate", "label")
-CONTRAST_COLUMNS = ("feature", "share of list A", "share of list B", "separation", "label")
+PREDICTION_COLUMNS = ("feature", "mask", "word", "rank", "p(word): with it → switched off", "change (points)",
+                      "estimated change (points)", "label")
+PREDICTION_HELP = ("*p(word)*: the top word's probability with every feature on → with this one switched off at "
+                   "every token, in the real model. *Change*: the difference in percentage points, the unit of "
+                   "Steer's before/after bars; it is large when it halves the word's probability or more (e.g. "
+                   "12% → 6%) and small under a twentieth of it (12% → 11.4%). *Estimated change*: the same change "
+                   "predicted from the model's slope without running it again: how the features are picked before "
+                   "they are measured.")
+CONTRAST_COLUMNS = ("feature", "share of A", "share of B", "separation", "label")
 WORD_COLUMNS = ("feature", "lift", "fires on the word", "of its firings on the word", "label")
 LABEL_COLUMNS = ("feature", "fires on (share of tokens)", "label")
 SIMILAR_COLUMNS = ("feature", "cosine", "label")
-QUALITY_COLUMNS = ("layer", "cross-entropy added (nats)", "perplexity ratio", "KL (nats)", "FVU", "FVU 95% interval",
-                   "dead (in tokens)", "L0", "loss recovered (zero)", "loss recovered (mean)", "held-out tokens",
-                   "features", "k", "cross-entropy clean", "spliced", "zero-ablated", "mean-ablated",
-                   "tokens trained", "passes", "minutes", "machine", "ended")
+# The quality table's plain headings, each with the line said under the table (QUALITY_HELP); its
+# widths keep it within a 1280 px page
+QUALITY = (
+    ("layer", None),
+    ("loss added (nats)", "how much worse the masked LM predicts the hidden words of held-out text with the layer "
+                          "replaced by its dictionary's reconstruction (the spliced model) than as it is: its "
+                          "cross-entropy, spliced − clean, in nats (0 = no cost)."),
+    ("perplexity ×", "the same cost as a ratio of perplexities (1.10 = 10% more perplexed)."),
+    ("KL (nats)", "how far the spliced model's predicted words move from the clean model's at the masked "
+                  "positions (the KL divergence; 0 = the same predictions)."),
+    ("unexplained share (FVU)", "the fraction of the layer's variance the reconstruction misses (0 = all of it "
+                                "explained, 1 = none)."),
+    ("its 95% range", "a bootstrap interval on that share, over the held-out lines."),
+    ("never fired (dead)", "the share of its features that never fired in the tokens stated."),
+    ("features active per token", "how many features fire at a token on average (L0), out of at most *k* (the "
+                                  "number the dictionary keeps per token)."),
+    ("loss recovered: vs zeros / vs mean", "how much of the loss lost by replacing the layer with zeros "
+                                           "(zero-ablated) or with its mean over the corpus (mean-ablated) the "
+                                           "dictionary wins back (100% = all of it)."),
+    ("held-out tokens", "the text it was measured on, not trained on."),
+    ("how it was made", "its size and *k*, the tokens it trained on and the passes over its text, the minutes "
+                        "and machine, and what ended the training."),
+)
+QUALITY_COLUMNS = tuple(heading for heading, _ in QUALITY)
+QUALITY_WIDTHS = ("5%", "8%", "8%", "7%", "9%", "10%", "10%", "8%", "10%", "8%", "17%")
+QUALITY_HELP = ("\n".join(f"- **{heading}**: {line}" for heading, line in QUALITY if line)
+                + "\n\nThe cross-entropies themselves (clean, spliced, zero- and mean-ablated) are in the raw figures.")
 
 
-def _table(columns, label: str, elem_id: str, wrap: bool = True) -> gr.Dataframe:
-    return gr.Dataframe(empty_table(columns), label=label, interactive=False, elem_id=elem_id, wrap=wrap)
+# Every table of the tab breaks a header between words only (Gradio's breaks anywhere: "featu re"),
+# its columns widening to fit; the style sits in the tab, so it reaches no other tab's tables.
+TABLE_CLASS = "features-table"
+TABLE_STYLE = (f"<style>.{TABLE_CLASS} th .header.text{{word-break:normal;overflow-wrap:normal;hyphens:none}}"
+               "</style>")
+
+
+def _table(columns, label: str, elem_id: str, widths=None, max_height: int = 500) -> gr.Dataframe:
+    return gr.Dataframe(empty_table(columns), label=label, interactive=False, elem_id=elem_id, wrap=True,
+                        elem_classes=[TABLE_CLASS], column_widths=list(widths) if widths else None,
+                        max_height=max_height)
+
+
+def table_style() -> gr.HTML:
+    """The style every table of the tab follows (`TABLE_STYLE`), once, at the top of the tab."""
+    return gr.HTML(TABLE_STYLE, padding=False, elem_id="features-table-style")
 
 
 def layer_picker(n_layers: int, default: int, line: str):
@@ -64,7 +108,8 @@ def sentence_section() -> SentenceSection:
         top = gr.Slider(1, 20, value=5, step=1, label="Features per token", scale=1)
     button = gr.Button("Show the sentence's features", variant="primary")
     heatmap = gr.Plot(label="Tokens x features: activation")
-    table = _table(TOKEN_COLUMNS, "Each token's strongest features (click a row for its card)", "features-tokens")
+    table = _table(TOKEN_COLUMNS, "The sentence's strongest features, strongest first (click a row for its card)",
+                   "features-tokens")
     with gr.Accordion("Raw features (JSON)", open=False):
         raw = gr.JSON()
     return SentenceSection(text, top, button, heatmap, table, raw)
@@ -171,6 +216,7 @@ class PredictionSection:
     top word (its form and outputs), each output list in its handler's return order."""
 
     masked: gr.Textbox
+    target: gr.Markdown
     scale: gr.Slider
     add: gr.Slider
     top_k: gr.Slider
@@ -188,20 +234,28 @@ class PredictionSection:
         return [self.steer_note, self.steer_plot, self.steer_raw]
 
     @property
+    def named(self) -> list:
+        """What names the feature steered: the line above the controls and the button."""
+        return [self.target, self.steer]
+
+    @property
     def why_outputs(self) -> list:
         return [self.why_table, self.why_raw]
 
 
-def prediction_section() -> PredictionSection:
+def prediction_section(layer: int, feature: int) -> PredictionSection:
+    """The steer form names the card's feature (`steer_target`, `steer_button`: the tab redraws both
+    when the feature or the layer changes)."""
     gr.Markdown("### A prediction, feature by feature")
     masked = gr.Textbox(label="Sentence with [MASK]", value=MASKED, lines=2, elem_id="features-masked")
+    target = gr.Markdown(steer_target(layer, feature), elem_id="steer-target")
     with gr.Row():
-        scale = gr.Slider(0, MAX_SCALE, value=0, step=0.1, label="Scale the feature",
-                          info="0 = switched off, 1 = unchanged, 2 = doubled (where it fires).")
+        scale = gr.Slider(0, MAX_SCALE, value=0, step=0.1, label="Scale the feature where it fires",
+                          info="0 (as it starts) = switched off, 1 = unchanged, 2 = doubled.", elem_id="steer-scale")
         add = gr.Slider(0, MAX_ADD, value=0, step=0.1, label="Add it where it does not fire",
-                        info="At the [MASK]s, this many times its mean activation.")
+                        info="At the [MASK]s, this many times its mean activation (0 = nothing added).")
         top_k = gr.Slider(1, 20, value=5, step=1, label="Predictions per mask")
-    steer_button = gr.Button("Steer: fill the masks with the feature changed", variant="primary")
+    steer_button = gr.Button(steer_button_text(feature), variant="primary", elem_id="steer-button")
     steer_note = gr.Markdown(elem_id="steer-note")
     steer_plot = gr.Plot(label="Before and after steering")
     with gr.Accordion("Raw steering (JSON)", open=False):
@@ -210,15 +264,23 @@ def prediction_section() -> PredictionSection:
         top = gr.Slider(1, 20, value=5, step=1, label="Features per mask", scale=1)
         why_button = gr.Button("Which features made the top word", scale=2)
     why_table = _table(PREDICTION_COLUMNS, "The features behind each mask's top word, switched off one at a "
-                                           "time (click a row for its card)", "prediction-features")
-    gr.Markdown("*Measured drop in log p*: how much the top word's log-probability falls when the feature is "
-                "switched off at every token, in the real model (0.7 halves its probability; under 0.05 is "
-                "small). *First-order estimate*: the same drop from the model's slope, without running it again: "
-                "how features are picked before they are measured.")
+                                           "time (click a row for its card)", "prediction-features",
+                       widths=("9%", "6%", "10%", "6%", "17%", "10%", "11%", "31%"))
+    gr.Markdown(PREDICTION_HELP, elem_id="prediction-features-help")
     with gr.Accordion("Raw features behind the prediction (JSON)", open=False):
         why_raw = gr.JSON()
-    return PredictionSection(masked, scale, add, top_k, steer_button, steer_note, steer_plot, steer_raw,
+    return PredictionSection(masked, target, scale, add, top_k, steer_button, steer_note, steer_plot, steer_raw,
                              top, why_button, why_table, why_raw)
+
+
+def steer_target(layer, feature) -> str:
+    """The line above the steer form: which feature it steers, and where that is chosen."""
+    return (f"Steers **feature {feature} of layer {layer}**: the one in *A feature's card* above (type another "
+            "number there, or click a row of any table here).")
+
+
+def steer_button_text(feature) -> str:
+    return f"Steer feature {feature}: fill the masks with it changed"
 
 
 @dataclass
@@ -239,6 +301,9 @@ class ContrastSection:
         return [self.note, self.table_a, self.table_b]
 
 
+CONTRAST_WIDTHS = ("15%", "14%", "14%", "19%", "38%")
+
+
 def contrast_section() -> ContrastSection:
     gr.Markdown("### Two uses of a word")
     river, money = sense_lists("bank")
@@ -251,8 +316,8 @@ def contrast_section() -> ContrastSection:
         button = gr.Button("Contrast the two uses", scale=1)
     note = gr.Markdown()
     with gr.Row():
-        table_a = _table(CONTRAST_COLUMNS, "Features of list A's use", "contrast-a")
-        table_b = _table(CONTRAST_COLUMNS, "Features of list B's use", "contrast-b")
+        table_a = _table(CONTRAST_COLUMNS, "Features of list A's use", "contrast-a", widths=CONTRAST_WIDTHS)
+        table_b = _table(CONTRAST_COLUMNS, "Features of list B's use", "contrast-b", widths=CONTRAST_WIDTHS)
     return ContrastSection(texts_a, texts_b, word, top, button, note, table_a, table_b)
 
 
@@ -274,13 +339,12 @@ class QualitySection:
 def quality_section() -> QualitySection:
     gr.Markdown("### How far to trust them")
     gr.Markdown("What replacing a layer by its dictionary's reconstruction costs the masked LM on held-out text "
-                "comes first: the cross-entropy it adds (nats), the perplexity ratio, and the KL divergence of the "
-                "predictions from the clean model's at the masked words; then how much of the layer it explains "
-                "(FVU: the share left unexplained), its dead features, the features active per token (L0) and the "
-                "loss recovered against replacing the layer by zeros or by its mean.")
+                "comes first, then how much of the layer it explains; each column is said in a line under the "
+                "table.")
     button = gr.Button("Show every dictionary's quality")
     table = _table(QUALITY_COLUMNS, "Each layer's dictionary, measured on held-out text", "features-quality",
-                   wrap=False)
+                   widths=QUALITY_WIDTHS)
+    gr.Markdown(QUALITY_HELP, elem_id="features-quality-help")
     words = gr.Markdown(elem_id="features-quality-notes")
     with gr.Accordion("Raw quality (JSON)", open=False):
         raw = gr.JSON()
@@ -356,5 +420,6 @@ def training_section(limits: Limits, layer: int) -> TrainingSection:
             stopping = gr.Markdown(elem_id="features-stopping")  # its own line: the run's status is the run's
     status = gr.Markdown(elem_id="features-status")
     curve = gr.Plot(label="FVU and dead latents, live")
-    quality = _table(QUALITY_COLUMNS, "The new dictionary's quality", "features-new-quality", wrap=False)
+    quality = _table(QUALITY_COLUMNS, "The new dictionary's quality (each column: under *How far to trust "
+                                      "them*)", "features-new-quality", widths=QUALITY_WIDTHS)
     return TrainingSection(texts, keep_partial, button, stop, stopping, status, curve, quality)

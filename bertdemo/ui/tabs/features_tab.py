@@ -12,6 +12,7 @@ the results. Every view uses the session's model (its tuned model when switched 
 from __future__ import annotations
 
 import html
+import math
 import re
 
 import gradio as gr
@@ -47,13 +48,15 @@ def render(ctx: AppContext) -> None:
     """Layout (`features_sections`), then one line per event."""
     n_layers, start = _layer_count(ctx), default_layer(ctx)
     gr.Markdown(INTRO)
+    sections.table_style()
     line = availability(ctx.store.base, _store(ctx), start)
     layer, available = sections.layer_picker(n_layers, start, line)
     sentence = sections.sentence_section()
     finder = sections.find_section()
-    opener = sections.card_section(default_feature(ctx, start))
+    first = default_feature(ctx, start)
+    opener = sections.card_section(first)
     feature, card = opener.feature, opener.card
-    prediction = sections.prediction_section()
+    prediction = sections.prediction_section(start, first)
     contrast = sections.contrast_section()
     quality = sections.quality_section()
     drift = sections.drift_section()
@@ -80,7 +83,9 @@ def render(ctx: AppContext) -> None:
                   contrast.table_b, drift.table):  # a row: its card
         table.select(on_pick_feature, None, feature, api_visibility="private", queue=False).success(
             handler(ctx, on_feature_card), [layer, feature], card.outputs, api_visibility="private",
-            concurrency_id="model")
+            concurrency_id="model").success(None, None, None, js=CARD_INTO_VIEW)
+    gr.on([feature.change, layer.change], on_steer_target, [layer, feature], prediction.named,
+          api_visibility="private", queue=False)  # the steer form names the card's feature
     opener.export_button.click(handler(ctx, on_export_card), [layer, feature], opener.export_files,
                                api_visibility="private", concurrency_id="model")
     prediction.steer.click(handler(ctx, on_steer), [prediction.masked, layer, feature, prediction.scale, prediction.add,
@@ -108,6 +113,11 @@ def render(ctx: AppContext) -> None:
 # A click on a point of the map writes its feature into the card's box and opens the card.
 SIMILAR = 8  # similar features on a card
 MAP_CLICKS = plot_clicks.opener("features-map", "features-feature", "features-open-card")
+# A row clicked in any table: once its card is drawn, the card is scrolled into view (its number's box at the top)
+CARD_INTO_VIEW = """() => {
+    const card = document.getElementById("features-feature");
+    if (card) card.scrollIntoView({block: "start"});
+}"""
 
 
 def create_demo(store=None, settings: Settings | None = None) -> gr.Blocks:
@@ -221,6 +231,15 @@ def on_pick_feature(evt: gr.SelectData):
     return feature_of_row(getattr(evt, "row_value", None))
 
 
+def on_steer_target(layer, feature):
+    """The steer form's line and button, naming the feature (the card's) they steer."""
+    try:
+        shown = int(feature)
+    except (TypeError, ValueError):
+        shown = "?"
+    return sections.steer_target(_int(layer), shown), gr.update(value=sections.steer_button_text(shown))
+
+
 def feature_of_row(row) -> int:
     """The feature a table row names (its first cell), or no change for a row without one."""
     try:
@@ -266,7 +285,7 @@ def on_prediction_features(visitor: Visitor, sentence, layer, top_features):
         top_features: features listed per mask, 1 to 50.
 
     Returns:
-        a table (feature, mask, word, rank, measured drop in log p, first-order estimate, label) and the raw result {"layer", "masks": [{"mask", "word", "token_id", "log_prob", "features": [{"feature", "label", "drop", "estimate", "activation"}]}]}.
+        a table (feature, mask, word, rank, the word's probability with the feature → switched off, the change in percentage points measured and estimated, label) and the raw result (the drops in log p) {"layer", "masks": [{"mask", "word", "token_id", "log_prob", "features": [{"feature", "label", "drop", "estimate", "activation"}]}]}.
     """
     top = validate.whole_number(top_features, "number of features", 1, features.MAX_TOP, field="top_features")
     candidates = min(features.MAX_CANDIDATES, max(20, 2 * top))  # measured, of which `top` are shown
@@ -300,7 +319,7 @@ def on_quality(visitor: Visitor):
     """How far to trust each layer's dictionary of the model: measured on held-out text when it was made.
 
     Returns:
-        a table with one row per layer with a dictionary: what replacing the layer by its reconstruction costs the masked LM first (cross-entropy added in nats, perplexity ratio, KL divergence of the spliced from the clean predictions at the masked positions), then FVU (with its 95% interval), dead share (over the window it states), L0, loss recovered against zero- and mean-ablation, the held-out tokens, the cross-entropies, and the training (tokens, passes over its text, minutes, machine); and the raw figures, one dict per layer, each with "notes": the same in words (how few held-out tokens, intervals, overfitting).
+        a table with one row per layer with a dictionary, under plain headings: what replacing the layer by its reconstruction costs the masked LM first (loss added: cross-entropy in nats, perplexity ratio, KL divergence of the spliced from the clean predictions at the masked positions), then the unexplained share (FVU) and its 95% range, the share never fired (dead, over the window it states), features active per token (L0), loss recovered against zero- and mean-ablation, the held-out tokens, and how it was made (features, k, tokens, passes over its text, minutes, machine, what ended it); and the raw figures (the cross-entropies among them), one dict per layer, each with "notes": the same in words (how few held-out tokens, intervals, overfitting).
     """
     lm, store = visitor.lm, _store(visitor)
     splice.layer_count(lm.model)
@@ -487,12 +506,13 @@ def steer_note(result: dict) -> str:
     fired = result["fired"]
     where = (", ".join(f"{_markdown(f['token'])} ({f['activation']:.2f})" for f in fired[:12])
              + (" …" if len(fired) > 12 else "")) if fired else "no token of this sentence"
-    what = ("switched off" if result["scale"] == 0 else "unchanged" if result["scale"] == 1
-            else f"times {result['scale']:g}")
+    scale = result["scale"]
+    what = "switched off" if scale == 0 else "unchanged" if scale == 1 else f"times {scale:g}"
     added = (f"; {result['add']:g} x its mean activation added at the masks where it does not fire"
              if result["add"] else "")
-    return (f"Feature {result['feature']} (*{_markdown(result['label'])}*) fires on {where}. Where it fires it is "
-            f"{what}{added}.")
+    return (f"Steered: feature {result['feature']} of layer {result['layer']} (*{_markdown(result['label'])}*). "
+            f"It fires on {where}. Where it fires it is **{what}** (scale {scale:g}: 0 switches it off, 1 leaves it "
+            f"unchanged, 2 doubles it){added}.")
 
 
 def found_word_note(result: dict) -> str:
@@ -542,8 +562,9 @@ def similar_frame(result: dict) -> pd.DataFrame:
 
 
 def token_frame(result: dict) -> pd.DataFrame:
-    rows = [[f["feature"], t["token"], t["position"], round(f["activation"], 4), f["label"]]
-            for t in result["per_token"] for f in t["features"]]
+    """Every token's features in one table, the strongest first (the heatmap keeps the sentence's order)."""
+    rows = sorted(([f["feature"], t["token"], t["position"], round(f["activation"], 4), f["label"]]
+                   for t in result["per_token"] for f in t["features"]), key=lambda row: -row[3])
     return pd.DataFrame(rows, columns=list(sections.TOKEN_COLUMNS))
 
 
@@ -553,8 +574,16 @@ def cofiring_frame(card: dict) -> pd.DataFrame:
 
 
 def prediction_frame(result: dict) -> pd.DataFrame:
-    rows = [[f["feature"], m["mask"], m["word"], rank, round(f["drop"], 4), round(f["estimate"], 4), f["label"]]
-            for m in result["masks"] for rank, f in enumerate(m["features"], 1)]
+    """A row per mask and feature: the top word's probability with the feature and without it, and the
+    change in percentage points, measured and estimated (the raw result keeps the drops in log p)."""
+    rows = []
+    for m in result["masks"]:
+        p = math.exp(m["log_prob"])
+        for rank, f in enumerate(m["features"], 1):
+            without = p * math.exp(-f["drop"])
+            rows.append([f["feature"], m["mask"], m["word"], rank, f"{p:.1%} → {without:.1%}",
+                         round(100 * (without - p), 2), round(100 * (p * math.exp(-f["estimate"]) - p), 2),
+                         f["label"]])
     return pd.DataFrame(rows, columns=list(sections.PREDICTION_COLUMNS))
 
 
@@ -574,29 +603,45 @@ def drift_frame(result: dict) -> pd.DataFrame:
 
 
 def quality_frame(rows: list[dict]) -> pd.DataFrame:
-    """One row per layer, the splice's cost first (sections.QUALITY_COLUMNS)."""
+    """One row per layer, the splice's cost first, under plain headings (sections.QUALITY_COLUMNS, each
+    said in sections.QUALITY_HELP); the cross-entropies themselves stay in the raw figures."""
     def number(value, digits=3):
         return round(value, digits) if isinstance(value, (int, float)) else None
 
-    def recovered(q, ablation):
-        value = (q.get("loss_recovered") or {}).get(ablation)
-        return f"{value:.0%}" if value is not None else "n/a"
+    def recovered(q):
+        shares = [(q.get("loss_recovered") or {}).get(ablation) for ablation in ("zero", "mean")]
+        return " / ".join("n/a" if v is None else f"{v:.0%}" for v in shares)
     table = []
     for q in rows:
-        ce, training = q.get("cross_entropy") or {}, q.get("training") or {}
         cost = quality_views.splice_cost(q) or {}
         interval = (q.get("interval") or {}).get("fvu")
-        window = f" in {q['dead_window']:,}" if "dead_window" in q else ""
-        passes, held = training.get("passes"), (q.get("held_out") or {}).get("tokens", q.get("tokens"))
+        window = f" in {q['dead_window']:,} tokens" if "dead_window" in q else ""
+        held = (q.get("held_out") or {}).get("tokens", q.get("tokens"))
         table.append([q["layer"], number(cost.get("added_cross_entropy")), number(cost.get("perplexity_ratio")),
                       number(cost.get("kl")), number(q.get("fvu")),
                       f"{interval[0]:.3f}–{interval[1]:.3f}" if interval else None,
                       f"{q['dead']:.1%}{window}" if "dead" in q else None, number(q.get("l0"), 1),
-                      recovered(q, "zero"), recovered(q, "mean"), held,
-                      q["latents"], q["k"], *(number(ce.get(v)) for v in ("clean", "spliced", "zero", "mean")),
-                      training.get("tokens"), number(passes, 1), training.get("minutes"), training.get("machine"),
-                      training.get("stopped") or "its token limit"])
+                      recovered(q), held, how_made(q)])
     return pd.DataFrame(table, columns=list(sections.QUALITY_COLUMNS))
+
+
+def how_made(q: dict) -> str:
+    """A dictionary's making in a line: its size and k, the tokens and passes, minutes, machine, what ended it."""
+    training = q.get("training") or {}
+    parts = [f"{q['latents']:,} features, k = {q['k']}"]
+    if training.get("tokens") is not None:
+        passes = training.get("passes")
+        parts.append(f"{training['tokens']:,} tokens" + (f", {passes:.1f} passes" if passes is not None else ""))
+    if training.get("minutes") is not None:
+        parts.append(f"{training['minutes']:.1f} min" + (f" on {training['machine']}" if training.get("machine")
+                                                         else ""))
+    stopped = training.get("stopped")
+    parts.append(f"ended by {ENDED.get(stopped, stopped) if stopped else 'its token limit'}")
+    return "; ".join(parts)
+
+
+ENDED = {"stopped": "Stop", "time limit": "the time limit", "diverged": "diverging", "shutdown": "a server stop",
+         "closed": "the page closing"}  # training.loop.STOP_REASONS in a sentence
 
 
 # ---------------------------------------------------------------- helpers
