@@ -248,11 +248,12 @@ def attention_heatmap(labels: list[str], matrix, title: str, boundary: int | Non
 
 
 def mask_attention_grid(rows, labels: list[str], hidden: list[bool] | None = None,
-                        title: str = "What the [MASK] looked at", first_layer: int = 0) -> go.Figure:
+                        title: str = "What the [MASK] looked at", first_layer: int = 0,
+                        first_head: int = 0) -> go.Figure:
     """Layers x heads grid for one [MASK]: each cell names the token the mask attends to most in
     that head, coloured by the weight; hover lists the top 3. `rows` is (layers, heads, T);
     tokens with `hidden[j]` true are skipped (e.g. [CLS]/[SEP]); layers are named from
-    `first_layer` (the page's 1: 0 is the embeddings)."""
+    `first_layer` (the page's 1: 0 is the embeddings), heads from `first_head` (the page's 1)."""
     weights = np.array(rows, dtype=np.float64)
     if hidden is not None and not all(hidden):
         weights[:, :, np.array(hidden, dtype=bool)] = -1.0  # never the top choice
@@ -264,7 +265,8 @@ def mask_attention_grid(rows, labels: list[str], hidden: list[bool] | None = Non
     hover = [["<br>".join(f"{names[j]}: {weights[i, h, j]:.3f}" for j in order[i, h])
               for h in range(n_heads)] for i in range(n_layers)]
     grid = dict(type="heatmap", z=top.tolist(), text=text, customdata=hover, texttemplate="%{text}",
-                colorscale=_colorscale("Oranges"), zmin=0, zmax=1, x=list(range(n_heads)),
+                colorscale=_colorscale("Oranges"), zmin=0, zmax=1,
+                x=list(range(first_head, first_head + n_heads)),
                 y=list(range(first_layer, first_layer + n_layers)),
                 hovertemplate="layer %{y}, head %{x}<br>%{customdata}<extra></extra>",
                 colorbar=dict(title=dict(text="weight")), xgap=1, ygap=1)

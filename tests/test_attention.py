@@ -259,20 +259,20 @@ def test_endpoint_matches_service_and_refuses_long_text(client, tiny_bert):
 
     text = "Paris is the [MASK] of France."
     viz, download, note, heatmap, raw, grid, preds, mask_note = client.predict(
-        text, "", "model", [], [], "mean_heads", 1, 0, True, True, 0.0, 1, api_name="/attention")
+        text, "", "model", [], [], "mean_heads", 1, 1, True, True, 0.0, 1, api_name="/attention")
     expected = bertdemo.attention(tiny_bert, text)
     assert raw["tokens"] == expected.tokens
     shown = view(expected, "mean_heads", 0, 0, whole_words=True, hide_special=True)  # the page's layer 1: the first
     assert raw["heatmap"]["title"] == "Attention, layer 1, mean over heads (words): row attends to column"
     assert raw["heatmap"]["labels"] == shown.labels
     np.testing.assert_allclose(raw["heatmap"]["matrix"], shown.matrix, atol=1e-4)
-    assert viz.startswith("<iframe srcdoc=") and "Layers 1-2, heads 0-1" in note  # layers as every tab counts
+    assert viz.startswith("<iframe srcdoc=") and "Layers 1-2, heads 1-2" in note  # as every tab counts
     assert "`[MASK]` 1 of 1" in mask_note
     with open(download, encoding="utf-8") as f:
         assert "data:text/javascript;base64," in f.read()
     as_shown = dataclasses.replace(tiny_bert, name=Path(tiny_bert.name).name)  # the page hides server paths
     with pytest.raises(AppError, match=re.escape(str(_fill_mask_error(as_shown)))):
-        client.predict("[MASK] " + "paris " * 100, "", "head", [], [], "head", 1, 0, False, False,
+        client.predict("[MASK] " + "paris " * 100, "", "head", [], [], "head", 1, 1, False, False,
                        0.0, 1, api_name="/attention")
 
 
@@ -301,19 +301,22 @@ def test_handlers_keep_only_the_query_and_recompute_the_same_views(real_vocab_be
     visitor = _visitor(real_vocab_bert)
     text = "The [MASK] sat on the mat because it was tired and " + "very " * 100 + "sleepy."
     viz, download, note, heatmap, raw, grid, preds, mask_note = attention_tab.on_run(
-        visitor, text, "", "head", [], [], "head", 2, 1, False, False, 0.0, 1)  # the page's layer 2: index 1
+        visitor, text, "", "head", [], [], "head", 2, 2, False, False, 0.0, 1)  # the page's layer 2, head 2: 1, 1
     att = bertdemo.attention(real_vocab_bert, text)
     assert len(att.tokens) > 100 and att.weights.nbytes > 100_000
     assert visitor.store.result_bytes() < 2_000  # the query, not the (layers, heads, T, T) weights
     assert not any(isinstance(v, np.ndarray) for v in vars(visitor.store.result("s1", "attention")).values())
     assert raw["heatmap"]["matrix"] == [[round(w, 4) for w in row] for row in view(att, "head", 1, 1).matrix.tolist()]
-    _, changed = attention_tab.on_heatmap(visitor, "rollout", 2, 0, True, True, 0.0)
+    _, changed = attention_tab.on_heatmap(visitor, "rollout", 2, 1, True, True, 0.0)
     expected = view(att, "rollout", 1, 0, whole_words=True, hide_special=True)
     assert changed["heatmap"]["labels"] == expected.labels
     np.testing.assert_allclose(changed["heatmap"]["matrix"], expected.matrix, atol=1e-4)
-    frame, export, viz_note = attention_tab.on_viz(visitor, "model", [1], [1])  # the first layer
-    assert "Layers 1, heads 1 of 2 x 2" in viz_note and frame.startswith("<iframe srcdoc=")
+    frame, export, viz_note = attention_tab.on_viz(visitor, "model", [1], [2])  # the first layer, the second head
+    assert "Layers 1, heads 2 of 2 x 2" in viz_note and frame.startswith("<iframe srcdoc=")
     assert ".text(config.layers[i] + 1)" in frame  # bertviz's own labels count from 1 too
+    assert ".text(config.heads[i] + 1)" in frame and "(config.heads[headIndex] + 1)" in frame  # its heads too
+    sent = json.loads(re.search(r'"include_heads":\s*(\[[^\]]*\])', html.unescape(frame)).group(1))
+    assert sent == [1]  # bertviz's data keeps the index
     assert Path(export).parent.parent == visitor.store.session_dir("s1")  # the session's own files
     assert "[MASK]` 1 of 1" in attention_tab.on_mask(visitor, 1, True)[2]
     with pytest.raises(ValueError, match="mask number must be a whole number from 1 to 1"):

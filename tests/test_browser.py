@@ -38,7 +38,8 @@ def test_attention_tab_renders_bertviz_offline(page, app_url, screenshot):
 
     page.get_by_label("Model view").check()
     expect(frame.locator("svg text", has_text="Heads")).to_be_visible()
-    expect(frame.locator("svg text", has_text=re.compile(r"^2$"))).to_have_count(1)  # layers 1-2 (heads 0-1)
+    expect(frame.locator("svg text", has_text=re.compile(r"^2$"))).to_have_count(2)  # layer 2 and head 2: from 1
+    expect(frame.locator("svg text", has_text=re.compile(r"^0$"))).to_have_count(0)
     assert not [u for u in page.blocked if re.search(r"cdnjs|d3|jquery|require", u)]
     screenshot("attention_model_view")
 

@@ -47,10 +47,10 @@ def test_the_head_grids_last_head_is_on_the_page(page, bundled_url, screenshot):
     page.get_by_role("textbox", name=re.compile(r"^Sentence")).fill("Paris is the [MASK] of France.")
     page.get_by_role("button", name="Compute head importance").click()
     grid = page.locator("#head-importance")
-    last_head = grid.get_by_role("columnheader", name="head 11")
+    last_head = grid.get_by_role("columnheader", name="head 12")  # heads counted from 1
     expect(grid.get_by_role("row")).to_have_count(1 + 6)  # a header, then the 6 layers
     assert shown_whole(last_head)
-    assert shown_whole(grid.get_by_role("row").last.get_by_role("gridcell").last)  # layer 5, head 11
+    assert shown_whole(grid.get_by_role("row").last.get_by_role("gridcell").last)  # layer 6, head 12
     grid.scroll_into_view_if_needed()
     screenshot("widths_head_grid")
 

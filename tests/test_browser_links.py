@@ -19,12 +19,12 @@ def heatmap_title(page):
 
 def test_a_link_opens_the_attention_tab_drawn_and_copy_link_gives_it_back(page, app_url, screenshot):
     page.context.grant_permissions(["clipboard-read", "clipboard-write"])
-    page.goto(app_url + "?" + urlencode({"tab": "attention", "sentence": SENTENCE, "layer": 1, "head": 1}))
+    page.goto(app_url + "?" + urlencode({"tab": "attention", "sentence": SENTENCE, "layer": 1, "head": 2}))
     expect(page.get_by_role("tab", name="Attention", selected=True)).to_be_visible()
     expect(page.get_by_role("textbox", name=re.compile(r"^Sentence")).first).to_have_value(SENTENCE)
     expect(page.get_by_label("number input for Layer (1 = the first)")).to_have_value("1")
-    expect(page.get_by_label("number input for Head (from 0)")).to_have_value("1")
-    expect(heatmap_title(page)).to_have_text("Attention, layer 1, head 1: row attends to column")
+    expect(page.get_by_label("number input for Head (1 = the first)")).to_have_value("2")  # the second head
+    expect(heatmap_title(page)).to_have_text("Attention, layer 1, head 2: row attends to column")
     screenshot("link_to_attention")
 
     page.locator("#copy-link-attention").click()
@@ -33,7 +33,7 @@ def test_a_link_opens_the_attention_tab_drawn_and_copy_link_gives_it_back(page, 
     url = shown.input_value()
     assert page.evaluate("navigator.clipboard.readText()") == url
     query = {k: v[0] for k, v in parse_qs(urlparse(url).query).items()}
-    assert query == {"tab": "attention", "sentence": SENTENCE, "layer": "1", "head": "1"}
+    assert query == {"tab": "attention", "sentence": SENTENCE, "layer": "1", "head": "2"}
     assert urlparse(url).netloc == urlparse(app_url).netloc
 
 

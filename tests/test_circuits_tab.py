@@ -74,7 +74,7 @@ def test_a_nodes_card_opens_with_the_heads_behind_its_strongest_edge(visitor, ti
                              transcoders=coders)
     assert split["adjacent"] and split["elsewhere"] == pytest.approx(0.0, abs=1e-6)  # token -> layer 1
     assert sum(h["weight"] for h in split["heads"]) == pytest.approx(split["weight"], rel=1e-4)
-    assert list(table["head"]) == [f"1:{h['head']}" for h in split["heads"]]
+    assert list(table["head"]) == [f"1:{h['head'] + 1}" for h in split["heads"]]  # heads from 1, as the page counts
     assert "add up to the edge" in note
     token = next(n for n in graph.nodes if n["kind"] == "token")
     assert tab.on_node(visitor, SENTENCE, 1, "", 0.8, 0.98, token["id"])[2] == "A token node has no incoming edge."

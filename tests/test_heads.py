@@ -199,6 +199,11 @@ def test_heads_written_as_text():
     assert heads.parse_heads(" 3:* ", 12, 4) == {(3, 0), (3, 1), (3, 2), (3, 3)}
     assert len(heads.parse_heads("*:*", 12, 12)) == 144 and heads.parse_heads("  ", 2, 2) == frozenset()
     assert heads.format_heads({(11, 3), (0, 1)}) == "0:1, 11:3"
+    # the page's numbers: layers and heads from 1, the pairs still from 0
+    assert heads.parse_heads("1:1, 12:4", 12, 12, first_layer=1, first_head=1) == {(0, 0), (11, 3)}
+    assert heads.format_heads({(11, 3), (0, 0)}, first_layer=1, first_head=1) == "1:1, 12:4"
+    with pytest.raises(ValueError, match=r"head must be a whole number from 1 to 12 \(counted from 1\), got 0"):
+        heads.parse_heads("1:0", 12, 12, first_layer=1, first_head=1)
     with pytest.raises(ValueError, match=r"head must be a whole number from 0 to 11 \(counted from 0\), got 12"):
         heads.parse_heads("0:12", 12, 12)
     with pytest.raises(ValueError, match="Could not read 'paris' as layer:head"):

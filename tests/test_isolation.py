@@ -30,8 +30,9 @@ from bertdemo.ui.serving import lifecycle
 SENTENCE = "Paris is the [MASK] of France."
 TEXT = "\n".join(tiny_models.SENTENCES * 3)
 LONG_TEXT = "\n".join(tiny_models.SENTENCES * 40)  # a run of hundreds of steps: tens of seconds here
-# the page counts layers from 1 (0 = the embeddings): its layer 2 is the Python API's layer 1
-ATTENTION = [SENTENCE, "", "head", [], [], "head", 2, 0, False, False, 0, 1]
+# the page counts layers from 1 (0 = the embeddings) and heads from 1: its layer 2, head 1 is the Python
+# API's layer 1, head 0
+ATTENTION = [SENTENCE, "", "head", [], [], "head", 2, 1, False, False, 0, 1]
 
 
 def tune(client: Client, text=TEXT, steps=8, learning_rate=1e-2, batch=8, block=16, keep=False, submit=False):

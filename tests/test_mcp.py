@@ -85,7 +85,7 @@ def test_fill_mask_tool_gives_the_python_apis_predictions(mcp_url, tiny_bert):
 def test_the_heads_tools_give_the_python_apis_numbers(mcp_url, tiny_bert):
     async def call(session):
         neuron = await session.call_tool("neuron_view", {"sentence": SENTENCE, "second_sentence": "",
-                                                         "layer": 2, "head": 0, "token": 4})  # the second layer
+                                                         "layer": 2, "head": 1, "token": 4})  # the second layer
         importance = await session.call_tool("head_importance", {"sentence": SENTENCE, "mask_number": 1,
                                                                  "target": "", "heads": ""})
         return neuron, importance
@@ -94,6 +94,7 @@ def test_the_heads_tools_give_the_python_apis_numbers(mcp_url, tiny_bert):
     _plot, _tokens, numbers = ast.literal_eval(neuron.content[0].text)
     expected = bertdemo.neuron_view(tiny_bert, SENTENCE, layer=1, head=0, token=4)  # the API counts from 0
     assert numbers["weights"] == pytest.approx(expected["weights"], abs=1e-6) and numbers["layer"] == 2
+    assert numbers["head"] == 1  # the page's and the tool's: the first head
     _note, _grid, numbers = ast.literal_eval(importance.content[0].text)
     expected = bertdemo.head_importance(tiny_bert, SENTENCE)["delta"]
     assert [d for row in numbers["delta"] for d in row] == pytest.approx([d for row in expected for d in row], abs=1e-5)

@@ -244,12 +244,13 @@ class View:
 
 
 def view(att: Attention, heatmap: str = "head", layer: int = 0, head: int = 0, whole_words: bool = False,
-         hide_special: bool = False, first_layer: int = 0) -> View:
+         hide_special: bool = False, first_layer: int = 0, first_head: int = 0) -> View:
     """A heatmap (`VIEWS`: one head, a mean, rollout), optionally per word and without special tokens.
 
     Hiding [CLS]/[SEP] drops their rows and columns and renormalises each row over the tokens left
-    (BERT sends much attention to them, Clark et al. 2019), so rows still sum to 1. `layer` counts
-    from 0; the title names it counted from `first_layer` (the page's 1: 0 is the embeddings).
+    (BERT sends much attention to them, Clark et al. 2019), so rows still sum to 1. `layer` and `head`
+    count from 0; the title names them counted from `first_layer` and `first_head` (the page's 1 and
+    1: layer 0 is the embeddings).
     """
     matrix = aggregate(att.weights, heatmap, layer, head)
     groups = token_groups(att, whole_words)
@@ -264,7 +265,7 @@ def view(att: Attention, heatmap: str = "head", layer: int = 0, head: int = 0, w
         groups = [groups[g] for g in keep]
     boundary = next((g for g, group in enumerate(groups) if group.sequence == 1), None)
     return View([g.label for g in groups], matrix, boundary,
-                _title(heatmap, layer + first_layer, head, whole_words))
+                _title(heatmap, layer + first_layer, head + first_head, whole_words))
 
 
 def _title(heatmap: str, layer: int, head: int, whole_words: bool) -> str:
@@ -306,7 +307,8 @@ def _spread(n: int, k: int) -> list[int]:
 
 def bertviz_html(att: Attention, bertviz_view: str = "head", layers: list[int] | None = None,
                  heads: list[int] | None = None, script_urls: dict[str, str] | None = None,
-                 decimals: int | None = None, max_weights: int = MAX_VIEW_WEIGHTS, first_layer: int = 0) -> str:
+                 decimals: int | None = None, max_weights: int = MAX_VIEW_WEIGHTS, first_layer: int = 0,
+                 first_head: int = 0) -> str:
     """A complete HTML document with bertviz's head view (`bertviz_view="head"`) or model view ("model").
 
     `layers` and `heads` (model view only) filter what is sent, None for `default_selection`;
@@ -315,8 +317,9 @@ def bertviz_html(att: Attention, bertviz_view: str = "head", layers: list[int] |
     "jquery"} -> URL), by default inlined as data: URLs so the file works offline. Tokens are
     escaped for the <script> they sit in. A chosen view of more weights than `max_weights` (or
     than the default view, if that is more) raises ValueError: the page and its download would
-    be too large. `layers` count from 0; bertviz's own labels name them counted from `first_layer`
-    (the page's 1: 0 is the embeddings).
+    be too large. `layers` and `heads` count from 0; bertviz's own labels name them counted from
+    `first_layer` and `first_head` (the page's 1 and 1: layer 0 is the embeddings; the head view
+    labels no head, it colours them).
     """
     if bertviz_view not in {"head", "model"}:
         raise ValueError(f"Unknown bertviz view {bertviz_view!r}: use 'head' or 'model'.")
@@ -347,6 +350,7 @@ def bertviz_html(att: Attention, bertviz_view: str = "head", layers: list[int] |
         body = model_view(**common, include_heads=heads, display_mode="light").data
     body = _script_safe_params(body, bertviz_view)
     body = _layer_labels(body, bertviz_view, first_layer) if first_layer else body
+    body = _head_labels(body, first_head) if first_head and bertviz_view == "model" else body
     body = _local_scripts(body, script_urls or data_urls())
     return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>bertviz "
             f"{bertviz_view} view</title></head>\n<body style=\"margin:8px\">{body}</body></html>")
@@ -382,6 +386,20 @@ def _layer_labels(body: str, bertviz_view: str, first_layer: int) -> str:
                    .replace(".text(config.layers[i])", f".text(config.layers[i] + {first_layer})")
                    .replace("config.layers[layerIndex]", f"(config.layers[layerIndex] + {first_layer})"))
         body = body.replace(label, shifted)
+    return body
+
+
+# Where bertviz's model view writes a head's number for the reader (its index, from 0)
+_HEAD_LABELS = {".text(config.heads[i])": ".text(config.heads[i] + {first})",
+                "\", Head \" + config.heads[headIndex]": "\", Head \" + (config.heads[headIndex] + {first})"}
+
+
+def _head_labels(body: str, first_head: int) -> str:
+    """bertviz's model view's head labels counted from `first_head` (its data keeps the indices)."""
+    for label, shifted in _HEAD_LABELS.items():
+        if label not in body:
+            raise RuntimeError(f"bertviz's model view no longer writes {label!r}: update _HEAD_LABELS.")
+        body = body.replace(label, shifted.format(first=first_head))
     return body
 
 

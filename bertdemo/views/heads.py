@@ -66,14 +66,15 @@ class HeadsOff:
         return self.layers * self.heads
 
 
-def read_heads(lm: LoadedModel, text, required: bool, first_layer: int = 0) -> HeadsOff:
+def read_heads(lm: LoadedModel, text, required: bool, first_layer: int = 0, first_head: int = 0) -> HeadsOff:
     """The heads a visitor wrote ("0:1, 3:*", `parse_heads`; None is empty), read and checked once
     against `lm`'s shape. `required`: an empty text is refused, saying which heads there are.
-    `first_layer`: the number the text gives the first layer (the page's 1); the pairs count from 0."""
+    `first_layer`, `first_head`: the numbers the text gives the first layer and a layer's first head
+    (the page's 1 and 1); the pairs count from 0."""
     n_layers, n_heads = shape(lm)
-    pairs = parse_heads(text if text is not None else "", n_layers, n_heads, first_layer)
+    pairs = parse_heads(text if text is not None else "", n_layers, n_heads, first_layer, first_head)
     if required and not pairs:
-        raise validate.InputError("heads", _none_to_switch_off(n_layers, n_heads, first_layer))
+        raise validate.InputError("heads", _none_to_switch_off(n_layers, n_heads, first_layer, first_head))
     return HeadsOff(pairs, n_layers, n_heads)
 
 
@@ -83,9 +84,9 @@ def without(lm: LoadedModel, off: HeadsOff) -> LoadedModel:
     return dataclasses.replace(lm, heads_off=lm.heads_off | off.pairs) if off.pairs else lm
 
 
-def _none_to_switch_off(n_layers: int, n_heads: int, first_layer: int = 0) -> str:
+def _none_to_switch_off(n_layers: int, n_heads: int, first_layer: int = 0, first_head: int = 0) -> str:
     return (f"No heads to switch off: list (layer, head) pairs, layers {first_layer} to "
-            f"{n_layers - 1 + first_layer} and heads 0 to {n_heads - 1}.")
+            f"{n_layers - 1 + first_layer} and heads {first_head} to {n_heads - 1 + first_head}.")
 
 
 def check_heads(heads, n_layers: int, n_heads: int) -> frozenset[tuple[int, int]]:
@@ -105,13 +106,16 @@ def check_heads(heads, n_layers: int, n_heads: int) -> frozenset[tuple[int, int]
     return frozenset(pairs)
 
 
-def parse_heads(text: str, n_layers: int, n_heads: int, first_layer: int = 0) -> frozenset[tuple[int, int]]:
+def parse_heads(text: str, n_layers: int, n_heads: int, first_layer: int = 0,
+                first_head: int = 0) -> frozenset[tuple[int, int]]:
     """Heads written as text, "layer:head" separated by commas or spaces ("0:1, 11:3"); `*`
     stands for every layer or head ("3:*" is all of layer 3, "*:*" every head). An empty text is
     the empty set; ValueError for anything else it cannot read or that is out of range. The text
-    numbers the first layer `first_layer` (the page's 1); the pairs returned count from 0."""
-    ranges = f"layers {first_layer} to {n_layers - 1 + first_layer}, heads 0 to {n_heads - 1}"
-    example = f"'{first_layer}:1, {first_layer + 1}:*'"
+    numbers the first layer `first_layer` and a layer's first head `first_head` (the page's 1 and 1);
+    the pairs returned count from 0."""
+    ranges = (f"layers {first_layer} to {n_layers - 1 + first_layer}, heads {first_head} to "
+              f"{n_heads - 1 + first_head}")
+    example = f"'{first_layer}:{first_head + 1}, {first_layer + 1}:*'"
     if not isinstance(text, str):
         raise validate.InputError("heads", f"Write the heads as text, layer:head, e.g. {example} ({ranges}).")
     pairs = set()
@@ -122,7 +126,7 @@ def parse_heads(text: str, n_layers: int, n_heads: int, first_layer: int = 0) ->
                                                f"write e.g. {example} ({ranges}).")
         layer, head = (range(size) if part == "*" else [_in_range(int(part), size, what, first) - first]
                        for part, size, what, first in zip(match.groups(), (n_layers, n_heads), ("layer", "head"),
-                                                          (first_layer, 0)))
+                                                          (first_layer, first_head)))
         pairs.update((x, y) for x in layer for y in head)
     return frozenset(pairs)
 
@@ -131,9 +135,10 @@ def _in_range(value: int, size: int, what: str, first: int = 0) -> int:
     return validate.whole_number(value, what, first, size - 1 + first, f" (counted from {first})", field="heads")
 
 
-def format_heads(heads, first_layer: int = 0) -> str:
-    """The pairs as `parse_heads` reads them (with the same `first_layer`), in order: "0:1, 11:3"."""
-    return ", ".join(f"{layer + first_layer}:{head}" for layer, head in sorted(heads))
+def format_heads(heads, first_layer: int = 0, first_head: int = 0) -> str:
+    """The pairs as `parse_heads` reads them (with the same `first_layer`, `first_head`), in order:
+    "0:1, 11:3"."""
+    return ", ".join(f"{layer + first_layer}:{head + first_head}" for layer, head in sorted(heads))
 
 
 # ---------------------------------------------------------------- how much each head matters

@@ -43,10 +43,10 @@ def heatmap(view: View, folder: Path, tokens: list[str], threshold: float = 0.0)
 
 
 def mask_grid(att: Attention, mask_index: int, folder: Path, hide_special: bool = False,
-              first_layer: int = 0) -> list[Path]:
+              first_layer: int = 0, first_head: int = 0) -> list[Path]:
     """What one [MASK] looked at: its attention to every token in every layer and head (the
     numbers), and the token it attends to most per layer and head (the image); layers named from
-    `first_layer` (the page's 1: 0 is the embeddings)."""
+    `first_layer` (the page's 1: 0 is the embeddings), heads from `first_head` (the page's 1)."""
     weights = mask_rows(att, mask_index).astype(np.float64)  # (L, H, T)
     ranked = weights.copy()
     if hide_special:
@@ -54,7 +54,8 @@ def mask_grid(att: Attention, mask_index: int, folder: Path, hide_special: bool 
     top = ranked.argmax(-1)  # (L, H)
     n_layers, n_heads = top.shape
     header = ["layer", "head", *att.tokens]
-    rows = [[layer + first_layer, h, *_rounded(weights[layer, h])] for layer in range(n_layers) for h in range(n_heads)]
+    rows = [[layer + first_layer, h + first_head, *_rounded(weights[layer, h])]
+            for layer in range(n_layers) for h in range(n_heads)]
     most = [[att.tokens[j] for j in row] for row in top]
     data = {"tokens": att.tokens, "mask": mask_index + 1, "position": att.mask_positions[mask_index],
             "weights": [[_rounded(w) for w in layer] for layer in weights], "most_attended": most,
@@ -64,8 +65,8 @@ def mask_grid(att: Attention, mask_index: int, folder: Path, hide_special: bool 
     def draw(fig):
         ax = fig.subplots()
         values = np.take_along_axis(weights, top[..., None], -1)[..., 0]
-        _cells(fig, ax, values, [str(x + first_layer) for x in range(n_layers)], [str(x) for x in range(n_heads)],
-               "Oranges", 0.0, 1.0, "weight", text=most)
+        _cells(fig, ax, values, [str(x + first_layer) for x in range(n_layers)],
+               [str(x + first_head) for x in range(n_heads)], "Oranges", 0.0, 1.0, "weight", text=most)
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
     return _write(folder, "mask-attention", header, rows, data, title, _grid(n_layers, n_heads), draw)
@@ -106,12 +107,13 @@ def neuron(result: dict, folder: Path) -> list[Path]:
     return _write(folder, "neuron-view", header, rows, result, title, (14, height), draw)
 
 
-def importance(result: dict, folder: Path, first_layer: int = 0) -> list[Path]:
+def importance(result: dict, folder: Path, first_layer: int = 0, first_head: int = 0) -> list[Path]:
     """Head importance (`heads.head_importance`): the layers x heads change in log p(target);
-    layers named from `first_layer` (the page's 1: 0 is the embeddings)."""
+    layers named from `first_layer` (the page's 1: 0 is the embeddings), heads from `first_head`
+    (the page's 1)."""
     delta = np.array(result["delta"], dtype=np.float64)
     n_layers, n_heads = delta.shape
-    header = ["layer", *[f"head {h}" for h in range(n_heads)]]
+    header = ["layer", *[f"head {h + first_head}" for h in range(n_heads)]]
     rows = [[layer + first_layer, *_rounded(row)] for layer, row in enumerate(delta)]
     off = {tuple(pair) for pair in result.get("heads_off", [])}
     title = (f"Change in log p({result['target']['token']!r}) at [MASK] {result['mask'] + 1} with each "
@@ -122,8 +124,8 @@ def importance(result: dict, folder: Path, first_layer: int = 0) -> list[Path]:
 
     def draw(fig):
         ax = fig.subplots()
-        _cells(fig, ax, delta, [str(x + first_layer) for x in range(n_layers)], [str(x) for x in range(n_heads)], DIVERGING,
-               -span, span, "Δ log p", text=text)
+        _cells(fig, ax, delta, [str(x + first_layer) for x in range(n_layers)],
+               [str(x + first_head) for x in range(n_heads)], DIVERGING, -span, span, "Δ log p", text=text)
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
     return _write(folder, "head-importance", header, rows, result, title, _grid(n_layers, n_heads), draw)

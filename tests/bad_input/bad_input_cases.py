@@ -60,9 +60,9 @@ ENDPOINTS = {
     "/sentence_score": [("text", TEXT)],
     "/compare_models": [("text", SENTENCE), ("choice", MODEL), ("number", 3)],
     "/attention": [("text", SENTENCE), ("text", ""), ("choice", "head"), ("choices", []),
-                   ("choices", []), ("choice", "head"), ("number", 1), ("number", 0), ("flag", False),
+                   ("choices", []), ("choice", "head"), ("number", 1), ("number", 1), ("flag", False),
                    ("flag", False), ("number", 0), ("number", 1)],
-    "/neuron_view": [("text", SENTENCE), ("text", ""), ("number", 1), ("number", 0), ("number", 4)],
+    "/neuron_view": [("text", SENTENCE), ("text", ""), ("number", 1), ("number", 1), ("number", 4)],  # layer, head from 1
     "/head_importance": [("text", SENTENCE), ("number", 1), ("text", ""), ("text", "")],
     "/heads_off": [("text", SENTENCE), ("text", "*:*")],  # every head of every layer off: still answers
     "/mask_sample": [("text", TEXT), *RATES],

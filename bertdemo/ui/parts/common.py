@@ -11,11 +11,14 @@ import pandas as pd
 from gradio.components.plot import PlotData
 
 log = logging.getLogger("bertdemo")
-# How every tab counts layers (said once above the tabs): the hidden state after the embeddings is
-# layer 0, the N-th layer's output layer N; layer N's attention heads are the N-th layer's. The
-# Python API's own `layer` arguments keep their meaning (attention and heads count from 0 there).
+# How every tab counts layers and heads (said once above the tabs): the hidden state after the
+# embeddings is layer 0, the N-th layer's output layer N; layer N's attention heads are the N-th
+# layer's, head 1 its first. The Python API's own `layer` and `head` arguments keep their meaning
+# (attention and heads count from 0 there).
+FIRST_HEAD = 1  # the page's number of a layer's first head (the views count from 0)
 LAYERS_LINE = ("**Layers** are counted the same way on every tab: **0 = the embeddings**, **N = the N-th "
-               "layer** (its output; its attention heads). Heads are counted from 0.")
+               "layer** (its output; its attention heads). **Heads** are counted as you would: **head 1** is a "
+               "layer's first.")
 # Two or more /segments not glued to a word, URL or relative path: a path on the server.
 _SERVER_PATH = re.compile(r"""(?<![\w.:/~-])(?:/[^\s'"`/<>]+){2,}/?""")
 

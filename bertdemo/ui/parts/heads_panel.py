@@ -25,7 +25,7 @@ from ...views.fillmask import fill_mask
 from ...views.heads import (HeadsOff, format_heads, head_importance, neuron_view, parse_heads, read_heads, shape,
                              without)
 from . import view_downloads
-from .common import empty_table
+from .common import FIRST_HEAD, empty_table
 from .context import AppContext, Visitor, handler
 
 NEURON_HELP = """**Neuron view** (Vig 2019, as in bertviz). For one layer and head: the query of the
@@ -40,7 +40,7 @@ cell to switch that head off or on (the *layer* cell: the whole layer); the pred
 A head switched off has its part of the attention output set to zero (transformers' `head_mask=0`),
 for your requests only. All layers x heads copies run in a few batched forwards."""
 TOP_K = 5
-FIRST_LAYER = 1  # the page counts layers from 1 (0 is the embeddings); the views count from 0
+FIRST_LAYER = 1  # the page counts layers from 1 (0 is the embeddings) and heads from 1; the views from 0
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,7 @@ def _section_neuron(n_layers: int, n_heads: int) -> NeuronSection:
     gr.Markdown(NEURON_HELP)
     with gr.Row():
         layer = gr.Slider(1, n_layers, value=1, step=1, label="Neuron view: layer (1 = the first)", scale=2)
-        head = gr.Slider(0, n_heads - 1, value=0, step=1, label="Neuron view: head (from 0)", scale=2)
+        head = gr.Slider(1, n_heads, value=1, step=1, label="Neuron view: head (1 = the first)", scale=2)
         token = gr.Number(label="Query token (its index, [CLS] = 0)", value=1, precision=0, minimum=0, scale=1,
                           info="Starts on the sentence's first [MASK].")
     tokens = gr.HighlightedText(label="Click a token to see its query", combine_adjacent=False, show_legend=False,
@@ -170,7 +170,7 @@ def _section_importance(n_heads: int) -> ImportanceSection:
         target = gr.Textbox(label="Word to score (empty: the top prediction)", scale=2)
     compute = gr.Button("Compute head importance", variant="primary")
     note = gr.Markdown()
-    columns = ["layer", *[f"head {h}" for h in range(n_heads)]]
+    columns = ["layer", *[f"head {h + FIRST_HEAD}" for h in range(n_heads)]]
     # widths set, so that every head's column fits a 1280 px page (its own width: the last was cut)
     grid = gr.Dataframe(empty_table(columns), label="Change in log p(word) with each head switched "
                         "off: click a head", interactive=False, elem_id="head-importance",
@@ -202,7 +202,7 @@ class HeadsOffSection:
 
 def _section_heads_off() -> HeadsOffSection:
     with gr.Row():
-        off = gr.Textbox(label="Heads switched off (layer:head, layers from 1, heads from 0, e.g. 1:0, 3:*)", scale=3,
+        off = gr.Textbox(label="Heads switched off (layer:head, both from 1, e.g. 1:1, 3:*)", scale=3,
                          info="Click the grid above, or type; * is every layer or head.")
         predict = gr.Button("Predict with these heads off", scale=1)
     bars = gr.Plot(label="Predictions: every head on vs these heads off")
@@ -222,11 +222,11 @@ def on_neuron(visitor: Visitor, sentence, second_sentence, layer, head, token):
         sentence: the text, e.g. "The cat sat on the mat."; at most the model's length (512 tokens for BERT).
         second_sentence: optional second sentence of a pair ([CLS] A [SEP] B [SEP]); empty for one sentence.
         layer: the layer, 1 = the first (as every tab counts layers: 0 is the embeddings, which have no heads).
-        head: the head in that layer, counted from 0.
+        head: the head in that layer, 1 = the first (as every tab counts heads; the Python API's `bertdemo.neuron_view` counts from 0).
         token: the query token's index among the tokens ([CLS] = 0); empty (None): the first [MASK], else token 1.
 
     Returns:
-        the plotly figure (query, keys, query x key per dimension, scores, weights), the tokens with the query token marked, and the numbers {"tokens", "query", "keys", "products", "scores", "weights", "layer" (1 = the first), "head", "token", "head_dim"}; the weights equal the model's own attention.
+        the plotly figure (query, keys, query x key per dimension, scores, weights), the tokens with the query token marked, and the numbers {"tokens", "query", "keys", "products", "scores", "weights", "layer" (1 = the first), "head" (1 = the first), "token", "head_dim"}; the weights equal the model's own attention.
     """
     lm = visitor.lm
     if token is None:
@@ -274,11 +274,13 @@ def _neuron_again(query: NeuronQuery, layer, head, token) -> dict:
 
 
 def _neuron(lm: LoadedModel, text: str, text_b: str | None, layer, head, token) -> dict:
-    """The neuron view of `layer` as the page counts it (1 = the first), its result saying so."""
-    n_layers = shape(lm, "The neuron view")[0]
+    """The neuron view of `layer` and `head` as the page counts them (1 = the first), its result saying so."""
+    n_layers, n_heads = shape(lm, "The neuron view")
     layer = validate.whole_number(layer, "layer", 1, n_layers, " (1 = the first layer)", field="layer")
-    result = neuron_view(lm, text, layer=layer - 1, head=head, token=token, text_b=text_b)
-    return {**result, "layer": layer}
+    head = validate.whole_number(head, "head", FIRST_HEAD, n_heads - 1 + FIRST_HEAD, " (1 = the first head)",
+                                 field="head")
+    result = neuron_view(lm, text, layer=layer - 1, head=head - FIRST_HEAD, token=token, text_b=text_b)
+    return {**result, "layer": layer, "head": head}
 
 
 def _neuron_outputs(result: dict):
@@ -296,13 +298,13 @@ def on_importance(visitor: Visitor, sentence, mask_number, target, heads):
         sentence: text with one or more [MASK] (any case), e.g. "Paris is the [MASK] of France.".
         mask_number: which [MASK], 1 = the first.
         target: the word to score; empty for the model's top prediction. A word the tokenizer splits is scored by its first piece.
-        heads: heads already switched off, "layer:head" pairs such as "1:0, 3:*" (layers 1 = the first, heads from 0; * is every layer or head); empty for none. Their change is 0.
+        heads: heads already switched off, "layer:head" pairs such as "1:1, 3:*" (layers and heads 1 = the first, as the page counts; * is every layer or head); empty for none. Their change is 0.
 
     Returns:
         a summary line, the layers x heads grid of changes (a table; rows are layers, columns heads), and the numbers {"target", "log_prob", "delta" (layers x heads), "tokens", "mask", "position", "heads_off"}.
     """
     lm = visitor.lm
-    view = without(lm, read_heads(lm, heads, required=False, first_layer=FIRST_LAYER))
+    view = without(lm, read_heads(lm, heads, required=False, first_layer=FIRST_LAYER, first_head=FIRST_HEAD))
     result = head_importance(view, sentence, mask=mask_number, first=1, target=target or None,
                              max_masks=visitor.settings.max_masks)
     kept = Importance(weakref.ref(lm), sentence, result)
@@ -322,7 +324,7 @@ def on_grid_click(visitor: Visitor, heads, evt: gr.SelectData):
     now = now - clicked if clicked <= now else now | clicked
     lm = _alive(kept.model)  # the model the grid was computed on: `now` is within its shape
     bars, note, raw = _predictions(lm, kept.text, HeadsOff(now, n_layers, n_heads), visitor.settings.max_masks)
-    return format_heads(now, FIRST_LAYER), importance_table(kept.result, now), bars, note, raw
+    return format_heads(now, FIRST_LAYER, FIRST_HEAD), importance_table(kept.result, now), bars, note, raw
 
 
 def on_heads_off(visitor: Visitor, sentence, heads):
@@ -330,14 +332,14 @@ def on_heads_off(visitor: Visitor, sentence, heads):
 
     Args:
         sentence: text with one or more [MASK] (any case), e.g. "Paris is the [MASK] of France.".
-        heads: "layer:head" pairs, layers counted from 1 (as every tab: 0 is the embeddings) and heads from 0, e.g. "1:0, 3:*" (* is every layer or head; "*:*" every head of every layer).
+        heads: "layer:head" pairs, layers and heads counted from 1 (as every tab: layer 0 is the embeddings, head 1 a layer's first), e.g. "1:1, 3:*" (* is every layer or head; "*:*" every head of every layer).
 
     Returns:
         grouped bars of each token's probability with every head on and with these heads off, a summary line, and the numbers {"models", "masks": [{"mask", "a", "b", "changes": [{"token", "a", "b", "change"}]}]}.
     """
     lm = visitor.lm
-    return _predictions(lm, sentence, read_heads(lm, heads, required=True, first_layer=FIRST_LAYER),
-                        visitor.settings.max_masks)
+    return _predictions(lm, sentence, read_heads(lm, heads, required=True, first_layer=FIRST_LAYER,
+                                                 first_head=FIRST_HEAD), visitor.settings.max_masks)
 
 
 def on_marks(visitor: Visitor, heads):
@@ -350,13 +352,13 @@ def on_marks(visitor: Visitor, heads):
 
 def on_export_importance(visitor: Visitor) -> dict:
     return view_downloads.listed(view_files.importance(_kept_importance(visitor).result,
-                                                       view_downloads.folder(visitor), FIRST_LAYER))
+                                                       view_downloads.folder(visitor), FIRST_LAYER, FIRST_HEAD))
 
 
 def on_export_heads_off(visitor: Visitor, sentence, heads) -> dict:
     lm = visitor.lm
-    result = _compared(lm, sentence, read_heads(lm, heads, required=True, first_layer=FIRST_LAYER),
-                       visitor.settings.max_masks)
+    result = _compared(lm, sentence, read_heads(lm, heads, required=True, first_layer=FIRST_LAYER,
+                                                first_head=FIRST_HEAD), visitor.settings.max_masks)
     return view_downloads.listed(view_files.comparison(result, view_downloads.folder(visitor)))
 
 
@@ -367,7 +369,7 @@ def importance_table(result: dict, off) -> pd.io.formats.style.Styler:
     span = max((abs(d) for row in delta for d in row), default=0.0) or 1.0
     frame = pd.DataFrame([[f"layer {layer + FIRST_LAYER}", *[("✕ " if (layer, h) in off else "") + f"{d:+.3f}"
                                                for h, d in enumerate(row)]] for layer, row in enumerate(delta)],
-                         columns=["layer", *[f"head {h}" for h in range(result["heads"])]])
+                         columns=["layer", *[f"head {h + FIRST_HEAD}" for h in range(result["heads"])]])
 
     def colour(layer: int, h: int) -> str:
         if (layer, h) in off:
@@ -387,8 +389,8 @@ def _predictions(lm: LoadedModel, sentence: str, off: HeadsOff, max_masks: int):
         predictions = fill_mask(lm, sentence, TOP_K, max_masks)
         return plots.prediction_bars(predictions), "Every head is on: the model's own predictions.", predictions
     result = _compared(lm, sentence, off, max_masks)
-    note = (f"{len(off.pairs)} of {off.total} heads switched off ({format_heads(off.pairs, FIRST_LAYER)}): bars show each "
-            "token's probability with every head on and with these off.")
+    note = (f"{len(off.pairs)} of {off.total} heads switched off ({format_heads(off.pairs, FIRST_LAYER, FIRST_HEAD)}): "
+            "bars show each token's probability with every head on and with these off.")
     return plots.comparison_bars(result), note, result
 
 
@@ -399,15 +401,16 @@ def _compared(lm: LoadedModel, sentence: str, off: HeadsOff, max_masks: int) -> 
 
 def _summary(model: str, result: dict) -> str:
     flat = sorted(((d, layer, h) for layer, row in enumerate(result["delta"]) for h, d in enumerate(row)))
-    most = ", ".join(f"{layer + FIRST_LAYER}:{h} ({d:+.3f})" for d, layer, h in flat[:3])
+    most = ", ".join(f"{layer + FIRST_LAYER}:{h + FIRST_HEAD} ({d:+.3f})" for d, layer, h in flat[:3])
     word = result["target"]["token"]
-    off = f", with {format_heads(result['heads_off'], FIRST_LAYER)} already off" if result["heads_off"] else ""
+    off = (f", with {format_heads(result['heads_off'], FIRST_LAYER, FIRST_HEAD)} already off"
+           if result["heads_off"] else "")
     return (f"**{word}** at [MASK] {result['mask'] + 1} ({model}{off}): log p = {result['log_prob']:.3f}. "
             f"The heads it most needs (switching them off lowers log p most): {most}.")
 
 
 def _parsed(text, n_layers: int, n_heads: int) -> frozenset:
-    return parse_heads(text if text is not None else "", n_layers, n_heads, FIRST_LAYER)
+    return parse_heads(text if text is not None else "", n_layers, n_heads, FIRST_LAYER, FIRST_HEAD)
 
 
 def _kept_importance(visitor: Visitor) -> Importance:

@@ -20,6 +20,7 @@ from ...views import view_files
 from ...views.attention_views import (VENDOR_DIR, VIEWS, Attention, attention, bertviz_html, default_selection,
                                mask_rows, script_urls, srcdoc_iframe, standalone, view, view_height)
 from ..parts import heads_panel, view_downloads
+from ..parts.common import FIRST_HEAD
 from ..parts.context import AppContext, Visitor, handler, standalone_demo
 
 GRADIO_FILE_ROUTE = "gradio_api/file="  # where Gradio serves files by path (set_static_paths)
@@ -37,7 +38,7 @@ and **gives** the mean of what its pieces give (mean over query pieces), so rows
 only blanks weak cells. *Rollout* (Abnar & Zuidema 2020) follows attention through the layers: each
 layer's head-mean plus the residual (0.5·A + 0.5·I, renormalised), multiplied from the first layer up to
 the chosen layer. Layers count from 1 (the first layer; 0 is the embeddings, which attend to nothing),
-heads from 0. Hover a cell for its exact value; the camera icon saves a PNG."""
+heads from 1 too. Hover a cell for its exact value; the camera icon saves a PNG."""
 EXPLAINER = """**What attention weights are.** In each layer, every head computes for every token a
 probability distribution over all tokens (a row of the heatmap); the token's new representation is
 that weighted average of the other tokens' *value* vectors, one per head, then mixed by the next
@@ -150,7 +151,8 @@ def _section_bertviz(n_layers: int, n_heads: int) -> BertvizSection:
                         scale=1)
         layers = gr.CheckboxGroup(list(range(1, n_layers + 1)), label="Layers, 1 = the first (none ticked: automatic)",
                                   scale=2)
-        heads = gr.CheckboxGroup(list(range(n_heads)), label="Heads, model view (none: automatic)", scale=2)
+        heads = gr.CheckboxGroup(list(range(1, n_heads + 1)), label="Heads, model view, 1 = the first (none: automatic)",
+                                 scale=2)
     note = gr.Markdown()
     viz = gr.HTML(elem_id="bertviz-view")
     download = gr.DownloadButton("Download this view as standalone HTML", value=None, size="sm")
@@ -183,7 +185,7 @@ def _section_heatmaps(n_layers: int, n_heads: int) -> HeatmapSection:
         kind = gr.Dropdown([(label, key) for key, label in VIEWS.items()], value="head", label="Show",
                            scale=2)
         layer = gr.Slider(1, n_layers, value=n_layers, step=1, label="Layer (1 = the first)", scale=2)
-        head = gr.Slider(0, n_heads - 1, value=0, step=1, label="Head (from 0)", scale=2)
+        head = gr.Slider(1, n_heads, value=1, step=1, label="Head (1 = the first)", scale=2)
     with gr.Row():
         words = gr.Checkbox(label="Whole words (merge word pieces)")
         hide_special = gr.Checkbox(label="Hide [CLS]/[SEP]")
@@ -235,7 +237,25 @@ def create_demo(store=None, settings: Settings | None = None) -> gr.Blocks:
 
 def on_run(visitor: Visitor, sentence, second_sentence, bertviz_view, bertviz_layers, bertviz_heads,
            heatmap, layer, head, whole_words, hide_special, threshold, mask_number):
-    """Compute the attention of a sentence (or pair) and every view of it; keep only the query."""
+    """Compute the attention of a sentence (or pair) and every view of it; keep only the query.
+
+    Args:
+        sentence: the text, e.g. "Paris is the [MASK] of France."; at most the model's length.
+        second_sentence: optional second sentence of a pair ([CLS] A [SEP] B [SEP]); empty for one sentence.
+        bertviz_view: "head" (bertviz's head view) or "model" (its model view).
+        bertviz_layers: the layers bertviz shows, 1 = the first (as every tab counts); empty: chosen to fit.
+        bertviz_heads: the heads the model view shows, 1 = a layer's first (as every tab counts); empty: chosen to fit.
+        heatmap: "head", "mean_heads", "mean_layers" or "rollout".
+        layer: the heatmap's layer, 1 = the first (0 is the embeddings, which attend to nothing).
+        head: the heatmap's head in that layer, 1 = the first (the Python API's `view` counts from 0).
+        whole_words: merge word pieces into words.
+        hide_special: drop [CLS]/[SEP] and renormalise each row.
+        threshold: blank weights below this, 0 to 1.
+        mask_number: which [MASK] the grid is of, 1 = the first.
+
+    Returns:
+        the bertviz view (HTML), its standalone file, a line on what it shows, the heatmap (plotly), its numbers {"tokens", "sentence_b_start", "weights_shape", "heatmap": {"title", "labels", "matrix"}}, the [MASK]'s layers x heads grid (plotly), its predictions (plotly) and a line on the mask.
+    """
     lm = visitor.lm
     att = attention(lm, sentence, second_sentence)
     query = Query(weakref.ref(lm), sentence, second_sentence or None)
@@ -279,14 +299,16 @@ def on_export_mask(visitor: Visitor, mask_number, hide_special) -> dict:
         raise ValueError("There is no [MASK] in the sentence: put one where a word is missing.")
     index = _mask_index(mask_number, len(att.mask_positions))
     return view_downloads.listed(view_files.mask_grid(att, index, view_downloads.folder(visitor),
-                                                      bool(hide_special), first_layer=1))
+                                                      bool(hide_special), first_layer=1, first_head=FIRST_HEAD))
 
 
 def _shown(att: Attention, heatmap, layer, head, whole_words, hide_special):
-    """The heatmap's view, its layer (1 = the first, as the page counts) and head kept within the
+    """The heatmap's view, its layer and head (1 = the first, as the page counts) kept within the
     model's (the sliders are the app's)."""
-    layer, head = min(max(int(layer), 1), att.num_layers) - 1, min(int(head), att.num_heads - 1)
-    return view(att, heatmap, layer, head, bool(whole_words), bool(hide_special), first_layer=1)
+    layer = min(max(int(layer), 1), att.num_layers) - 1
+    head = min(max(int(head), FIRST_HEAD), att.num_heads - 1 + FIRST_HEAD) - FIRST_HEAD
+    return view(att, heatmap, layer, head, bool(whole_words), bool(hide_special), first_layer=1,
+                first_head=FIRST_HEAD)
 
 
 def _recalled(visitor: Visitor) -> Attention:
@@ -328,16 +350,16 @@ def _model_shape(store: SessionStore) -> tuple[int, int]:
 
 def _viz_outputs(visitor: Visitor, att: Attention, bertviz_view: str, layers, heads):
     """The bertviz view in an iframe, the same view as a download, and a line on what is shown
-    (`layers` as the page counts them, 1 = the first)."""
+    (`layers` and `heads` as the page counts them, 1 = the first)."""
     auto_layers, auto_heads = default_selection(att, bertviz_view)
     layers = [x - 1 for x in layers or [] if 1 <= x <= att.num_layers] or auto_layers
-    heads = [x for x in heads or [] if x < att.num_heads] or auto_heads
+    heads = [x - FIRST_HEAD for x in heads or [] if FIRST_HEAD <= x < att.num_heads + FIRST_HEAD] or auto_heads
     start = time.perf_counter()
     urls = served_urls()
-    in_page = bertviz_html(att, bertviz_view, layers, heads, script_urls=urls, first_layer=1)
+    in_page = bertviz_html(att, bertviz_view, layers, heads, script_urls=urls, first_layer=1, first_head=FIRST_HEAD)
     ms = (time.perf_counter() - start) * 1e3
     frame = srcdoc_iframe(in_page, view_height(att, bertviz_view, len(layers)), title=f"bertviz {bertviz_view} view")
-    shown_heads = f", heads {_ranges(heads)}" if bertviz_view == "model" else ""
+    shown_heads = f", heads {_ranges([x + FIRST_HEAD for x in heads])}" if bertviz_view == "model" else ""
     note = (f"Layers {_ranges([x + 1 for x in layers])}{shown_heads} of {att.num_layers} x {att.num_heads}; "
             f"{len(in_page) / 1e3:,.0f} kB built in {ms:.0f} ms. Tick layers/heads to choose others "
             "(fewer keep long inputs responsive).")
@@ -363,7 +385,7 @@ def _mask_outputs(att: Attention, mask_number, hide_special):
     hidden = att.special if hide_special else None
     grid = plots.mask_attention_grid(mask_rows(att, index), att.tokens, hidden,
                                      title=f"What [MASK] {index + 1} looked at (token with the most weight)",
-                                     first_layer=1)
+                                     first_layer=1, first_head=FIRST_HEAD)
     bars = plots.prediction_bars([att.predictions[index]])
     note = (f"`[MASK]` {index + 1} of {len(att.mask_positions)} (token {att.mask_positions[index]}). "
             "Each cell: the token this mask attends to most in that layer and head; hover for the top 3.")

@@ -28,7 +28,7 @@ from ...model.loading import LoadedModel
 from ...plots import shown_token
 from . import circuits_sections as sections
 from ..parts import live_run, view_downloads
-from ..parts.common import empty_table
+from ..parts.common import FIRST_HEAD, empty_table
 from ..parts.context import AppContext, Visitor, handler, standalone_demo
 from ..parts.model_line import model_line
 
@@ -475,7 +475,7 @@ def heads_words(graph: Graph, split: dict) -> str:
 
 
 def head_frame(split: dict) -> pd.DataFrame:
-    rows = [[f"{split['layer']}:{h['head']}", round(h["weight"], 5),
+    rows = [[f"{split['layer']}:{h['head'] + FIRST_HEAD}", round(h["weight"], 5),
              "" if h["share"] is None else f"{h['share']:.0%}"] for h in split["heads"]]
     return pd.DataFrame(rows, columns=list(sections.HEAD_COLUMNS))
 
