@@ -1,5 +1,7 @@
 import asyncio
+import collections
 import contextlib
+import json
 import os
 import sys
 import threading
@@ -28,16 +30,71 @@ import bertdemo  # noqa: E402
 import tiny_models  # noqa: E402
 
 
+def _one_ssl_context() -> None:
+    """gradio_client opens an httpx client for each request, and httpx builds each one a new SSL
+    context, loading certifi's CA certificates: 30-70 ms of CPU a request, though every server the
+    tests call is plain http on 127.0.0.1 (70% of the bad-input suite's CPU went there). One context,
+    made once, for every client of this process that asks for the default."""
+    import httpx._transports.default as transports
+
+    build = transports.create_ssl_context
+    shared = build()
+
+    def create_ssl_context(verify=True, cert=None, trust_env=True):
+        if verify is True and cert is None and trust_env:
+            return shared
+        return build(verify=verify, cert=cert, trust_env=trust_env)
+
+    transports.create_ssl_context = create_ssl_context
+
+
+_one_ssl_context()
+
+
 BROWSER_FIXTURES = {"page", "browser"}
+
+
+# Seconds each module took in a full run (setup, calls and teardown), written by
+# `python -m pytest --write-module-seconds`. The suite's two processes take modules one at a time in
+# the order collected (`--no-loadscope-reorder`); longest first, the last module to end is a short
+# one, not a 3-minute one that started when the other process had nothing left.
+MODULE_SECONDS = Path(__file__).with_name("module_seconds.json")
+_seconds_run = collections.Counter()
+
+
+def pytest_addoption(parser):
+    parser.addoption("--write-module-seconds", action="store_true",
+                     help=f"write each module's seconds in this run to {MODULE_SECONDS.name} (run the full suite)")
 
 
 def pytest_collection_modifyitems(items):
     """Every test that drives a real browser is marked `browser` (so `-m "not browser"` skips it)
-    and `slow` (a browser test takes seconds), whether or not its author marked it."""
+    and `slow` (a browser test takes seconds), whether or not its author marked it. The modules
+    run longest first (`module_seconds.json`; a module not in it counts as the median), each
+    module's tests in their own order."""
     for item in items:
         if BROWSER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.browser)
             item.add_marker(pytest.mark.slow)
+    seconds = json.loads(MODULE_SECONDS.read_text()) if MODULE_SECONDS.exists() else {}
+    typical = sorted(seconds.values())[len(seconds) // 2] if seconds else 0.0
+    items.sort(key=lambda item: -seconds.get(_module(item.nodeid), typical))  # stable: a module's order kept
+
+
+def _module(nodeid: str) -> str:
+    return nodeid.split("::")[0]
+
+
+def pytest_runtest_logreport(report):
+    _seconds_run[_module(report.nodeid)] += report.duration
+
+
+def pytest_sessionfinish(session):
+    """With --write-module-seconds, in the process that gathers every report (not an xdist worker)."""
+    if session.config.getoption("--write-module-seconds") and not hasattr(session.config, "workerinput"):
+        written = MODULE_SECONDS.with_suffix(".tmp")
+        written.write_text(json.dumps({name: round(s, 1) for name, s in sorted(_seconds_run.items())}, indent=1) + "\n")
+        written.replace(MODULE_SECONDS)
 
 
 @pytest.fixture(scope="module")

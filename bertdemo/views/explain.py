@@ -7,7 +7,6 @@ and raises ValueError saying how to fix bad input.
 from __future__ import annotations
 
 import torch
-from captum.attr import InputXGradient, IntegratedGradients
 
 from .. import validate
 from ..forward import anatomy, hooks
@@ -128,6 +127,10 @@ def saliency(lm: LoadedModel, text: str, target: str | None = None, mask: int = 
 
 def _attribute(score, inputs, baseline, token_id: int, method: str, steps: int) -> torch.Tensor:
     """Per-token attributions (T,): Captum's per-dimension ones summed over the hidden size."""
+    # Imported here: Captum brings matplotlib, 1-2 s of every server start (and of each test's
+    # `python app.py`) for a view many visitors never open.
+    from captum.attr import InputXGradient, IntegratedGradients
+
     with torch.enable_grad():  # a caller's no_grad must not silence the gradients
         if method == "gradient_x_input":
             attr = InputXGradient(score).attribute(inputs.clone().requires_grad_(), target=token_id)
