@@ -100,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
                           "statistics and quality figures again")
     features.add_argument("--quality-only", action="store_true", help="keep the coders and statistics in --out, "
                           "measure their quality again on the same held-out lines")
+    features.add_argument("--labels-only", action="store_true", help="keep the coders and quality figures in --out, "
+                          "make their statistics again (labels by lift scored on held-out lines, activation bands, "
+                          "random firings, [MASK] words, promoted words checked against noise)")
     transcoders = commands.add_parser("train-transcoders", help="train the bundled model's transcoders (every "
                                       "layer's feed-forward block) and save them (default: assets/bundled/transcoders)")
     transcoders.add_argument("--tokens", type=int, default=1_000_000, help="tokens each transcoder trains on")
@@ -205,8 +208,8 @@ def train_features(args) -> int:
     if args.quality_only:
         measure_shipped(load_bundled(device="cpu"), corpus, out)
         return 0
-    if args.statistics_only:
-        finish_shipped(load_bundled(device="cpu"), corpus, out)
+    if args.statistics_only or args.labels_only:
+        finish_shipped(load_bundled(device="cpu"), corpus, out, quality=not args.labels_only)
         return 0
     settings = FeatureSettings(latents=args.latents, max_tokens=args.tokens, max_seconds=args.minutes * 60, pause=0.0)
     make_shipped(load_bundled(device="cpu"), corpus, out, settings)

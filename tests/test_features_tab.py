@@ -64,7 +64,9 @@ def test_a_card_shows_the_feature_and_its_contexts_as_text(visitor, tiny_bert, f
     assert list(histogram.data[0].y) == pytest.approx(card["histogram"]["shares"])
     assert [d.x[-1] for d in effects.data] == pytest.approx([card["promoted"][0]["logit_change"],
                                                               card["suppressed"][0]["logit_change"]])
-    assert contexts.count("<mark") == len(card["contexts"]) > 0
+    assert len(card["contexts"]) > 0  # a highlighted token per context, band example, random firing and [MASK] word
+    assert contexts.count("<mark") == (len(card["contexts"]) + sum(len(b["examples"]) for b in card["bands"])
+                                       + len(card["random_firings"]) + len(card["at_mask"]["words"]))
     assert list(cofiring["feature"]) == [c["feature"] for c in card["cofiring"]]
 
 

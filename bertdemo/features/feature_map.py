@@ -8,7 +8,7 @@ installed; else the first two principal components (scikit-learn's PCA) of the u
 computed once per dictionary and kept in the disk cache beside the dictionaries trained here (an
 entry under the dictionary's digest: `search.kept_entry`), written under a temporary name and
 renamed when whole; drawing it again reads that file. The colour is each feature's label score
-where the statistics hold one ("label_score"), else its density (log10 of the share of tokens it
+(its label's detection F1, `stats.detection`) where the statistics hold one, else its density (log10 of the share of tokens it
 fires on).
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ from .views import label, load_features
 LAYOUT = "layout.safetensors"
 NEIGHBOURS = 15  # UMAP's n_neighbors (fewer for a dictionary of fewer features)
 SEED = 0
-LABEL_SCORE = "label_score"  # (F,) in the statistics, where the labels were scored
+LABEL_SCORE = "label_f1"  # (F,) in the statistics, where the labels were scored
 
 
 def umap_installed() -> bool:
@@ -91,7 +91,7 @@ def feature_map(lm: LoadedModel, layer: int, store: FeatureStore | None = None, 
     tokens = stats.tokens if stats is not None else 0
     score = stats.tensors.get(LABEL_SCORE) if stats is not None else None
     if score is not None:
-        colour = {"name": "label score", "values": score.float().tolist()}
+        colour = {"name": "label score (F1)", "values": score.float().tolist()}
     else:
         floor = 1.0 / max(1, tokens)  # a feature that never fired sits at the bottom of the scale
         colour = {"name": "density (log10)", "values": [math.log10(max(d, floor)) for d in density.tolist()]}

@@ -26,7 +26,7 @@ from ..views.corpus_search import DEFAULT_CORPUS
 from . import dictionary as files
 from .data import RESIDUAL, Lines, Point, point_of
 from .dictionary import Dictionary
-from .effects import promoted_ids
+from .effects import promoted
 from .quality import measure
 from .stats import corpus_codes, from_codes, keep_used_lines
 from .store import FeatureStore, shared_store
@@ -35,6 +35,7 @@ from .training import FeatureHistory, FeatureSettings, machine, train
 MIN_TOKENS = 1_000  # kept positions: below this a dictionary learns nothing worth showing
 HELD_OUT_TOKENS = 20_000  # the held-out text, where the corpus allows
 HELD_OUT_SHARE = 0.2  # of a corpus's tokens at most: the rest is what it trains on
+MASK_SEED = 1  # the masks of the held-out pass the [MASK] statistics read
 
 
 def split_corpus(texts: list[str], sizes: Sequence[int] | None = None) -> tuple[list[str], list[str]]:
@@ -111,25 +112,39 @@ def made(lm: LoadedModel, layers: list[int], texts: list[str] | str | None, sett
 
 
 def finish(lm: LoadedModel, trained: dict[int, Dictionary], lines: Lines, held_out: Lines,
-           effects: bool = False, training: Lines | None = None) -> dict[int, Dictionary]:
-    """Each trained dictionary with its statistics (over `lines`, plain, at what it reads; with the
-    promoted tokens of every feature when `effects`) and its quality figures (over `held_out`; its
-    FVU on `training`, the text it trained on, beside them) in its record. The dictionaries are
-    all of one point (all transcoders, or none)."""
+           effects: bool = False, training: Lines | None = None, quality: bool = True,
+           echo: Callable[[str], None] | None = None) -> dict[int, Dictionary]:
+    """Each trained dictionary with its statistics (over `lines`, plain, at what it reads; its
+    labels' detection scores over `held_out`, plain, and the hidden words at its firings on a
+    [MASK] over `held_out` masked; with the promoted tokens of every feature when `effects`) and its
+    quality figures (over `held_out`; its FVU on `training`, the text it trained on, beside them) in
+    its record (unless not `quality`: then the record's figures stay). The dictionaries are all of
+    one point (all transcoders, or none)."""
     points = {point_of(d) for d in trained.values()}
     if len(points) != 1:
         raise ValueError("finish takes dictionaries of one point: the transcoders apart from the others")
-    codes = corpus_codes(lm, trained, lines, point=points.pop())
-    stats_of = {layer: from_codes(codes[layer], lines.texts, d.latents) for layer, d in trained.items()}
+    point, say = points.pop(), echo or (lambda _: None)
+    started = time.perf_counter()
+    codes = corpus_codes(lm, trained, lines, point=point)
+    plain = corpus_codes(lm, trained, held_out, point=point)
+    masked = corpus_codes(lm, trained, held_out, point=point, masked_share=1.0, seed=MASK_SEED)
+    say(f"three corpus passes: {time.perf_counter() - started:.0f} s")
+    stats_of = {layer: from_codes(codes[layer], lines.texts, d.latents, held_out=plain[layer], masked=masked[layer])
+                for layer, d in trained.items()}
     keep_used_lines(list(stats_of.values()))
+    say(f"statistics: {time.perf_counter() - started:.0f} s")
     done = {}
     for layer, dictionary in trained.items():
         stats = stats_of[layer]
         with_stats = Dictionary(dictionary.coder, layer, None, dictionary.record, stats)
         if effects:
-            stats.tensors["promoted"] = promoted_ids(lm, with_stats)
-        quality = measure(lm, with_stats, held_out, training=training)
-        record = {**dictionary.record, "weights": lm.weights_digest, "quality": quality,
+            stats.tensors.update(promoted(lm, with_stats))
+            say(f"layer {layer}'s promoted words: {time.perf_counter() - started:.0f} s")
+        if not quality:
+            done[layer] = Dictionary(dictionary.coder, layer, None, dictionary.record, stats)
+            continue
+        quality_figures = measure(lm, with_stats, held_out, training=training)
+        record = {**dictionary.record, "weights": lm.weights_digest, "quality": quality_figures,
                   "statistics": {"lines": len(lines), "tokens": codes[layer].tokens}}
         done[layer] = Dictionary(dictionary.coder, layer, None, record, stats)
     return done
@@ -167,25 +182,29 @@ def make_shipped(lm: LoadedModel, corpus: Path, out: Path, settings: FeatureSett
 
 
 def finish_shipped(lm: LoadedModel, corpus: Path, out: Path, *, statistics_lines: int = 6000, held_out_lines: int = 4000,
-                   echo: Callable[[str], None] = print, training: Lines | None = None) -> dict:
+                   echo: Callable[[str], None] = print, training: Lines | None = None, quality: bool = True,
+                   layers: list[int] | None = None) -> dict:
     """The shipped coders in `out` (as stored, float16) with their statistics over the first
-    `statistics_lines` of `corpus`/heldout.txt (one contexts.txt for all), the promoted tokens of
-    every feature, and their quality over the next `held_out_lines` (with their FVU on `training`,
-    default `corpus`/train.txt); training.json gets the figures."""
+    `statistics_lines` of `corpus`/heldout.txt (one contexts.txt for all; the labels' scores and
+    the [MASK] statistics over the next `held_out_lines`), the promoted tokens of every feature,
+    and (unless not `quality`: the figures they have stay) their quality over those held-out lines
+    (with their FVU on `training`, default `corpus`/train.txt); training.json gets the figures.
+    `layers`: those alone (a trial run: written to another `out`)."""
     started = time.perf_counter()
     record = json.loads((out / "training.json").read_text(encoding="utf-8"))
-    trained = {layer: files.load(out / f"layer_{layer}") for layer in record["layers"]}
+    trained = {layer: files.load(out / f"layer_{layer}") for layer in layers or record["layers"]}
     trained = {layer: Dictionary(d.coder, layer, None, d.record) for layer, d in trained.items()}
     stats_lines, held_out = shipped_lines(lm, corpus, statistics_lines, held_out_lines)
-    training = training or shipped_training(lm, corpus)
-    done = finish(lm, trained, stats_lines, held_out, effects=True, training=training)
+    training = (training or shipped_training(lm, corpus)) if quality else None
+    done = finish(lm, trained, stats_lines, held_out, effects=True, training=training, quality=quality, echo=echo)
     (out / files.CONTEXTS).unlink(missing_ok=True)
     for layer, dictionary in done.items():
         files.save(dictionary, out / f"layer_{layer}", half=True, contexts=f"../{files.CONTEXTS}")
-        echo(quality_echo(layer, dictionary.record["quality"]))
+        echo(quality_echo(layer, dictionary.record["quality"]) if quality else f"layer {layer}: statistics saved")
     record.update(minutes_statistics=round((time.perf_counter() - started) / 60, 2),
-                  statistics={"lines": len(stats_lines), "held_out_lines": len(held_out)},
-                  quality={layer: d.record["quality"] for layer, d in done.items()})
+                  statistics={"lines": len(stats_lines), "held_out_lines": len(held_out)})
+    if quality:
+        record.update(quality={layer: d.record["quality"] for layer, d in done.items()})
     files.write_json(out / "training.json", record)
     return record
 

@@ -38,7 +38,7 @@ from .data import Lines, point_of
 from .dictionary import Dictionary
 from .stats import corpus_codes
 from .store import FeatureStore, shared_store
-from .views import label, load_features
+from .views import NO_CLEAR_OUTPUT, label, load_features
 
 MIN_FIRINGS = 3  # on the word, for a feature to be listed (fewer when the word occurs fewer times)
 MAX_TOP = 50
@@ -248,7 +248,8 @@ def features_by_label(lm: LoadedModel, text: str, layer: int, top: int = 10,
     wanted = text.lower()
     words_of = [_words(name) for name in labels]
     exact = [f for f, words in enumerate(words_of) if wanted in words]
-    partial = [f for f, name in enumerate(labels) if wanted in name.lower() and f not in set(exact)]
+    partial = [f for f, name in enumerate(labels)
+               if wanted in name.lower().replace(NO_CLEAR_OUTPUT, "") and f not in set(exact)]
     matched = sorted(exact, key=lambda f: -density[f]) + sorted(partial, key=lambda f: -density[f])
     found = bool(matched)
     if not found:
@@ -258,8 +259,10 @@ def features_by_label(lm: LoadedModel, text: str, layer: int, top: int = 10,
 
 
 def _words(name: str) -> set[str]:
-    """A label's words, lower-cased: its tokens on both sides of the arrow, word pieces' '##' kept off."""
-    return {w.lstrip("#") for w in re.split(r"\s*(?:,|→|->)\s*|\s+", name.lower()) if w.strip("#")}
+    """A label's words, lower-cased: its tokens on both sides of the arrow, word pieces' '##' kept off
+    ("no clear output" is not words of its own)."""
+    name = name.lower().replace(NO_CLEAR_OUTPUT, "")
+    return {w.lstrip("#") for w in re.split(r"\s*(?:,|→|->)\s*|\s+", name) if w.strip("#")}
 
 
 def _nearest(wanted: str, words_of: list[set[str]], density: list[float]) -> list[int]:

@@ -22,8 +22,9 @@ from ..model.loading import LoadedModel
 from ..views.fillmask import DEFAULT_MAX_MASKS, encode, prediction
 from .data import kept_positions
 from .dictionary import Dictionary
-from .effects import output_effects
+from .effects import added_norm, output_effects, relative
 from .quality import logits_at
+from .stats import LABEL_TOKENS, WORD_F1
 from .store import FeatureStore, shared_store
 
 MAX_SCALE = 10.0  # a feature's contribution times at most this (0 = off, 1 = as it is)
@@ -48,18 +49,52 @@ def load_features(lm: LoadedModel, layer: int, store: FeatureStore | None = None
 
 # ---------------------------------------------------------------- labels
 
+NO_CLEAR_OUTPUT = "no clear output"
+
+
 def label(lm: LoadedModel, dictionary: Dictionary, feature: int) -> str:
-    """A feature in words, from its statistics: the tokens it fires on most and, where measured,
-    the tokens it promotes, e.g. "bank, banks, shore → river, water"; "feature 12" without them."""
+    """A feature in words, from its statistics: the tokens it fires on most by lift and, where
+    measured, the words it promotes that clear the noise, e.g. "bank, banks, shore → river, water"
+    ("→ no clear output" when none does); "feature 12" without statistics. Statistics made before
+    lift rank its tokens by count (`label_score` says it is not scored)."""
     stats = dictionary.stats
     if stats is None:
         return f"feature {feature}"
-    fires = _tokens(lm, [t for t in stats["top_tokens"][feature].tolist() if t >= 0][:3])
+    fires = _tokens(lm, [t for t in stats["top_tokens"][feature].tolist() if t >= 0][:LABEL_TOKENS])
     if not fires:
         return f"feature {feature} (never fired on the statistics' corpus)"
     promoted = stats.tensors.get("promoted")
     raised = _tokens(lm, [t for t in promoted[feature].tolist() if t >= 0]) if promoted is not None else []
+    if not raised and stats.has("noise_per_unit"):
+        raised = [NO_CLEAR_OUTPUT]
     return ", ".join(fires) + (f" → {', '.join(raised)}" if raised else "")
+
+
+def label_score(lm: LoadedModel, dictionary: Dictionary, feature: int) -> dict:
+    """How well `feature`'s label explains it, measured on held-out lines (`stats.detection`): its
+    tokens as a detector of where it fires. {"precision", "recall", "f1", "kind": "word" (F1 >=
+    WORD_F1: it fires on those words whatever the sense) or "context", "held_out_firings",
+    "held_out_tokens", "summary": in words, e.g. "a context feature: its tokens explain 12% of its
+    firings ..."}; {"kind": None, "summary": what is missing} for statistics made before it."""
+    stats = dictionary.stats
+    if stats is None or not stats.has("label_f1"):
+        return {"kind": None, "summary": "not scored: this dictionary's statistics were made before labels were "
+                                         "scored (their tokens are ranked by count); make them again to score it"}
+    precision, recall, f1 = (float(stats[name][feature]) for name in ("label_precision", "label_recall", "label_f1"))
+    fires, tokens = int(stats["label_fires"][feature]), int(stats["detection_tokens"][0])
+    words = ", ".join(_tokens(lm, [t for t in stats["top_tokens"][feature].tolist() if t >= 0][:LABEL_TOKENS]))
+    scores = {"precision": precision, "recall": recall, "f1": f1, "held_out_firings": fires, "held_out_tokens": tokens}
+    if fires == 0 or not words:
+        return {**scores, "kind": None, "summary": f"not scored: it did not fire on the {tokens:,} held-out tokens"}
+    kind = "word" if f1 >= WORD_F1 else "context"
+    explained = (f"its tokens ({words}) explain {recall:.0%} of its {fires:,} firings on held-out lines, and it "
+                 f"fires on {precision:.0%} of their occurrences (F1 {f1:.2f})")
+    if kind == "word":
+        sense = ", whatever the sense" if precision >= 0.5 else ""
+        summary = f"a word feature: it fires on {words}{sense}; {explained}"
+    else:
+        summary = f"a context feature: {explained}; what it stands for is more than its words"
+    return {**scores, "kind": kind, "summary": summary}
 
 
 def _tokens(lm: LoadedModel, ids: list[int]) -> list[str]:
@@ -136,11 +171,16 @@ def _tokenized(lm: LoadedModel, text: str) -> dict:
 
 def feature_card(lm: LoadedModel, layer: int, feature: int, store: FeatureStore | None = None,
                  outputs: int = 10) -> dict:
-    """Everything known of one feature: {"layer", "feature", "label", "density", "mean", "max",
-    "histogram": {"edges", "shares"}, "contexts": [{"text", "token", "start", "end", "activation",
-    "position"}] strongest first (start/end: the firing token's characters in text), "promoted" and
-    "suppressed": [{"token", "token_id", "logit_change"}] measured through the model's MLM head,
-    "cofiring": [{"feature", "share", "label"}], "statistics_tokens": tokens its statistics count}."""
+    """Everything known of one feature: {"layer", "feature", "label", "label_score" (`label_score`),
+    "density", "mean", "max", "histogram": {"edges", "shares"}, "contexts": [{"text", "token",
+    "start", "end", "activation", "position"}] strongest first (start/end: the firing token's
+    characters in text), "bands": [{"band" (1 weakest .. 10), "low", "high", "examples": [context]}]
+    (deciles of its non-zero activations), "random_firings": [context], "at_mask": {"words":
+    [{"token", "token_id", "firings", "share", "lift"}], "firings", "masks"} (the hidden words
+    when it fires at a [MASK] of held-out lines), "promoted" and "suppressed": [{"token",
+    "token_id", "logit_change", "clear"}] measured through the model's MLM head ("clear": the raise
+    clears the noise, None where not measured), "cofiring": [{"feature", "share", "label"}],
+    "statistics_tokens": tokens its statistics count, "missing": what its statistics lack, in words}."""
     dictionary = load_features(lm, layer, store)
     feature = dictionary.check_feature(feature)
     stats = dictionary.stats
@@ -151,15 +191,61 @@ def feature_card(lm: LoadedModel, layer: int, feature: int, store: FeatureStore 
     up, down = change.topk(outputs), (-change).topk(outputs)
     cofiring = [(f, s) for f, s in zip(stats["cofiring"][feature].tolist(), stats["cofiring_share"][feature].tolist())
                 if f >= 0]
+    context = lambda row: _context(lm, stats.contexts[row[0]], row[1], row[2])  # noqa: E731
     return {"layer": dictionary.layer, "feature": feature, "label": label(lm, dictionary, feature),
+            "label_score": label_score(lm, dictionary, feature),
             "density": float(stats["density"][feature]), "mean": float(stats["mean"][feature]),
             "max": float(stats["max"][feature]), "statistics_tokens": stats.tokens,
             "histogram": {"edges": edges, "shares": shares},
-            "contexts": [_context(lm, stats.contexts[line], position, activation)
-                         for line, position, activation in stats.context_rows(feature)],
-            "promoted": _changes(lm, up.indices, up.values),
-            "suppressed": _changes(lm, down.indices, -down.values),
-            "cofiring": [{"feature": f, "share": float(s), "label": label(lm, dictionary, f)} for f, s in cofiring]}
+            "contexts": [context(row) for row in stats.context_rows(feature)],
+            "bands": [{"band": band, "low": low, "high": high, "examples": [context(row) for row in rows]}
+                      for band, (low, high, rows) in enumerate(stats.band_rows(feature), 1)]
+            if stats.has("band_edges") else [],
+            "random_firings": [context(row) for row in stats.random_rows(feature)] if stats.has("random_line") else [],
+            "at_mask": _at_mask(lm, stats, feature),
+            "promoted": _changes(lm, up.indices, up.values, _clear(dictionary, feature, change, up.indices)),
+            "suppressed": _changes(lm, down.indices, -down.values, [None] * len(down.indices)),
+            "cofiring": [{"feature": f, "share": float(s), "label": label(lm, dictionary, f)} for f, s in cofiring],
+            "missing": _missing(stats)}
+
+
+# What a card shows from each field of the statistics, for the line saying what a file lacks.
+_CARD_FIELDS = {"label_f1": "the label's score", "band_edges": "the activation bands",
+                "random_line": "the random firings", "mask_words": "the words at a [MASK]",
+                "noise_per_unit": "which promoted words clear the noise"}
+
+
+def _missing(stats) -> str:
+    """What `stats` lacks of what a card shows, in words ("" when nothing)."""
+    lacking = [what for name, what in _CARD_FIELDS.items() if not stats.has(name)
+               and (name != "noise_per_unit" or stats.has("promoted"))]  # promoted words are a shipped build's
+    if not lacking:
+        return ""
+    return ("This dictionary's statistics were made before the card showed " + ", ".join(lacking)
+            + ": they are not shown. Train it again (or, for the shipped ones, python -m bertdemo train-features "
+              "--labels-only) to have them.")
+
+
+def _clear(dictionary: Dictionary, feature: int, change: torch.Tensor, ids: torch.Tensor) -> list[bool | None]:
+    """Whether each promoted word's raise over the average word clears the dictionary's noise
+    (`effects.promoted`); None each where the statistics did not measure it."""
+    stats = dictionary.stats
+    if not stats.has("noise_per_unit"):
+        return [None] * len(ids)
+    floor = float(stats["noise_per_unit"][0]) * float(added_norm(dictionary, [feature])[0])
+    return [bool(v > floor) for v in relative(change)[ids].tolist()]
+
+
+def _at_mask(lm: LoadedModel, stats, feature: int) -> dict:
+    """The hidden words when `feature` fires at a [MASK] of the held-out lines (`stats.mask_words`)."""
+    if not stats.has("mask_words"):
+        return {"words": [], "firings": 0, "masks": 0}
+    fires = int(stats["mask_fires"][feature])
+    words = [{"token": lm.tokenizer.convert_ids_to_tokens(t), "token_id": t, "firings": c,
+              "share": c / max(1, fires), "lift": float(lift)}
+             for t, c, lift in zip(stats["mask_words"][feature].tolist(), stats["mask_word_count"][feature].tolist(),
+                                   stats["mask_word_lift"][feature].tolist()) if t >= 0]
+    return {"words": words, "firings": fires, "masks": int(stats["mask_positions"][0])}
 
 
 def _context(lm: LoadedModel, text: str, position: int, activation: float) -> dict:
@@ -172,9 +258,9 @@ def _context(lm: LoadedModel, text: str, position: int, activation: float) -> di
             "activation": float(activation)}
 
 
-def _changes(lm: LoadedModel, ids: torch.Tensor, values: torch.Tensor) -> list[dict]:
-    return [{"token": lm.tokenizer.decode([i]), "token_id": i, "logit_change": v}
-            for i, v in zip(ids.tolist(), values.tolist())]
+def _changes(lm: LoadedModel, ids: torch.Tensor, values: torch.Tensor, clear: list[bool | None]) -> list[dict]:
+    return [{"token": lm.tokenizer.decode([i]), "token_id": i, "logit_change": v, "clear": c}
+            for i, v, c in zip(ids.tolist(), values.tolist(), clear)]
 
 
 # ---------------------------------------------------------------- switched off, turned up

@@ -158,7 +158,7 @@ def on_feature_card(visitor: Visitor, layer, feature):
         feature: the feature's number, 0 to the dictionary's size - 1 (e.g. 3,072 features for the bundled model's layers).
 
     Returns:
-        a summary (Markdown: label, density, mean and largest activation), its activations' histogram (plotly), its top contexts with the firing token highlighted (HTML), the tokens it promotes and suppresses at a [MASK] (plotly), the features that fire with it (table), and the raw card {"layer", "feature", "label", "density", "mean", "max", "histogram", "contexts": [{"text", "token", "start", "end", "activation"}], "promoted", "suppressed": [{"token", "token_id", "logit_change"}], "cofiring": [{"feature", "share", "label"}]}.
+        a summary (Markdown: how well its label explains it, what kind of feature it is, the label, density, mean and largest activation), its activations' histogram (plotly), its top contexts, examples from each band of its activations and random firings with the firing token highlighted, and the hidden words when it fires at a [MASK] (HTML), the tokens it promotes and suppresses at a [MASK] (plotly), the features that fire with it (table), and the raw card {"layer", "feature", "label", "label_score": {"precision", "recall", "f1", "kind": "word" or "context", "held_out_firings", "held_out_tokens", "summary"}, "density", "mean", "max", "histogram", "contexts": [{"text", "token", "start", "end", "activation"}], "bands": [{"band", "low", "high", "examples"}], "random_firings", "at_mask": {"words": [{"token", "token_id", "firings", "share", "lift"}], "firings", "masks"}, "promoted", "suppressed": [{"token", "token_id", "logit_change", "clear"}], "cofiring": [{"feature", "share", "label"}], "missing"}.
     """
     card = features.feature_card(visitor.lm, layer, feature, _store(visitor))
     return (card_summary(card, visitor.lm.name), feature_plots.feature_histogram(card), contexts_html(card),
@@ -459,13 +459,32 @@ def quality_line(lm: LoadedModel, store: FeatureStore, layer: int) -> str:
 
 
 def card_summary(card: dict, model: str) -> str:
-    return (f"**Feature {card['feature']}** of layer {card['layer']} ({_markdown(model)}): "
-            f"*{_markdown(card['label'])}*  \nFires on {card['density']:.2%} of the {card['statistics_tokens']:,} "
+    """The card's head: how well its label explains it (read before the label), the label and its
+    form, how often and how strongly it fires, and what its statistics lack."""
+    score = card.get("label_score") or {}
+    missing = f"  \n*{_markdown(card['missing'])}*" if card.get("missing") else ""
+    return (f"**Feature {card['feature']}** of layer {card['layer']} ({_markdown(model)}): {score_tag(score)}"
+            f"*{_markdown(card['label'])}*  \n{_markdown(_capital(score.get('summary', '')))}.  \n"
+            "A label reads *fires on → promotes*: the tokens it fires on most by lift (how many times more often it "
+            "fires on a token than the token occurs), then the words it raises at a [MASK] where that clears the "
+            "noise (what a random direction as large raises), else *no clear output*.  \n"
+            f"Fires on {card['density']:.2%} of the {card['statistics_tokens']:,} "
             f"tokens its statistics counted ({firings(card):,} firings{few_firings(card)}); mean activation "
             f"{card['mean']:.3f} where it fires, {share_of_largest(card)} of its largest ({card['max']:.3f}): "
             "activations have no unit and differ from layer to layer, so compare a feature with its own largest. "
             "Promoted and suppressed: its direction, times its mean activation, added at a "
-            "[MASK] of a few sentences, through the rest of the model and its MLM head.")
+            "[MASK] of a few sentences, through the rest of the model and its MLM head." + missing)
+
+
+def score_tag(score: dict) -> str:
+    """"[word feature, explains 81%] " before a label; "" where it was not scored."""
+    if not score.get("kind"):
+        return ""
+    return f"\\[{score['kind']} feature, explains {score['recall']:.0%}\\] "
+
+
+def _capital(text: str) -> str:
+    return text[:1].upper() + text[1:]
 
 
 def firings(card: dict) -> int:
@@ -481,11 +500,62 @@ def share_of_largest(card: dict) -> str:
     return f"{card['mean'] / card['max']:.0%}" if card["max"] else "none"
 
 
+CARD_STYLE = ("<style>#feature-contexts table{border-collapse:collapse;width:100%;font-size:0.95em;margin-bottom:2px}"
+              "#feature-contexts td,#feature-contexts th{padding:2px 6px;border:none;text-align:left}"
+              "#feature-contexts td.left{text-align:right;width:48%}"
+              "#feature-contexts td.word{width:1%;white-space:nowrap}"
+              "#feature-contexts td.act{color:#6b7280;width:1%;white-space:nowrap}"
+              "#feature-contexts p.under{color:#6b7280;font-size:0.9em;margin:0 0 12px}</style>")
+
+
 def contexts_html(card: dict, width: int = 70) -> str:
-    """The feature's top contexts: the text around the firing token, the token highlighted, its
-    activation. Every piece of text is HTML-escaped."""
+    """The feature's whole range: its top contexts, examples from each band of its activations, a few
+    random firings (the text around the firing token, the token highlighted, its activation), and the
+    hidden words when it fires at a [MASK]; a line under each table says what it shows. Every piece
+    of text is HTML-escaped."""
+    if not card["contexts"]:
+        return "<p>It never fired on the statistics' corpus.</p>"
+    top = _rows(card["contexts"], width)
+    parts = [CARD_STYLE, "<p><b>Top contexts</b></p>", _html_table(top),
+             "<p class='under'>Its strongest firings, at most one per corpus line: the activation, then the line "
+             "with the token it fired on highlighted.</p>"]
+    if card.get("bands"):
+        rows = [f"<tr><td class='act' colspan='4'>band {b['band']} of {len(card['bands'])}: "
+                f"{b['low']:.2f} to {b['high']:.2f}</td></tr>" + _rows(b["examples"], width) for b in card["bands"]]
+        parts += ["<p><b>Across its range</b></p>", _html_table("".join(rows)),
+                  "<p class='under'>Its firings cut into ten bands of equal counts by activation (deciles of its "
+                  "non-zero activations), weakest first, with examples drawn at random from each: what it does "
+                  "when it fires weakly, not only at its strongest.</p>"]
+    if card.get("random_firings"):
+        parts += ["<p><b>Random firings</b></p>", _html_table(_rows(card["random_firings"], width)),
+                  "<p class='under'>Firings drawn at random from all of its firings: a typical firing is far "
+                  "likelier weak than strong.</p>"]
+    parts.append(_at_mask_html(card.get("at_mask")))
+    return "".join(parts)
+
+
+def _at_mask_html(at_mask: dict | None) -> str:
+    """The hidden words when the feature fires at a [MASK] of held-out lines, with the line under it."""
+    if not at_mask or not at_mask.get("masks"):
+        return ""
+    head = "<p><b>What it fires for at a [MASK]</b></p>"
+    if not at_mask["words"]:
+        return head + (f"<p class='under'>It did not fire at any of the {at_mask['masks']:,} [MASK]s of the held-out "
+                       "lines: it reads the word itself, not what a gap may hold.</p>")
+    rows = "".join(f"<tr><td class='word'><mark>{html.escape(w['token'])}</mark></td><td>{w['firings']:,}</td>"
+                   f"<td>{w['share']:.0%}</td><td>{w['lift']:.1f}</td></tr>" for w in at_mask["words"])
+    return (head + "<table><thead><tr><th>hidden word</th><th>its firings there</th><th>share of its [MASK] "
+            "firings</th><th>lift</th></tr></thead><tbody>" + rows + "</tbody></table>"
+            f"<p class='under'>It fired at {at_mask['firings']:,} of the {at_mask['masks']:,} [MASK]s of held-out lines "
+            "(each line masked as in training); the words those [MASK]s hid, by lift: how many times more often it "
+            "fires at a [MASK] hiding the word than such [MASK]s occur. A word here is what the model, at that "
+            "layer, already guesses the gap holds.</p>")
+
+
+def _rows(contexts: list[dict], width: int) -> str:
+    """A table row per context: its activation, the text before, the firing token highlighted, the text after."""
     rows = []
-    for context in card["contexts"]:
+    for context in contexts:
         text, start, end = context["text"], context["start"], context["end"]
         left = ("…" if start > width else "") + text[max(0, start - width):start]
         right = text[end:end + width] + ("…" if end + width < len(text) else "")
@@ -493,13 +563,11 @@ def contexts_html(card: dict, width: int = 70) -> str:
                     f"<td class='word'><mark title='{html.escape(context['token'], quote=True)}'>"
                     f"{html.escape(text[start:end] or context['token'])}</mark></td>"
                     f"<td class='right'>{html.escape(right)}</td></tr>")
-    if not rows:
-        return "<p>It never fired on the statistics' corpus.</p>"
-    return ("<style>#feature-contexts table{border-collapse:collapse;width:100%;font-size:0.95em}"
-            "#feature-contexts td{padding:2px 6px;border:none}#feature-contexts td.left{text-align:right;width:48%}"
-            "#feature-contexts td.word{width:1%;white-space:nowrap}"
-            "#feature-contexts td.act{color:#6b7280;width:1%}</style><p><b>Top contexts</b> (activation, the firing "
-            "token highlighted)</p><table><tbody>" + "".join(rows) + "</tbody></table>")
+    return "".join(rows)
+
+
+def _html_table(rows: str) -> str:
+    return "<table><tbody>" + rows + "</tbody></table>"
 
 
 def steer_note(result: dict) -> str:
