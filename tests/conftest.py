@@ -10,6 +10,22 @@ from pathlib import Path
 
 import pytest
 
+
+def _threads_per_worker() -> None:
+    """The suite's processes (pytest.ini: --numprocesses=2) share the machine's cores: each torch
+    (and each app it starts) with a thread pool as wide as the machine would run 2 x cores threads
+    on the cores, and OpenMP threads left waiting spin. A process's share instead."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if "PYTEST_XDIST_WORKER" not in os.environ or workers < 2:
+        return
+    share = str(max(1, len(os.sched_getaffinity(0)) // workers))
+    for pool in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(pool, share)
+    if "torch" in sys.modules:  # already sized by an earlier import: size it again
+        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
+_threads_per_worker()
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # Every disk cache (ONNX exports, search indexes, dictionaries, examples' results; the app's
