@@ -54,6 +54,7 @@ def trained(tiny_bert):
 
 # ---------------------------------------------------------------- learning
 
+@pytest.mark.slow
 def test_a_separable_task_learns_and_the_untrained_head_is_chance(trained):
     _, history, _, _ = trained
     assert history.completed and len(history.steps) == history.planned_steps == 40
@@ -134,6 +135,7 @@ def test_the_time_limit_stops_the_run(tiny_bert):
     assert history.stopped == "time limit" and history.steps == []
 
 
+@pytest.mark.slow
 def test_the_same_seed_reproduces_and_another_seed_differs(tiny_bert):
     short = dict(FAST, epochs=2)
     first, h1 = bertdemo.train_classifier(tiny_bert, keyword_task(), seed=3, **short)
@@ -294,6 +296,7 @@ def test_a_higher_lr_forgets_more_of_the_mlm(tiny_bert):
     assert [p["learning_rate"] for p in sweep["points"]] == [1e-4, 1e-2]
 
 
+@pytest.mark.slow
 def test_adapt_then_classify_trains_the_same_run_from_both_bodies(tiny_bert):
     examples = keyword_task()
     adapted, _ = bertdemo.finetune(tiny_bert, "\n".join(t for t, _ in examples), training_length=20, learning_rate=3e-3,

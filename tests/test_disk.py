@@ -141,6 +141,7 @@ def test_a_start_removes_what_a_killed_writer_left_and_keeps_a_live_ones(tmp_pat
                      "3.0 MB freed)"]
 
 
+@pytest.mark.slow
 def test_an_index_build_killed_mid_write_is_removed_at_the_next_start_and_never_read(tmp_path):
     script = textwrap.dedent(f"""
         import sys, time

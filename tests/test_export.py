@@ -138,6 +138,7 @@ def test_a_sessions_last_run_exports_once_and_only_its_own(runs, tiny_bert):
     assert not first.exists()
 
 
+@pytest.mark.slow
 def test_the_fine_tune_tabs_export_button_gives_the_sessions_last_run(client, tiny_bert_dir):
     """Through the running app: a fine-tune, then /export_training_script, in one session."""
     with pytest.raises(Exception, match="no finished fine-tune"):

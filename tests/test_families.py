@@ -151,6 +151,7 @@ def test_attributions_and_embeddings_run(family):
     assert len(mapped["points"]) == 2
 
 
+@pytest.mark.slow
 def test_a_few_fine_tune_steps_lower_the_loss(family):
     _, _, lm = family
     text = "\n".join(["The cat sat on the mat.", "The dog sat on the mat.", "A cat ran in the park."] * 8)

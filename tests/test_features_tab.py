@@ -247,6 +247,7 @@ def test_a_finished_run_keeps_its_dictionary_for_every_visitor(visitor, tiny_ber
     assert tab.on_stop(mine).startswith("Nothing is running")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("keep_partial", [False, True])
 def test_a_stopped_run_is_kept_only_when_asked(visitor, tiny_bert, tmp_path, keep_partial):
     store = FeatureStore(tmp_path, shipped=None)

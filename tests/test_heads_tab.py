@@ -118,6 +118,7 @@ def _read(update):
     return rows, json.loads(files[".json"].read_text(encoding="utf-8")), files
 
 
+@pytest.mark.slow
 def test_every_view_exports_its_numbers_with_the_tokens_and_an_image(visitor, real_vocab_bert):
     attention_tab.on_run(visitor, MARKUP, "", "head", [], [], "head", 2, 1, False, False, 0.0, 1)
     att = bertdemo.attention(real_vocab_bert, MARKUP)

@@ -250,6 +250,7 @@ def test_bad_input_says_how_to_fix(tiny_bert, call, message):
 
 # ---------------------------------------------------------------- the tab, through its public API
 
+@pytest.mark.slow
 def test_mask_sample_endpoint_matches_service(client, tiny_bert):
     strip, table, counts, rows = client.predict(TEXT, 3, 0.3, 0.5, 0.3, False, api_name="/mask_sample")
     assert rows == bertdemo.mask_sample(tiny_bert.tokenizer, TEXT, 3, 0.3, 0.5, 0.3)

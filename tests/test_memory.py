@@ -121,6 +121,7 @@ for _ in range(4):  # back to back, each in a new thread (so in another jemalloc
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(JEMALLOC is None, reason="jemalloc is not installed (apt-get install libjemalloc2)")
 def test_runs_back_to_back_hand_their_pages_back_as_each_ends():
     """A run's freed pages are back with the system as soon as it ends, not ~10 s later: the next

@@ -169,6 +169,7 @@ def test_models_it_cannot_run_are_refused_with_a_reason(tiny_distilbert):
         onnx_engine.OnnxMaskedLM.build(tiny_distilbert.model, export_path(tiny_distilbert))
 
 
+@pytest.mark.slow
 def test_the_app_serves_fill_mask_through_onnx_runtime(tiny_bert_dir):
     """`python app.py` (here in-process) with its default --onnx: once the export is ready, the
     page's fill-mask comes from ONNX Runtime and equals the pipeline's."""

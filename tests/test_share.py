@@ -175,6 +175,7 @@ def test_minilm_fallback_has_the_real_pretrained_body():
     assert torch.equal(lm.model.bert.encoder.layer[0].attention.self.query.weight, saved[key])
 
 
+@pytest.mark.slow
 def test_without_the_bundled_files_no_button_is_offered(monkeypatch, tmp_path):
     monkeypatch.setattr(bundled, "FOLDER", tmp_path / "no-bundled-model")
     settings = Settings(model="bertdemo-tests/no-such-model", device="cpu")

@@ -116,6 +116,7 @@ def test_lift_is_the_hand_count(tiny_bert, made):
     assert counts.tokens == codes.tokens
 
 
+@pytest.mark.slow
 def test_the_counts_are_kept_on_disk_and_read_back(tiny_bert, made, monkeypatch):
     store, _, _ = made
     first = bertdemo.features_for_word(tiny_bert, WORD, LAYER, 5, store)
