@@ -51,7 +51,9 @@ FINAL_NORM = {"modernbert": "final_norm"}
 # Where each family keeps its layer list (the references hook these modules directly).
 LAYER_LISTS = {"bert": "encoder.layer", "modernbert": "layers"}
 SHIPPED_GOALS = dict(fvu=0.25, dead=0.10, loss_recovered_zero=0.85)
-SHIPPED_MAX_BYTES = 32 * 10**6  # MB as the store counts them (budget_mb * 1e6)
+# MB as the store counts them (budget_mb * 1e6): the coders (28.4) and their statistics, which since
+# labels are scored and cards show the whole range hold bands, random firings and [MASK] words (1 MB a layer)
+SHIPPED_MAX_BYTES = 36 * 10**6
 SMALL = FeatureSettings(max_tokens=3000, batch_tokens=512, pause=0.0)
 
 
@@ -203,7 +205,7 @@ def test_every_layer_is_shipped_for_the_bundled_models_weights(bundled, shipped_
     assert shipped_store.folder_for(bundled, LAYER) == shipped_layer(LAYER)
 
 
-def test_the_shipped_folder_fits_in_32_mb_in_float16(bundled):
+def test_the_shipped_folder_fits_in_36_mb_in_float16(bundled):
     size = folder_bytes(store.SHIPPED)
     assert size <= SHIPPED_MAX_BYTES, f"assets/bundled/features holds {size / 1e6:.1f} MB"
     for layer in bundled_layers(bundled):

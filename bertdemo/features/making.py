@@ -201,8 +201,9 @@ def finish_shipped(lm: LoadedModel, corpus: Path, out: Path, *, statistics_lines
     for layer, dictionary in done.items():
         files.save(dictionary, out / f"layer_{layer}", half=True, contexts=f"../{files.CONTEXTS}")
         echo(quality_echo(layer, dictionary.record["quality"]) if quality else f"layer {layer}: statistics saved")
-    record.update(minutes_statistics=round((time.perf_counter() - started) / 60, 2),
-                  statistics={"lines": len(stats_lines), "held_out_lines": len(held_out)})
+    minutes = round((time.perf_counter() - started) / 60, 2)
+    record.update({"minutes_statistics" if quality else "minutes_labels_only": minutes,
+                   "statistics": {"lines": len(stats_lines), "held_out_lines": len(held_out)}})
     if quality:
         record.update(quality={layer: d.record["quality"] for layer, d in done.items()})
     files.write_json(out / "training.json", record)

@@ -213,7 +213,22 @@ def from_codes(codes: Codes, texts: list[str], latents: int, *, held_out: Codes 
         tensors.update(detection(held_out, tensors["top_tokens"][:, :LABEL_TOKENS], latents))
     if masked is not None:
         tensors.update(mask_words(masked, latents))
-    return FeatureStats(tensors, list(texts))
+    return FeatureStats(compact(tensors), list(texts))
+
+
+def compact(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The card's fields in the smallest types that hold them (shipped files stay small): positions
+    in int8 (a line is at most 64 pieces), ids and counts in int16 where they fit, lifts and scores
+    in float16 (a lift past float16's largest, 65,504, is kept as that)."""
+    out = dict(tensors)
+    for name, value in tensors.items():
+        if name.endswith("_position") and int(value.max()) < 2 ** 7:
+            out[name] = value.to(torch.int8)
+        elif name in ("mask_words", "mask_word_count") and int(value.max()) < 2 ** 15:
+            out[name] = value.to(torch.int16)
+        elif name in ("top_token_lift", "mask_word_lift", "label_precision", "label_recall", "label_f1"):
+            out[name] = value.float().clamp(max=torch.finfo(torch.float16).max).half()
+    return out
 
 
 def _firings(codes: Codes) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:

@@ -132,9 +132,8 @@ def test_the_detection_score_is_recomputed_line_by_line(tiny_bert, made):
     recall = true / np.maximum(1, fires)
     f1 = np.where(precision + recall > 0, 2 * precision * recall / np.maximum(precision + recall, 1e-12), 0)
     assert stats["label_fires"].tolist() == fires.astype(int).tolist()
-    assert stats["label_precision"].tolist() == pytest.approx(precision.tolist(), abs=1e-6)
-    assert stats["label_recall"].tolist() == pytest.approx(recall.tolist(), abs=1e-6)
-    assert stats["label_f1"].tolist() == pytest.approx(f1.tolist(), abs=1e-6)
+    for name, expected in (("label_precision", precision), ("label_recall", recall), ("label_f1", f1)):
+        assert stats[name].float().tolist() == pytest.approx(expected.tolist(), abs=1e-3)  # kept in float16
     assert int(stats["detection_tokens"][0]) == sum(len(lm.tokenizer.tokenize(line)) for line in HELD_OUT)
 
 
