@@ -60,7 +60,11 @@ def test_a_sentences_features_open_a_card_and_a_feature_steers_the_prediction(
     expect(page.locator("#features-feature input")).to_have_value(str(second))
     expect(page.locator("#feature-summary")).to_contain_text(f"Feature {second} of layer 1")
     card = bertdemo.feature_card(tiny_bert, 1, second, features)
-    expect(page.locator("#feature-contexts mark")).to_have_count(len(card["contexts"]))
+    marked = (len(card["contexts"]) + sum(len(b["examples"]) for b in card["bands"]) + len(card["random_firings"])
+              + len(card["at_mask"]["words"]))  # its top contexts, its bands, random firings and [MASK] words
+    expect(page.locator("#feature-contexts mark")).to_have_count(marked)
+    if card["bands"]:
+        expect(page.locator("#feature-contexts")).to_contain_text("Across its range")
     screenshot("features_card")
 
     page.locator("#features-masked textarea").fill(MASKED)

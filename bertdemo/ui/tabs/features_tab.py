@@ -528,8 +528,8 @@ def contexts_html(card: dict, width: int = 70) -> str:
                   "when it fires weakly, not only at its strongest.</p>"]
     if card.get("random_firings"):
         parts += ["<p><b>Random firings</b></p>", _html_table(_rows(card["random_firings"], width)),
-                  "<p class='under'>Firings drawn at random from all of its firings: a typical firing is far "
-                  "likelier weak than strong.</p>"]
+                  "<p class='under'>Firings drawn at random from all of its firings: what a typical firing looks "
+                  "like, not only its strongest.</p>"]
     parts.append(_at_mask_html(card.get("at_mask")))
     return "".join(parts)
 
