@@ -34,6 +34,7 @@ _HOMES = {  # public name -> the module that defines it
     "feature_quality": "features.quality_views", "tuning_drift": "features.drift",
     **dict.fromkeys(["features_for_word", "features_by_label", "similar_features"], "features.search"),
     "feature_map": "features.feature_map",
+    **dict.fromkeys(["classifier_features", "make_cls_features"], "features.cls_features"),
     "train_features": "features.making", "FeatureSettings": "features.training",
     **dict.fromkeys(["train_transcoders", "transcoders_for"], "circuits.transcoders"),
     "attribution_graph": "circuits.attribution", "intervene": "circuits.interventions",

@@ -103,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     features.add_argument("--labels-only", action="store_true", help="keep the coders and quality figures in --out, "
                           "make their statistics again (labels by lift scored on held-out lines, activation bands, "
                           "random firings, [MASK] words, promoted words checked against noise)")
+    features.add_argument("--cls", action="store_true", help="make the [CLS] dictionary instead (the sentence's own "
+                          "features, what the Classify tab's head reads), default --out assets/bundled/cls_features")
     transcoders = commands.add_parser("train-transcoders", help="train the bundled model's transcoders (every "
                                       "layer's feed-forward block) and save them (default: assets/bundled/transcoders)")
     transcoders.add_argument("--tokens", type=int, default=1_000_000, help="tokens each transcoder trains on")
@@ -204,6 +206,11 @@ def train_features(args) -> int:
     from .model.bundled import load_bundled
 
     corpus = bundled_corpus(args)
+    if args.cls:
+        from .features import cls_features
+
+        cls_features.make_shipped_cls(load_bundled(device="cpu"), corpus, Path(args.out or cls_features.SHIPPED))
+        return 0
     out = Path(args.out) if args.out else SHIPPED
     if args.quality_only:
         measure_shipped(load_bundled(device="cpu"), corpus, out)

@@ -51,6 +51,7 @@ class Classifier:
     model: PreTrainedModel
     device: torch.device
     max_length: int = MAX_TOKENS  # tokens per text (special tokens included); longer ones are cut
+    base_weights: str | None = None  # the weights digest of the model its body was copied from (its [CLS] dictionary's)
 
     @property
     def labels(self) -> list[str]:
@@ -192,7 +193,7 @@ def build_classifier(lm: LoadedModel, labels: list[str]) -> Classifier:
     model.to(lm.device)
     anatomy.fit_inputs(model)  # a family whose forward takes one length (Nystromformer's landmarks)
     return Classifier(f"{lm.name} classifier ({', '.join(labels)})", lm.tokenizer, model, lm.device,
-                      min(MAX_TOKENS, lm.max_length))
+                      min(MAX_TOKENS, lm.max_length), lm.weights_digest)
 
 
 def body_parameters(classifier: Classifier, lm: LoadedModel) -> list[torch.nn.Parameter]:

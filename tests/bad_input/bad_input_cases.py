@@ -27,6 +27,7 @@ import app
 import bertdemo
 import tiny_models
 from bertdemo.config import Settings
+from bertdemo.features import cls_features
 from bertdemo.features.making import train_features
 from bertdemo.features.store import FeatureStore
 from bertdemo.features.training import FeatureSettings
@@ -90,6 +91,7 @@ ENDPOINTS = {
     "/train_classifier": CLASSIFY_FORM,  # before /classify and /download_classifier: they need its classifier
     "/stop_classifier": [],
     "/classify": [("text", "the dog is big")],
+    "/classifier_features": [("text", "the dog is big"), ("number", 3)],  # after /train_classifier; [CLS] dictionary: suite_app
     "/download_classifier": [],
     "/forgetting_sweep": [CLASSIFY_FORM[0], CLASSIFY_FORM[1], CLASSIFY_FORM[3], CLASSIFY_FORM[5]],
     "/adapt_then_classify": CLASSIFY_FORM,
@@ -171,7 +173,8 @@ GROUPS = {
               "/embedding_map", "/search_corpus"],
     "runs": ["/article_finetune", "/finetune", "/compare_masking", "/suggest_probes", "/stop_finetune", "/use_tuned",
              "/use_base", "/download_tuned", "/export_training_script", "/features_after_tuning", "/probe_layers",
-             "/classify_example", "/train_classifier", "/stop_classifier", "/classify", "/download_classifier",
+             "/classify_example", "/train_classifier", "/stop_classifier", "/classify", "/classifier_features",
+             "/download_classifier",
              "/forgetting_sweep", "/adapt_then_classify"],
     "features": ["/sentence_features", "/feature_card", "/steer_feature", "/prediction_features",
                  "/contrast_features", "/feature_quality", "/find_features", "/feature_map", "/similar_features",
@@ -191,6 +194,9 @@ def suite_app(root: Path):
     features = FeatureStore(root / "features", shipped=None)
     lm = bertdemo.load(str(model), device="cpu")
     train_features(lm, 1, RUN_TEXT, FeatureSettings(max_tokens=3_000), store=features)
+    run_lines = RUN_TEXT.splitlines()  # the Classify tab's [CLS] features: a small [CLS] dictionary of the model
+    cls_features.put_cls(features, cls_features.make_cls_features(
+        lm, run_lines[::2], run_lines[1::2], settings=FeatureSettings(latents=32, k=4, max_tokens=2_000, batch_tokens=32)))
     coders = tiny_models.tiny_transcoders(lm)
     with pytest.MonkeyPatch.context() as patch:  # the Circuits tab's transcoders: random ones, built here
         patch.setattr(circuits_tab, "transcoders", lambda holder, lm: coders)

@@ -8,6 +8,7 @@ the trained classifier, as the session's model of kind "classifier").
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +17,8 @@ import pandas as pd
 
 from ... import plots
 from ...config import Limits
+from ...features import cls_features
+from ...features.store import shared_store
 from ...labelled import parse_examples, table_examples
 from ...runs import life
 from ...training.classification import (ADAPT_MLM_STEPS, MAX_TOKENS, Classifier, ClassifierForm, ClassifierHistory,
@@ -79,6 +82,7 @@ def render(ctx: AppContext) -> None:
     form = {"examples": data.table, **_section_settings(limits)}
     run = _section_run()
     use = _section_use()
+    why = _section_why()
     sweep = _section_forgetting()
     adapt = _section_adapt()
     probe = _section_probe()
@@ -89,6 +93,8 @@ def render(ctx: AppContext) -> None:
     use.classify.click(handler(ctx, on_classify), use.sentences, use.result, api_name="classify")
     use.download.click(handler(ctx, on_download), None, use.file, api_name="download_classifier",
                        concurrency_id="model")
+    why.run.click(handler(ctx, on_classifier_features), [why.sentence, why.top], why.outputs,
+                  api_name="classifier_features", concurrency_id="model")
     live_run.wire(ctx, "forgetting_sweep", sweep.run, form, sweep.outputs, on_sweep)  # rates swept
     live_run.wire(ctx, "adapt_then_classify", adapt.run, form, adapt.outputs, on_adapt)
     probe.word_order.click(on_word_order, None, [data.example, data.table], api_visibility="private")
@@ -195,6 +201,53 @@ def _section_use() -> UseSection:
     file = gr.File(label="save_pretrained folder + tokenizer, zipped: AutoModelForSequenceClassification"
                          ".from_pretrained(folder)", height=90)
     return UseSection(sentences, classify_btn, download, result, file)
+
+
+WHY_NOTE = """**The features this decision rests on.** A sparse dictionary of the sentence's own
+vector, the one your classifier's head reads (the last layer's output at [CLS]), names what that
+vector is made of; each of the sentence's active features is then switched off there in turn (its
+activation times its direction removed, the rest of the vector kept) and your classifier's
+probability of the label it decided is measured again. One dictionary is shipped, for the bundled
+model: train the classifier from it."""
+WHY_COLUMNS = ("feature", "fires most on (corpus sentences)", "activation", "probability: with → without",
+               "change (points)", "fires on")
+WHY_TABLE_LINE = """Each row is one feature active at [CLS] for this sentence, the largest fall first.
+*with → without*: your classifier's probability of its decided label with the feature as it is and
+switched off (measured, not estimated); *change*: the difference in percentage points (a fall of
+more than a few points is large, a rise means the feature argued against the label). *fires most
+on*: the corpus sentences where it fires most; *fires on*: on how many of the corpus lines it fires."""
+
+
+@dataclass
+class WhySection:
+    """The features a decision rests on: a sentence, how many features, the button, and what
+    `on_classifier_features` returns, in `outputs` order."""
+
+    sentence: gr.Textbox
+    top: gr.Number
+    run: gr.Button
+    note: gr.Markdown
+    table: gr.Dataframe
+
+    @property
+    def outputs(self) -> list:
+        return [self.note, self.table]
+
+
+def _section_why() -> WhySection:
+    with gr.Accordion("The features this decision rests on", open=False):
+        gr.Markdown(WHY_NOTE)
+        with gr.Row(equal_height=True):
+            sentence = gr.Textbox("The midfielder scored in the last minute.", label="A sentence to classify",
+                                  scale=3)
+            top = gr.Number(8, label="Features shown", precision=0, minimum=1, maximum=cls_features.MAX_TOP,
+                            scale=1)
+            run = gr.Button("Show the features it rests on", scale=1)
+        note = gr.Markdown(elem_id="classify-why-note")
+        table = gr.Dataframe(empty_table(WHY_COLUMNS), interactive=False, wrap=True, elem_id="classify-why",
+                             label="The sentence's [CLS] features, switched off one at a time")
+        gr.Markdown(WHY_TABLE_LINE)
+    return WhySection(sentence, top, run, note, table)
 
 
 def _section_forgetting() -> RunsSection:
@@ -333,6 +386,23 @@ def on_classify(visitor: Visitor, sentences: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def on_classifier_features(visitor: Visitor, sentence: str, top) -> tuple:
+    """The features of a sentence's [CLS] vector (the one the classifier's head reads) that this
+    session's classifier's decision rests on: each switched off in turn at [CLS], the probability
+    of the decided label before and after.
+
+    Args:
+        sentence: one sentence to classify and explain.
+        top: how many features to show (1-32), the largest fall of probability first.
+
+    Returns:
+        a line (the decision, the dictionary's quality and how well it reconstructs this vector) and
+        the table of features (what each fires on most, its activation, the probability with and without it).
+    """
+    result = cls_features.classifier_features(_kept(visitor), sentence, top, _feature_store(visitor))
+    return why_note(result), why_frame(result)
+
+
 def on_download(visitor: Visitor) -> str:
     """The session's classifier as a save_pretrained zip (made once per classifier)."""
     if _kept(visitor) is None:
@@ -458,6 +528,43 @@ def predictions_frame(history: ClassifierHistory) -> pd.DataFrame:
         "probabilities": ", ".join(f"{k} {v:.0%}" for k, v in
                                    sorted(p["probabilities"].items(), key=lambda kv: -kv[1]))}
         for p in history.predictions])
+
+
+def why_note(result: dict) -> str:
+    """The decision, then how far to trust the dictionary: its held-out FVU and how well it
+    reconstructs this very vector, and every active feature switched off at once."""
+    quality, training = result["dictionary"]["quality"], result["dictionary"]["training"]
+    interval = quality.get("interval") or [math.nan, math.nan]
+    fit = (f"held-out FVU **{quality['fvu']:.2f}** ({interval[0]:.2f}-{interval[1]:.2f}, 95%) on "
+           f"{quality.get('held_out_lines', quality.get('vectors', 0)):,} held-out lines, trained on "
+           f"{training.get('lines', 0):,} lines" if "fvu" in quality else "no quality figures recorded")
+    here = result["unexplained"]
+    moved = (" (far more than on held-out lines: your classifier's tuned body has moved the [CLS] vector "
+             "away from the ones the dictionary learnt)" if "fvu" in quality and here > 2 * quality["fvu"] else "")
+    return (f"Decided **{result['label']}** at {result['probability']:.1%}. The [CLS] dictionary "
+            f"({result['dictionary']['latents']:,} features, {result['dictionary']['k']} at most per sentence; "
+            f"{fit}) leaves {here:.0%} of this vector's variance unexplained{moved}. "
+            f"All {result['active']} active features switched off at once: {result['probability']:.1%} → "
+            f"{result['together']:.1%}.")
+
+
+def why_frame(result: dict) -> pd.DataFrame:
+    rows = []
+    for f in result["features"]:
+        top = " · ".join(_clipped(t["text"]) for t in f["top"]) or "(no statistics)"
+        fires = f"{f['fired']:,} of {f['lines']:,} lines" if f["fired"] is not None else ""
+        rows.append(dict(zip(WHY_COLUMNS, [f["feature"], top, f"{f['activation']:.2f}",
+                                           f"{f['before']:.1%} → {f['after']:.1%}", f"{f['change']:+.1f}", fires])))
+    return pd.DataFrame(rows, columns=list(WHY_COLUMNS)) if rows else empty_table(WHY_COLUMNS)
+
+
+def _clipped(text: str, most: int = 60) -> str:
+    return text if len(text) <= most else text[:most - 1].rstrip() + "…"
+
+
+def _feature_store(visitor: Visitor):
+    """The app's feature store, else the one its engine holds (where a [CLS] dictionary trained here is)."""
+    return visitor.features if visitor.features is not None else shared_store(visitor.engine.caches)
 
 
 def sweep_frame(sweep: dict) -> pd.DataFrame:
