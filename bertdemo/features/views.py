@@ -222,8 +222,9 @@ def _missing(stats) -> str:
     if not lacking:
         return ""
     return ("This dictionary's statistics were made before the card showed " + ", ".join(lacking)
-            + ": they are not shown. Train it again (or, for the shipped ones, python -m bertdemo train-features "
-              "--labels-only) to have them.")
+            + ": they are not shown. Make its statistics again to have them: train it again here, or for the "
+              "shipped ones python -m bertdemo train-features --labels-only (transcoders: train-transcoders "
+              "--statistics-only).")
 
 
 def _clear(dictionary: Dictionary, feature: int, change: torch.Tensor, ids: torch.Tensor) -> list[bool | None]:
