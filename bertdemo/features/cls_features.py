@@ -238,7 +238,7 @@ def make_shipped_cls(lm: LoadedModel, corpus: Path, out: Path = SHIPPED, setting
 def save_cls(coded: ClsFeatures, folder: Path | str, half: bool = True) -> ClsFeatures:
     """The coder and its record as `dictionary.save` writes a layer's (float16 when `half`), and the
     statistics beside them. Returns it with its folder."""
-    saved = files.save(coded.dictionary, folder, half=half)
+    saved = files.save(coded.dictionary, folder, half=half, contexts=STATS)  # its lines are in the statistics
     files.write_json(saved.folder / STATS, coded.stats)
     (saved.folder / STATS).chmod(0o644)
     return ClsFeatures(saved, coded.stats)

@@ -172,3 +172,19 @@ def test_the_classify_tab_shows_the_table(tiny_bert, made, tmp_path):
     first = result["features"][0]
     assert table["probability: with → without"].tolist()[0] == f"{first['before']:.1%} → {first['after']:.1%}"
     assert "of 60 lines" in table["fires on"].tolist()[0]
+
+
+def test_the_shipped_cls_dictionary_belongs_to_the_bundled_model(bundled):
+    folder = cls_features.cls_folder(bundled.weights_digest)
+    assert folder == cls_features.SHIPPED
+    assert sum(p.stat().st_size for p in folder.iterdir()) < 3_000_000  # small enough to ship
+    coded = cls_features.load_cls(folder)
+    quality, training = coded.dictionary.record["quality"], coded.dictionary.record["training"]
+    assert quality["fvu"] <= 0.3 and quality["held_out_lines"] >= 4000 and training["lines"] >= 10_000
+    assert quality["interval"][0] <= quality["fvu"] <= quality["interval"][1]
+    assert coded.stats["lines"] == 2000 and len(coded.stats["fired"]) == coded.dictionary.latents
+    classifier = build_classifier(bundled, ["sport", "cooking"])  # its head untrained: the decision is what it is
+    result = classifier_features(classifier, "The midfielder scored in the last minute.", top=5)
+    assert len(result["features"]) == 5 and result["active"] == coded.dictionary.k
+    assert result["unexplained"] < 0.6  # the body is the model's own: the vectors it was trained on
+    assert all(row["top"] for row in result["features"])
