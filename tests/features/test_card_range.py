@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import collections
 import itertools
-import time
 
 import numpy as np
 import pytest
@@ -109,15 +108,10 @@ def test_the_words_at_a_mask_are_those_the_masks_hid(tiny_bert, at_masks):
     assert listed and all(counts[w] >= min(floor, max(counts.values())) for w in listed)
 
 
-def test_a_card_shows_the_whole_range_within_its_time(tiny_bert, at_masks):
+def test_a_card_shows_the_whole_range(tiny_bert, at_masks):
+    """(Its time, goal 300 ms, is measured by bench/bench_labels.py, not here.)"""
     store, dictionary, _, _ = at_masks
-    views.feature_card(tiny_bert, LAYER, CHOSEN, store)  # warm
-    seconds = []
-    for _ in range(3):  # the best of three: another process may hold the cores a moment
-        started = time.perf_counter()
-        card = views.feature_card(tiny_bert, LAYER, CHOSEN, store)
-        seconds.append(time.perf_counter() - started)
-    assert min(seconds) < 0.3
+    card = views.feature_card(tiny_bert, LAYER, CHOSEN, store)
     assert card["missing"] == "" and card["label_score"]["kind"] is not None
     assert card["at_mask"]["firings"] == card["at_mask"]["masks"] > 0
     assert [w["token"] for w in card["at_mask"]["words"]]
