@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import torch
 from safetensors.numpy import load_file
 
 from ..model.loading import LoadedModel
@@ -53,11 +54,18 @@ def layout(dictionary: Dictionary, method: str) -> np.ndarray:
 
     distances = np.clip(1.0 - unit @ unit.T, 0.0, 2.0)  # cosine distance, exact (F is a few thousand)
     np.fill_diagonal(distances, 0.0)
-    with warnings.catch_warnings():  # "n_jobs overridden by random_state": one thread, the same map each time
-        warnings.simplefilter("ignore")
-        reducer = umap.UMAP(n_components=2, metric="precomputed", random_state=SEED,
-                            n_neighbors=max(2, min(NEIGHBOURS, len(unit) - 1)))
-        return reducer.fit_transform(distances).astype(np.float32)
+    threads = torch.get_num_threads()
+    try:
+        with warnings.catch_warnings():  # "n_jobs overridden by random_state": one thread, the same map each time
+            warnings.simplefilter("ignore")
+            reducer = umap.UMAP(n_components=2, metric="precomputed", random_state=SEED,
+                                n_neighbors=max(2, min(NEIGHBOURS, len(unit) - 1)))
+            return reducer.fit_transform(distances).astype(np.float32)
+    finally:
+        # UMAP hands numba back its own thread count on the way out, through OpenMP's setting that
+        # torch reads too: unset, every later forward of the server would run on the machine's
+        # count, not the operator's (OMP_NUM_THREADS), and the ONNX crossover would be timed again.
+        torch.set_num_threads(threads)
 
 
 def kept_layout(lm: LoadedModel, dictionary: Dictionary, store: FeatureStore, method: str) -> tuple[np.ndarray, bool]:

@@ -193,6 +193,19 @@ def test_the_map_has_a_point_per_feature_kept_on_disk(tiny_bert, made, method):
 
 
 
+@pytest.mark.slow
+def test_a_umap_layout_leaves_torchs_thread_count_as_it_was(tiny_bert, made):
+    """UMAP's numba sets OpenMP's thread count, which torch shares, to the machine's on its way out."""
+    before = torch.get_num_threads()
+    wanted = 1 if before != 1 else 2
+    torch.set_num_threads(wanted)
+    try:
+        feature_map.layout(made[0].get(tiny_bert, LAYER), "umap")
+        assert torch.get_num_threads() == wanted
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_the_tabs_search_and_map_show_the_services_results(tiny_bert, made):
     from bertdemo.config import Settings
     from bertdemo.sessions import SessionStore
