@@ -5,7 +5,7 @@ Every other dictionary codes a layer's tokens and never reads [CLS] or [SEP] (`d
 they never saw them in training. This one is the exception, a kind of its own: one vector per
 sentence, the last layer's output at [CLS] (the splice point `forward.splice` reads: for BERT's
 layout exactly what the classification head's pooler reads; a pre-LayerNorm family's head reads it
-after its final norm). Same coder (sparsify's TopK `SparseCoder`), same step (`training._Layer`:
+after its final norm). Same coder (sparsify's TopK `SparseCoder`), same step (`training.CoderTraining`:
 sign-SGD under schedule-free averaging, AuxK), trained on the [CLS] vectors of corpus lines, one
 per line, computed once and passed over several times:
 
@@ -46,7 +46,7 @@ from . import dictionary as files
 from .dictionary import Dictionary
 from .quality import LEVEL, RESAMPLES, fvu, resampled
 from .store import FeatureStore
-from .training import FeatureSettings, _Layer, machine
+from .training import CoderTraining, FeatureSettings, machine
 
 FOLDER = "cls"  # in a store: beside the layer_N folders, never one of them
 SHIPPED = Path(__file__).resolve().parents[2] / "assets" / "bundled" / "cls_features"
@@ -130,7 +130,7 @@ def train_cls(vectors: torch.Tensor, settings: FeatureSettings = SETTINGS, *,
     passes of `settings.batch_tokens` vectors, until `settings.max_tokens` vectors seen or
     `settings.max_seconds` (or `should_stop()`: the one stop rule, `loop.stop_reason`)."""
     torch.manual_seed(settings.seed)
-    trained = _Layer(vectors.shape[1], settings, None, torch.device("cpu"))
+    trained = CoderTraining(vectors.shape[1], settings, None, torch.device("cpu"))
     history, started = ClsHistory(), time.perf_counter()
     generator = torch.Generator().manual_seed(settings.seed)
     while history.seen < settings.max_tokens and history.stopped is None:

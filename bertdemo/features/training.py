@@ -99,8 +99,8 @@ class FeatureHistory:
         return self.steps[-1].elapsed if self.steps else 0.0
 
 
-class _Layer:
-    """One layer's coder in training: its optimizer and its dead-latent counts."""
+class CoderTraining:
+    """One coder in training (a layer's, or the [CLS] dictionary's): its optimizer and its dead-latent counts."""
 
     def __init__(self, width: int, settings: FeatureSettings, start: Dictionary | None, device: torch.device,
                  transcode: bool = False):
@@ -196,7 +196,7 @@ def train(lm: LoadedModel, layers: list[int], lines: Lines, settings: FeatureSet
     layers = [point.check_layer(lm.model, layer) for layer in layers]
     width = lm.model.config.hidden_size
     torch.manual_seed(settings.seed)
-    coders = {layer: _Layer(width, settings, (start_from or {}).get(layer), lm.device, point.transcode)
+    coders = {layer: CoderTraining(width, settings, (start_from or {}).get(layer), lm.device, point.transcode)
               for layer in layers}
     history = FeatureHistory(layers)
     tokens, started = 0, time.perf_counter()
@@ -222,7 +222,7 @@ def train(lm: LoadedModel, layers: list[int], lines: Lines, settings: FeatureSet
             for layer in layers}, history
 
 
-def _dictionary(lm: LoadedModel, layer: int, trained: _Layer, settings: FeatureSettings, history: FeatureHistory,
+def _dictionary(lm: LoadedModel, layer: int, trained: CoderTraining, settings: FeatureSettings, history: FeatureHistory,
                 start_from: dict[int, Dictionary] | None, point: Point, lines: Lines) -> Dictionary:
     before = (start_from or {}).get(layer)
     earlier = before.record.get("training", {}) if before is not None else {}

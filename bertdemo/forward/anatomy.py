@@ -41,7 +41,8 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
-from .families import FAMILIES, Family, ScoreCapture, Wiring, discover, part_at  # noqa: E402,F401 - the declarations
+from .families import (FAMILIES, Family, ScoreCapture, Wiring, bert_layer_parts, discover, embeddings,  # noqa: E402,F401
+                       head_module, part_at)  # the declarations: every module path a family has is named there
 
 PROBE_ATTENTION = "bertdemo_attention"  # the attention twin's implementation (registered below)
 
@@ -235,34 +236,9 @@ def score_modules(model, index: int) -> tuple:
     return part_at(layer, capture.query), part_at(layer, capture.key)
 
 
-def bert_layer_parts(layer):
-    """A BERT-layout layer's modules for the lean forward (`lean_forward`): its self-attention
-    (query, key, value, scaling, dropout), the attention output (dense, dropout, LayerNorm), the
-    intermediate dense and activation, and the output (dense, dropout, LayerNorm)."""
-    return _BertParts(layer.attention.self, layer.attention.output, layer.intermediate, layer.output)
-
-
-@dataclass(frozen=True)
-class _BertParts:
-    self_attention: torch.nn.Module  # .query .key .value .num_attention_heads .scaling .dropout
-    attention_output: torch.nn.Module  # .dense .dropout .LayerNorm
-    intermediate: torch.nn.Module  # .dense .intermediate_act_fn
-    output: torch.nn.Module  # .dense .dropout .LayerNorm
-
-
 def bert_layers(model):
     """The layer list of a `lean` (BERT-layout) model."""
     return of(model).layers
-
-
-def embeddings(model):
-    """The base model's embedding module."""
-    return model.base_model.embeddings
-
-
-def head_module(model) -> torch.nn.Module:
-    """The MLM head as one module (what the ONNX export traces), for `lean` models."""
-    return model.cls if hasattr(model, "cls") else model.lm_head
 
 
 # ---------------------------------------------------------------- the attention twin

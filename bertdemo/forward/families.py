@@ -337,3 +337,30 @@ def discover(model) -> Family | None:
     uses_interface = hasattr(sys.modules.get(type(model).__module__), "ALL_ATTENTION_FUNCTIONS")
     return Family(f"{model.config.model_type} (discovered)", head=head,
                   scores=None if uses_interface else _BERT_SCORES, **_BERT)
+
+
+# ---------------------------------------------------------------- the BERT layout's modules (the lean forward, the ONNX export)
+
+def bert_layer_parts(layer):
+    """A BERT-layout layer's modules for the lean forward (`lean_forward`): its self-attention
+    (query, key, value, scaling, dropout), the attention output (dense, dropout, LayerNorm), the
+    intermediate dense and activation, and the output (dense, dropout, LayerNorm)."""
+    return _BertParts(layer.attention.self, layer.attention.output, layer.intermediate, layer.output)
+
+
+@dataclass(frozen=True)
+class _BertParts:
+    self_attention: torch.nn.Module  # .query .key .value .num_attention_heads .scaling .dropout
+    attention_output: torch.nn.Module  # .dense .dropout .LayerNorm
+    intermediate: torch.nn.Module  # .dense .intermediate_act_fn
+    output: torch.nn.Module  # .dense .dropout .LayerNorm
+
+
+def embeddings(model):
+    """The base model's embedding module."""
+    return model.base_model.embeddings
+
+
+def head_module(model) -> torch.nn.Module:
+    """The MLM head as one module (what the ONNX export traces), for `lean` models."""
+    return model.cls if hasattr(model, "cls") else model.lm_head

@@ -45,7 +45,7 @@ it costs the model, and how much of the layer it explains."""
 
 
 def render(ctx: AppContext) -> None:
-    """Layout (`features_sections`), then one line per event."""
+    """Layout (`features_sections`), then the events, wired by part."""
     n_layers, start = _layer_count(ctx), default_layer(ctx)
     gr.Markdown(INTRO)
     sections.table_style()
@@ -55,7 +55,6 @@ def render(ctx: AppContext) -> None:
     finder = sections.find_section()
     first = default_feature(ctx, start)
     opener = sections.card_section(first)
-    feature, card = opener.feature, opener.card
     prediction = sections.prediction_section(start, first)
     contrast = sections.contrast_section()
     quality = sections.quality_section()
@@ -64,30 +63,54 @@ def render(ctx: AppContext) -> None:
 
     layer.change(handler(ctx, on_layer), layer, [available, training.button], api_visibility="private",
                  trigger_mode="always_last")
+    _wire_sentence_and_search(ctx, layer, sentence, finder, opener)
+    _wire_card(ctx, layer, opener, [sentence.table, finder.table, prediction.why_table, contrast.table_a,
+                                    contrast.table_b, drift.table])
+    _wire_prediction_and_contrast(ctx, layer, opener.feature, prediction, contrast)
+    _wire_quality_and_drift(ctx, layer, quality, drift)
+    live_run.wire(ctx, "train_features", training.button,
+                  {"layer": layer, "texts": training.texts, "keep_partial": training.keep_partial},
+                  [*training.outputs, available, training.stopping], on_train_features)
+    training.stop.click(handler(ctx, on_stop), None, training.stopping, api_name="stop_features", queue=False)
+
+
+def _wire_sentence_and_search(ctx: AppContext, layer, sentence, finder, opener) -> None:
+    """A sentence's features (then the chosen feature's card and the linked search), the search and the map."""
+    feature, card = opener.feature, opener.card
+    search_inputs = [finder.query, finder.by, layer, finder.top]
     sentence.button.click(handler(ctx, on_sentence_features), [sentence.text, layer, sentence.top], sentence.outputs,
-                          api_name="sentence_features", concurrency_id="model").success(  # and the chosen feature's card
+                          api_name="sentence_features", concurrency_id="model").success(
         handler(ctx, on_feature_card), [layer, feature], card.outputs, api_visibility="private",
-        concurrency_id="model").success(handler(ctx, on_linked_search), [finder.query, finder.by, layer, finder.top],
-                                        finder.outputs, api_visibility="private", concurrency_id="model")
-    finder.find.click(handler(ctx, on_find_features), [finder.query, finder.by, layer, finder.top], finder.outputs,
+        concurrency_id="model").success(handler(ctx, on_linked_search), search_inputs, finder.outputs,
+                                        api_visibility="private", concurrency_id="model")
+    finder.find.click(handler(ctx, on_find_features), search_inputs, finder.outputs,
                       api_name="find_features", concurrency_id="model")
-    finder.query.submit(handler(ctx, on_find_features), [finder.query, finder.by, layer, finder.top],
-                        finder.outputs, api_visibility="private", concurrency_id="model")
+    finder.query.submit(handler(ctx, on_find_features), search_inputs, finder.outputs,
+                        api_visibility="private", concurrency_id="model")
     finder.draw.click(handler(ctx, on_feature_map), layer, [finder.map, finder.map_note], api_name="feature_map",
                       concurrency_id="model").then(None, None, None, js=MAP_CLICKS)
+
+
+def _wire_card(ctx: AppContext, layer, opener, tables: list) -> None:
+    """The card: opened by its button or by a row of any table (its own included), its similar
+    features, its export."""
+    feature, card = opener.feature, opener.card
     opener.button.click(handler(ctx, on_feature_card), [layer, feature], card.outputs, api_name="feature_card",
                         concurrency_id="model")
     card.raw.change(handler(ctx, on_similar_features), [layer, feature], card.similar,  # whichever event drew it
                     api_name="similar_features", concurrency_id="model")
-    for table in (sentence.table, finder.table, card.cofiring, card.similar, prediction.why_table, contrast.table_a,
-                  contrast.table_b, drift.table):  # a row: its card
+    for table in (*tables, card.cofiring, card.similar):  # a row: its card
         table.select(on_pick_feature, None, feature, api_visibility="private", queue=False).success(
             handler(ctx, on_feature_card), [layer, feature], card.outputs, api_visibility="private",
             concurrency_id="model").success(None, None, None, js=CARD_INTO_VIEW)
-    gr.on([feature.change, layer.change], on_steer_target, [layer, feature], prediction.named,
-          api_visibility="private", queue=False)  # the steer form names the card's feature
     opener.export_button.click(handler(ctx, on_export_card), [layer, feature], opener.export_files,
                                api_visibility="private", concurrency_id="model")
+
+
+def _wire_prediction_and_contrast(ctx: AppContext, layer, feature, prediction, contrast) -> None:
+    """Steer (named after the card's feature), the features behind a prediction, the contrast."""
+    gr.on([feature.change, layer.change], on_steer_target, [layer, feature], prediction.named,
+          api_visibility="private", queue=False)
     prediction.steer.click(handler(ctx, on_steer), [prediction.masked, layer, feature, prediction.scale, prediction.add,
                                                     prediction.top_k], prediction.steered,
                            api_name="steer_feature", concurrency_id="model")
@@ -96,6 +119,9 @@ def render(ctx: AppContext) -> None:
     contrast.button.click(handler(ctx, on_contrast), [contrast.texts_a, contrast.texts_b, contrast.word, layer,
                                                       contrast.top], contrast.outputs,
                           api_name="contrast_features", concurrency_id="model")
+
+
+def _wire_quality_and_drift(ctx: AppContext, layer, quality, drift) -> None:
     quality.button.click(handler(ctx, on_quality), None, quality.outputs, api_name="feature_quality",
                          concurrency_id="model").success(quality_notes, quality.raw, quality.words,
                                                          api_visibility="private", queue=False)
@@ -104,10 +130,6 @@ def render(ctx: AppContext) -> None:
                        api_name="features_after_tuning", concurrency_id="model")
     drift.sort_by.change(handler(ctx, on_drift_sort), drift_inputs, drift.outputs,
                          api_visibility="private", concurrency_id="model", trigger_mode="always_last")
-    live_run.wire(ctx, "train_features", training.button,
-                  {"layer": layer, "texts": training.texts, "keep_partial": training.keep_partial},
-                  [*training.outputs, available, training.stopping], on_train_features)
-    training.stop.click(handler(ctx, on_stop), None, training.stopping, api_name="stop_features", queue=False)
 
 
 # A click on a point of the map writes its feature into the card's box and opens the card.
