@@ -131,6 +131,34 @@ def test_two_uses_of_a_word_give_two_tables(visitor, tiny_bert, features):
         tab.on_contrast(visitor, "\n".join(a), "the city is new .", "river", 1, 5)
 
 
+def test_every_table_with_a_label_says_how_well_it_fits_as_the_card_scores_it(visitor, tiny_bert, features):
+    """The "label fits" cell beside each label is the card's own score of that feature: its F1 and kind."""
+    def scored(feature) -> str:
+        score = bertdemo.feature_card(tiny_bert, 1, feature, features)["label_score"]
+        return f"{score['f1']:.2f} {score['kind']}" if score["kind"] else "not scored"
+    tables = {"sentence": tab.on_sentence_features(visitor, SENTENCE, 1, 5)[1],
+              "prediction": tab.on_prediction_features(visitor, MASKED, 1, 5)[0],
+              "contrast": tab.on_contrast(visitor, "the river is big .\nthe river in rome .",
+                                          "the city is new .\nhe went to the city .", "the", 1, 5)[1],
+              "by word": tab.on_find_features(visitor, "river", "word", 1, 5)[1],
+              "by label": tab.on_find_features(visitor, "river", "label", 1, 5)[1]}
+    first = int(tables["sentence"]["feature"][0])
+    tables["similar"] = tab.on_similar_features(visitor, 1, first)
+    tables["cofiring"] = tab.on_feature_card(visitor, 1, first)[4]
+    shown = []
+    for name, table in tables.items():
+        assert list(table.columns[-2:]) == ["label fits", "label"], name  # beside the label, in every table
+        assert len(table) > 0, name
+        for feature, fits in zip(table["feature"], table["label fits"]):
+            assert fits == scored(int(feature)), (name, feature)
+            shown.append(fits)
+    assert any(fits.endswith((" word", " context")) for fits in shown)  # scored features among them
+    # the service gives the same two fields, so the API and the endpoints read what the table shows
+    row = bertdemo.sentence_features(tiny_bert, SENTENCE, 1, 5, features)["per_token"][0]["features"][0]
+    score = bertdemo.feature_card(tiny_bert, 1, row["feature"], features)["label_score"]
+    assert (row["label_f1"], row["label_kind"]) == ((score["f1"], score["kind"]) if score["kind"] else (None, None))
+
+
 def test_the_quality_table_lists_every_layer_with_a_dictionary(visitor, tiny_bert, features):
     table, raw = tab.on_quality(visitor)
     assert list(table["layer"]) == [1] and "folder" not in raw[0]

@@ -17,7 +17,7 @@ from ..model.loading import LoadedModel
 from .data import Lines, hidden_at
 from . import quality
 from .store import FeatureStore
-from .views import MAX_TOP, label, load_features
+from .views import MAX_TOP, labelled, load_features
 
 SORTS = {"share": "the change of firing share", "activation": "the change of mean activation"}
 
@@ -34,8 +34,8 @@ def tuning_drift(base: LoadedModel, tuned: LoadedModel, text: str | list[str], l
     a feature without that change comes last).
 
     Returns {"layer", "tokens", "sort_by", "fvu": {"base", "tuned"}, "features": [{"feature",
-    "label", "density_base", "density_tuned", "share_change", "mean_base", "mean_tuned",
-    "activation_change"}]}."""
+    "label", "label_f1", "label_kind" (`views.label_fit`), "density_base", "density_tuned",
+    "share_change", "mean_base", "mean_tuned", "activation_change"}]}."""
     dictionary = load_features(base, layer, store)
     top = validate.whole_number(top, "number of features", 1, MAX_TOP, field="top")
     if sort_by not in SORTS:
@@ -56,7 +56,7 @@ def tuning_drift(base: LoadedModel, tuned: LoadedModel, text: str | list[str], l
     def mean_of(name: str, f: int) -> float | None:
         return float(mean[name][f]) if fired[name][f] > 0 else None
     return {"layer": dictionary.layer, "tokens": tokens, "sort_by": sort_by, "fvu": fvu, "features": [
-        {"feature": f, "label": label(base, dictionary, f), "density_base": float(share["base"][f]),
+        {"feature": f, **labelled(base, dictionary, f), "density_base": float(share["base"][f]),
          "density_tuned": float(share["tuned"][f]), "share_change": float(share_change[f]),
          "mean_base": mean_of("base", f), "mean_tuned": mean_of("tuned", f),
          "activation_change": None if not both[f] else float(activation_change[f])} for f in order]}

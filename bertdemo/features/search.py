@@ -38,7 +38,7 @@ from .data import Lines, point_of
 from .dictionary import Dictionary
 from .stats import corpus_codes
 from .store import FeatureStore, shared_store
-from .views import NO_CLEAR_OUTPUT, label, load_features
+from .views import NO_CLEAR_OUTPUT, label, label_fit, labelled, load_features
 
 MIN_FIRINGS = 3  # on the word, for a feature to be listed (fewer when the word occurs fewer times)
 MAX_TOP = 50
@@ -201,7 +201,8 @@ def features_for_word(lm: LoadedModel, word: str, layer: int, top: int = 10,
     Returns {"layer", "word", "token", "token_id", "occurrences": the word's count, "corpus":
     {"tokens", "lines"}, "min_firings", "features": [{"feature", "lift", "firings": on the word,
     "word_share": firings / occurrences, "feature_share": share of its firings that are on the
-    word, "label"}] largest lift first}."""
+    word, "label", "label_f1", "label_kind"}] largest lift first} ("label_f1", "label_kind": how
+    well the label fits, `views.label_fit`)."""
     store = store or shared_store(lm.caches)
     dictionary = load_features(lm, layer, store)
     top = validate.whole_number(top, "number of features", 1, MAX_TOP, field="top")
@@ -224,7 +225,7 @@ def features_for_word(lm: LoadedModel, word: str, layer: int, top: int = 10,
             "features": [{"feature": int(features[i]), "lift": float(lift[i]), "firings": int(together[i]),
                           "word_share": float(together[i] / occurrences),
                           "feature_share": float(together[i] / max(1, counts.fires[features[i]])),
-                          "label": label(lm, dictionary, int(features[i]))} for i in order]}
+                          **labelled(lm, dictionary, int(features[i]))} for i in order]}
 
 
 # ---------------------------------------------------------------- by label text
@@ -236,7 +237,7 @@ def features_by_label(lm: LoadedModel, text: str, layer: int, top: int = 10,
     nearest labels (by spelling) instead, and "matched" False.
 
     Returns {"layer", "text", "matched", "total": matches in all, "features": [{"feature",
-    "label", "density"}]}."""
+    "label", "label_f1", "label_kind", "density"}]}."""
     dictionary = load_features(lm, layer, store)
     if not isinstance(text, str) or not text.strip():
         raise validate.InputError("query", "The label text to search for is empty: type a word, e.g. 'river'.")
@@ -255,7 +256,8 @@ def features_by_label(lm: LoadedModel, text: str, layer: int, top: int = 10,
     if not found:
         matched = _nearest(wanted, words_of, density)
     return {"layer": dictionary.layer, "text": text, "matched": found, "total": len(matched) if found else 0,
-            "features": [{"feature": f, "label": labels[f], "density": float(density[f])} for f in matched[:top]]}
+            "features": [{"feature": f, "label": labels[f], **label_fit(dictionary, f), "density": float(density[f])}
+                         for f in matched[:top]]}
 
 
 def _words(name: str) -> set[str]:
@@ -282,7 +284,8 @@ def similar_features(lm: LoadedModel, layer: int, feature: int, top: int = 10,
     """The features whose decoder directions (what one unit of each adds to the layer) are nearest
     `feature`'s, by cosine.
 
-    Returns {"layer", "feature", "label", "features": [{"feature", "cosine", "label"}] nearest first}."""
+    Returns {"layer", "feature", "label", "features": [{"feature", "cosine", "label", "label_f1",
+    "label_kind"}] nearest first}."""
     dictionary = load_features(lm, layer, store)
     feature = dictionary.check_feature(feature)
     top = validate.whole_number(top, "number of features", 1, MAX_TOP, field="top")
@@ -291,7 +294,7 @@ def similar_features(lm: LoadedModel, layer: int, feature: int, top: int = 10,
     cosine[feature] = -2.0  # not itself
     best = cosine.topk(min(top, dictionary.latents - 1))
     return {"layer": dictionary.layer, "feature": feature, "label": label(lm, dictionary, feature),
-            "features": [{"feature": f, "cosine": c, "label": label(lm, dictionary, f)}
+            "features": [{"feature": f, "cosine": c, **labelled(lm, dictionary, f)}
                          for f, c in zip(best.indices.tolist(), best.values.tolist())]}
 
 

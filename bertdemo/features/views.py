@@ -70,6 +70,26 @@ def label(lm: LoadedModel, dictionary: Dictionary, feature: int) -> str:
     return ", ".join(fires) + (f" → {', '.join(raised)}" if raised else "")
 
 
+def label_fit(dictionary: Dictionary, feature: int) -> dict:
+    """The card's verdict on `feature`'s label in two fields, for every table that shows the label:
+    {"label_f1": its detection F1 on held-out lines, "label_kind": "word" (F1 >= WORD_F1) or
+    "context"}; both None where it is not scored (statistics made before labels were scored, or it
+    never fired on the held-out lines). The one rule `label_score` words."""
+    stats = dictionary.stats
+    if stats is None or not stats.has("label_f1"):
+        return {"label_f1": None, "label_kind": None}
+    # scored: it fired on the held-out lines and has tokens to detect with (its label is not "never fired")
+    if int(stats["label_fires"][feature]) == 0 or not bool((stats["top_tokens"][feature] >= 0).any()):
+        return {"label_f1": None, "label_kind": None}
+    f1 = float(stats["label_f1"][feature])
+    return {"label_f1": f1, "label_kind": "word" if f1 >= WORD_F1 else "context"}
+
+
+def labelled(lm: LoadedModel, dictionary: Dictionary, feature: int) -> dict:
+    """A table row's words for `feature`: {"label", "label_f1", "label_kind"} (`label`, `label_fit`)."""
+    return {"label": label(lm, dictionary, feature), **label_fit(dictionary, feature)}
+
+
 def label_score(lm: LoadedModel, dictionary: Dictionary, feature: int) -> dict:
     """How well `feature`'s label explains it, measured on held-out lines (`stats.detection`): its
     tokens as a detector of where it fires. {"precision", "recall", "f1", "kind": "word" (F1 >=
@@ -84,9 +104,9 @@ def label_score(lm: LoadedModel, dictionary: Dictionary, feature: int) -> dict:
     fires, tokens = int(stats["label_fires"][feature]), int(stats["detection_tokens"][0])
     words = ", ".join(_tokens(lm, [t for t in stats["top_tokens"][feature].tolist() if t >= 0][:LABEL_TOKENS]))
     scores = {"precision": precision, "recall": recall, "f1": f1, "held_out_firings": fires, "held_out_tokens": tokens}
-    if fires == 0 or not words:
+    kind = label_fit(dictionary, feature)["label_kind"]
+    if kind is None:
         return {**scores, "kind": None, "summary": f"not scored: it did not fire on the {tokens:,} held-out tokens"}
-    kind = "word" if f1 >= WORD_F1 else "context"
     explained = (f"its tokens ({words}) explain {recall:.0%} of its {fires:,} firings on held-out lines, and it "
                  f"fires on {precision:.0%} of their occurrences (F1 {f1:.2f})")
     if kind == "word":
@@ -109,8 +129,8 @@ def sentence_features(lm: LoadedModel, text: str, layer: int, top: int = 5,
     """Each token's strongest features at `layer`, and a token x feature grid of those features.
 
     Returns {"layer", "tokens": every token, "per_token": [{"position", "token", "features":
-    [{"feature", "activation", "label"}] strongest first}] for each counted token (not [CLS],
-    [SEP]), "heatmap": {"features", "labels", "activations": (tokens counted, features)}}."""
+    [{"feature", "activation", "label", "label_f1", "label_kind"}] strongest first}] for each counted
+    token (not [CLS], [SEP]) ("label_f1", "label_kind": how well the label fits, `label_fit`), "heatmap": {"features", "labels", "activations": (tokens counted, features)}}."""
     dictionary = load_features(lm, layer, store)
     top = validate.whole_number(top, "number of features per token", 1, MAX_TOP, field="top")
     inputs = _tokenized(lm, text)
@@ -119,20 +139,20 @@ def sentence_features(lm: LoadedModel, text: str, layer: int, top: int = 5,
     positions = keep.nonzero().flatten().tolist()
     acts, indices = dictionary.encode(hidden[positions].float())  # (N, k)
     tokens = lm.tokenizer.convert_ids_to_tokens(inputs["input_ids"][0].tolist())
-    labels: dict[int, str] = {}
+    words: dict[int, dict] = {}
 
-    def named(feature: int) -> str:
-        if feature not in labels:
-            labels[feature] = label(lm, dictionary, feature)
-        return labels[feature]
+    def named(feature: int) -> dict:  # a feature's label and its fit, once per feature
+        if feature not in words:
+            words[feature] = labelled(lm, dictionary, feature)
+        return words[feature]
     per_token = []
     for row, position in enumerate(positions):
         order = acts[row].argsort(descending=True)[:top]
         per_token.append({"position": position, "token": tokens[position], "features": [
-            {"feature": int(indices[row, i]), "activation": float(acts[row, i]), "label": named(int(indices[row, i]))}
+            {"feature": int(indices[row, i]), "activation": float(acts[row, i]), **named(int(indices[row, i]))}
             for i in order.tolist() if acts[row, i] > 0]})
     return {"layer": dictionary.layer, "tokens": tokens, "per_token": per_token,
-            "heatmap": _heatmap(dictionary, acts, indices, per_token, named)}
+            "heatmap": _heatmap(dictionary, acts, indices, per_token, lambda f: named(f)["label"])}
 
 
 def _heatmap(dictionary: Dictionary, acts, indices, per_token: list[dict], named) -> dict:
@@ -179,7 +199,8 @@ def feature_card(lm: LoadedModel, layer: int, feature: int, store: FeatureStore 
     [{"token", "token_id", "firings", "share", "lift"}], "firings", "masks"} (the hidden words
     when it fires at a [MASK] of held-out lines), "promoted" and "suppressed": [{"token",
     "token_id", "logit_change", "clear"}] measured through the model's MLM head ("clear": the raise
-    clears the noise, None where not measured), "cofiring": [{"feature", "share", "label"}],
+    clears the noise, None where not measured), "cofiring": [{"feature", "share", "label", "label_f1",
+    "label_kind"}],
     "statistics_tokens": tokens its statistics count, "missing": what its statistics lack, in words}."""
     dictionary = load_features(lm, layer, store)
     feature = dictionary.check_feature(feature)
@@ -205,7 +226,7 @@ def feature_card(lm: LoadedModel, layer: int, feature: int, store: FeatureStore 
             "at_mask": _at_mask(lm, stats, feature),
             "promoted": _changes(lm, up.indices, up.values, _clear(dictionary, feature, change, up.indices)),
             "suppressed": _changes(lm, down.indices, -down.values, [None] * len(down.indices)),
-            "cofiring": [{"feature": f, "share": float(s), "label": label(lm, dictionary, f)} for f, s in cofiring],
+            "cofiring": [{"feature": f, "share": float(s), **labelled(lm, dictionary, f)} for f, s in cofiring],
             "missing": _missing(stats)}
 
 
@@ -354,7 +375,8 @@ def prediction_features(lm: LoadedModel, text: str, layer: int, top: int = 10, c
     number shown is that measured change.
 
     Returns {"layer", "masks": [{"mask", "position", "word", "token_id", "log_prob", "features":
-    [{"feature", "label", "drop", "estimate", "activation"}] largest drop first}]}."""
+    [{"feature", "label", "label_f1", "label_kind", "drop", "estimate", "activation"}] largest drop
+    first}]} ("label_f1", "label_kind": how well the label fits, `label_fit`)."""
     dictionary = load_features(lm, layer, store)
     top = validate.whole_number(top, "number of features", 1, MAX_TOP, field="top")
     candidates = validate.whole_number(candidates, "number of candidates", 1, MAX_CANDIDATES, field="candidates")
@@ -371,7 +393,7 @@ def prediction_features(lm: LoadedModel, text: str, layer: int, top: int = 10, c
         ranked = sorted(picked, key=lambda f: -drops[f])[:top]
         out.append({"mask": m + 1, "position": int(position), "word": lm.tokenizer.decode([int(words[m])]),
                     "token_id": int(words[m]), "log_prob": clean,
-                    "features": [{"feature": f, "label": label(lm, dictionary, f), "drop": drops[f],
+                    "features": [{"feature": f, **labelled(lm, dictionary, f), "drop": drops[f],
                                   "estimate": float(estimates[m, f]), "activation": float(dense[:, f].sum())}
                                  for f in ranked]})
     return {"layer": dictionary.layer, "masks": out}
@@ -426,9 +448,9 @@ def contrast_features(lm: LoadedModel, texts_a: list[str], texts_b: list[str], w
     """The features that separate two uses of `word`: for each, the share of list A's occurrences
     of the word it fires on (on any of the word's pieces) and list B's.
 
-    Returns {"layer", "word", "occurrences": {"a", "b"}, "a": [{"feature", "label", "share_a",
-    "share_b", "separation"}] (features of A's use, separation = share_a - share_b, largest
-    first), "b": likewise for B's use}."""
+    Returns {"layer", "word", "occurrences": {"a", "b"}, "a": [{"feature", "label", "label_f1",
+    "label_kind", "share_a", "share_b", "separation"}] (features of A's use, separation = share_a -
+    share_b, largest first), "b": likewise for B's use}."""
     dictionary = load_features(lm, layer, store)
     word = validate.text(word, "word", example="bank").strip()
     if not re.fullmatch(r"[\w'’-]+", word):
@@ -441,7 +463,7 @@ def contrast_features(lm: LoadedModel, texts_a: list[str], texts_b: list[str], w
 
     def ranked(sign: float) -> list[dict]:
         order = (sign * separation).argsort(descending=True)[:top]
-        return [{"feature": f, "label": label(lm, dictionary, f), "share_a": float(share_a[f]),
+        return [{"feature": f, **labelled(lm, dictionary, f), "share_a": float(share_a[f]),
                  "share_b": float(share_b[f]), "separation": float(separation[f])}
                 for f in order.tolist() if sign * separation[f] > 0]
     return {"layer": dictionary.layer, "word": word, "occurrences": {"a": len(fired_a), "b": len(fired_b)},

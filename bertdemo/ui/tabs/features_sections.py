@@ -16,20 +16,23 @@ from ..parts.common import empty_table
 
 SENTENCE = "I sat on the river bank and watched the water."
 MASKED = "The [MASK] was on the table."
-TOKEN_COLUMNS = ("feature", "token", "position", "activation", "label")
-COFIRING_COLUMNS = ("feature", "fires with it (share)", "label")
+# Every table that shows a feature's label shows beside it how well the label fits: the card's score
+# (its detection F1 on held-out text) and the kind of feature that makes it, said in the tab's intro
+LABEL_FITS = "label fits"
+TOKEN_COLUMNS = ("feature", "token", "position", "activation", LABEL_FITS, "label")
+COFIRING_COLUMNS = ("feature", "fires with it (share)", LABEL_FITS, "label")
 PREDICTION_COLUMNS = ("feature", "mask", "word", "rank", "p(word): with it → switched off", "change (points)",
-                      "estimated change (points)", "label")
+                      "estimated change (points)", LABEL_FITS, "label")
 PREDICTION_HELP = ("*p(word)*: the top word's probability with every feature on → with this one switched off at "
                    "every token, in the real model. *Change*: the difference in percentage points, the unit of "
                    "Steer's before/after bars; it is large when it halves the word's probability or more (e.g. "
                    "12% → 6%) and small under a twentieth of it (12% → 11.4%). *Estimated change*: the same change "
                    "predicted from the model's slope without running it again: how the features are picked before "
                    "they are measured.")
-CONTRAST_COLUMNS = ("feature", "share of A", "share of B", "separation", "label")
-WORD_COLUMNS = ("feature", "lift", "fires on the word", "of its firings on the word", "label")
-LABEL_COLUMNS = ("feature", "fires on (share of tokens)", "label")
-SIMILAR_COLUMNS = ("feature", "cosine", "label")
+CONTRAST_COLUMNS = ("feature", "share of A", "share of B", "separation", LABEL_FITS, "label")
+WORD_COLUMNS = ("feature", "lift", "fires on the word", "of its firings on the word", LABEL_FITS, "label")
+LABEL_COLUMNS = ("feature", "fires on (share of tokens)", LABEL_FITS, "label")
+SIMILAR_COLUMNS = ("feature", "cosine", LABEL_FITS, "label")
 # The quality table's plain headings, each with the line said under the table (QUALITY_HELP); its
 # widths keep it within a 1280 px page
 QUALITY = (
@@ -265,7 +268,7 @@ def prediction_section(layer: int, feature: int) -> PredictionSection:
         why_button = gr.Button("Which features made the top word", scale=2)
     why_table = _table(PREDICTION_COLUMNS, "The features behind each mask's top word, switched off one at a "
                                            "time (click a row for its card)", "prediction-features",
-                       widths=("9%", "6%", "10%", "6%", "17%", "10%", "11%", "31%"))
+                       widths=("8%", "5%", "9%", "5%", "15%", "9%", "10%", "9%", "30%"))
     gr.Markdown(PREDICTION_HELP, elem_id="prediction-features-help")
     with gr.Accordion("Raw features behind the prediction (JSON)", open=False):
         why_raw = gr.JSON()
@@ -301,7 +304,7 @@ class ContrastSection:
         return [self.note, self.table_a, self.table_b]
 
 
-CONTRAST_WIDTHS = ("15%", "14%", "14%", "19%", "38%")
+CONTRAST_WIDTHS = ("13%", "12%", "12%", "16%", "13%", "34%")
 
 
 def contrast_section() -> ContrastSection:
@@ -352,7 +355,7 @@ def quality_section() -> QualitySection:
 
 
 DRIFT_COLUMNS = ("feature", "fires on (base)", "fires on (tuned)", "change of firing share (points)",
-                 "mean activation (base)", "mean activation (tuned)", "change of mean activation", "label")
+                 "mean activation (base)", "mean activation (tuned)", "change of mean activation", LABEL_FITS, "label")
 
 
 @dataclass

@@ -41,7 +41,9 @@ it fires and the words it makes the model predict. Pick a layer, then look at a 
 open a feature's card (click a row of any table), switch a feature off or turn it up and watch the
 prediction change, see which features made a prediction, and contrast two uses of a word. A
 dictionary explains most of its layer, not all of it: the quality table says what replacing the layer by
-it costs the model, and how much of the layer it explains."""
+it costs the model, and how much of the layer it explains. Beside every label, *label fits* says how well its
+tokens find where the feature fires on held-out text (F1, 0 to 1) and whether that makes it a *word* feature
+(it fires on those words whatever the sense) or a *context* feature (a feature's card says it in full)."""
 
 
 def render(ctx: AppContext) -> None:
@@ -164,7 +166,7 @@ def on_sentence_features(visitor: Visitor, sentence, layer, top_features):
         top_features: features listed per token, 1 to 50.
 
     Returns:
-        a tokens x features heatmap (plotly), a table with one row per token and feature (feature, token, position, activation, label), and the raw result {"layer", "tokens", "per_token": [{"position", "token", "features": [{"feature", "activation", "label"}]}], "heatmap": {"features", "labels", "activations"}}.
+        a tokens x features heatmap (plotly), a table with one row per token and feature (feature, token, position, activation, label fits: the label's F1 on held-out text and its kind, label), and the raw result {"layer", "tokens", "per_token": [{"position", "token", "features": [{"feature", "activation", "label", "label_f1", "label_kind"}]}], "heatmap": {"features", "labels", "activations"}}.
     """
     lm = visitor.lm
     result = features.sentence_features(lm, sentence, layer, top_features, _store(visitor))
@@ -180,7 +182,7 @@ def on_feature_card(visitor: Visitor, layer, feature):
         feature: the feature's number, 0 to the dictionary's size - 1 (e.g. 3,072 features for the bundled model's layers).
 
     Returns:
-        a summary (Markdown: how well its label explains it, what kind of feature it is, the label, density, mean and largest activation), its activations' histogram (plotly), its top contexts, examples from each band of its activations and random firings with the firing token highlighted, and the hidden words when it fires at a [MASK] (HTML), the tokens it promotes and suppresses at a [MASK] (plotly), the features that fire with it (table), and the raw card {"layer", "feature", "label", "label_score": {"precision", "recall", "f1", "kind": "word" or "context", "held_out_firings", "held_out_tokens", "summary"}, "density", "mean", "max", "histogram", "contexts": [{"text", "token", "start", "end", "activation"}], "bands": [{"band", "low", "high", "examples"}], "random_firings", "at_mask": {"words": [{"token", "token_id", "firings", "share", "lift"}], "firings", "masks"}, "promoted", "suppressed": [{"token", "token_id", "logit_change", "clear"}], "cofiring": [{"feature", "share", "label"}], "missing"}.
+        a summary (Markdown: how well its label explains it, what kind of feature it is, the label, density, mean and largest activation), its activations' histogram (plotly), its top contexts, examples from each band of its activations and random firings with the firing token highlighted, and the hidden words when it fires at a [MASK] (HTML), the tokens it promotes and suppresses at a [MASK] (plotly), the features that fire with it (table), and the raw card {"layer", "feature", "label", "label_score": {"precision", "recall", "f1", "kind": "word" or "context", "held_out_firings", "held_out_tokens", "summary"}, "density", "mean", "max", "histogram", "contexts": [{"text", "token", "start", "end", "activation"}], "bands": [{"band", "low", "high", "examples"}], "random_firings", "at_mask": {"words": [{"token", "token_id", "firings", "share", "lift"}], "firings", "masks"}, "promoted", "suppressed": [{"token", "token_id", "logit_change", "clear"}], "cofiring": [{"feature", "share", "label", "label_f1", "label_kind"}], "missing"}.
     """
     card = features.feature_card(visitor.lm, layer, feature, _store(visitor))
     return (card_summary(card, visitor.lm.name), feature_plots.feature_histogram(card), contexts_html(card),
@@ -196,7 +198,7 @@ def on_similar_features(visitor: Visitor, layer, feature):
         feature: the feature's number in that layer's dictionary.
 
     Returns:
-        a table (feature, cosine, label), nearest first.
+        a table (feature, cosine, label fits: the label's F1 on held-out text and its kind, label), nearest first.
     """
     return similar_frame(finding.similar_features(visitor.lm, layer, feature, SIMILAR, _store(visitor)))
 
@@ -213,7 +215,7 @@ def on_find_features(visitor: Visitor, query, by, layer, top_features):
         top_features: features listed, 1 to 50.
 
     Returns:
-        a line saying what was found (by word: the word's occurrences in the corpus searched; by label: how many labels hold the text, or, with none, that the nearest labels are shown), a table (by word: feature, lift, the share of the word's occurrences it fires on, the share of its firings on the word, label; by label: feature, density, label), and the raw result (by word {"layer", "word", "token", "token_id", "occurrences", "corpus": {"tokens", "lines"}, "min_firings", "features": [{"feature", "lift", "firings", "word_share", "feature_share", "label"}]}; by label {"layer", "text", "matched", "total", "features": [{"feature", "label", "density"}]}).
+        a line saying what was found (by word: the word's occurrences in the corpus searched; by label: how many labels hold the text, or, with none, that the nearest labels are shown), a table (by word: feature, lift, the share of the word's occurrences it fires on, the share of its firings on the word, label fits, label; by label: feature, density, label fits, label; label fits: the label's F1 on held-out text and its kind, word or context), and the raw result (by word {"layer", "word", "token", "token_id", "occurrences", "corpus": {"tokens", "lines"}, "min_firings", "features": [{"feature", "lift", "firings", "word_share", "feature_share", "label", "label_f1", "label_kind"}]}; by label {"layer", "text", "matched", "total", "features": [{"feature", "label", "label_f1", "label_kind", "density"}]}).
     """
     lm, store = visitor.lm, _store(visitor)
     top_features = validate.whole_number(top_features, "number of features", 1, finding.MAX_TOP, field="top_features")
@@ -307,7 +309,7 @@ def on_prediction_features(visitor: Visitor, sentence, layer, top_features):
         top_features: features listed per mask, 1 to 50.
 
     Returns:
-        a table (feature, mask, word, rank, the word's probability with the feature → switched off, the change in percentage points measured and estimated, label) and the raw result (the drops in log p) {"layer", "masks": [{"mask", "word", "token_id", "log_prob", "features": [{"feature", "label", "drop", "estimate", "activation"}]}]}.
+        a table (feature, mask, word, rank, the word's probability with the feature → switched off, the change in percentage points measured and estimated, label fits, label) and the raw result (the drops in log p) {"layer", "masks": [{"mask", "word", "token_id", "log_prob", "features": [{"feature", "label", "label_f1", "label_kind", "drop", "estimate", "activation"}]}]}.
     """
     top = validate.whole_number(top_features, "number of features", 1, features.MAX_TOP, field="top_features")
     candidates = min(features.MAX_CANDIDATES, max(20, 2 * top))  # measured, of which `top` are shown
@@ -328,7 +330,7 @@ def on_contrast(visitor: Visitor, texts_a, texts_b, word, layer, top_features):
         top_features: features listed per list, 1 to 50.
 
     Returns:
-        a summary line, list A's features and list B's (tables: feature, shares, separation, label).
+        a summary line, list A's features and list B's (tables: feature, shares, separation, label fits: the label's F1 on held-out text and its kind, label).
     """
     result = features.contrast_features(visitor.lm, texts_a, texts_b, word, layer, top_features, _store(visitor))
     count = result["occurrences"]
@@ -634,32 +636,40 @@ def map_note(result: dict) -> str:
             f"{result['colour']['name']}. Click a point for its card.")
 
 
+def label_fits(row: dict) -> str:
+    """A table's "label fits" cell from a view's row: its label's F1 and kind ("0.91 word", "0.12
+    context"; `views.label_fit`, the card's score), "not scored" where there is none."""
+    if row.get("label_kind") is None:
+        return "not scored"
+    return f"{row['label_f1']:.2f} {row['label_kind']}"
+
+
 def word_frame(result: dict) -> pd.DataFrame:
     rows = [[f["feature"], f"×{f['lift']:,.0f}" if f["lift"] >= 10 else f"×{f['lift']:.1f}",
              f"{f['firings']:,} of {result['occurrences']:,} ({f['word_share']:.0%})", f"{f['feature_share']:.1%}",
-             f["label"]] for f in result["features"]]
+             label_fits(f), f["label"]] for f in result["features"]]
     return pd.DataFrame(rows, columns=list(sections.WORD_COLUMNS))
 
 
 def label_frame(result: dict) -> pd.DataFrame:
-    rows = [[f["feature"], f"{f['density']:.3%}", f["label"]] for f in result["features"]]
+    rows = [[f["feature"], f"{f['density']:.3%}", label_fits(f), f["label"]] for f in result["features"]]
     return pd.DataFrame(rows, columns=list(sections.LABEL_COLUMNS))
 
 
 def similar_frame(result: dict) -> pd.DataFrame:
-    rows = [[s["feature"], round(s["cosine"], 3), s["label"]] for s in result["features"]]
+    rows = [[s["feature"], round(s["cosine"], 3), label_fits(s), s["label"]] for s in result["features"]]
     return pd.DataFrame(rows, columns=list(sections.SIMILAR_COLUMNS))
 
 
 def token_frame(result: dict) -> pd.DataFrame:
     """Every token's features in one table, the strongest first (the heatmap keeps the sentence's order)."""
-    rows = sorted(([f["feature"], t["token"], t["position"], round(f["activation"], 4), f["label"]]
+    rows = sorted(([f["feature"], t["token"], t["position"], round(f["activation"], 4), label_fits(f), f["label"]]
                    for t in result["per_token"] for f in t["features"]), key=lambda row: -row[3])
     return pd.DataFrame(rows, columns=list(sections.TOKEN_COLUMNS))
 
 
 def cofiring_frame(card: dict) -> pd.DataFrame:
-    rows = [[c["feature"], f"{c['share']:.0%}", c["label"]] for c in card["cofiring"]]
+    rows = [[c["feature"], f"{c['share']:.0%}", label_fits(c), c["label"]] for c in card["cofiring"]]
     return pd.DataFrame(rows, columns=list(sections.COFIRING_COLUMNS))
 
 
@@ -673,13 +683,13 @@ def prediction_frame(result: dict) -> pd.DataFrame:
             without = p * math.exp(-f["drop"])
             rows.append([f["feature"], m["mask"], m["word"], rank, f"{p:.1%} → {without:.1%}",
                          round(100 * (without - p), 2), round(100 * (p * math.exp(-f["estimate"]) - p), 2),
-                         f["label"]])
+                         label_fits(f), f["label"]])
     return pd.DataFrame(rows, columns=list(sections.PREDICTION_COLUMNS))
 
 
 def contrast_frame(rows: list[dict]) -> pd.DataFrame:
     return pd.DataFrame([[r["feature"], f"{r['share_a']:.0%}", f"{r['share_b']:.0%}", round(r["separation"], 3),
-                          r["label"]] for r in rows], columns=list(sections.CONTRAST_COLUMNS))
+                          label_fits(r), r["label"]] for r in rows], columns=list(sections.CONTRAST_COLUMNS))
 
 
 def drift_frame(result: dict) -> pd.DataFrame:
@@ -687,7 +697,7 @@ def drift_frame(result: dict) -> pd.DataFrame:
         return None if value is None else round(value, 3)
     rows = [[r["feature"], f"{r['density_base']:.2%}", f"{r['density_tuned']:.2%}", f"{100 * r['share_change']:+.2f}",
              activation(r["mean_base"]), activation(r["mean_tuned"]),
-             None if r["activation_change"] is None else f"{r['activation_change']:+.3f}", r["label"]]
+             None if r["activation_change"] is None else f"{r['activation_change']:+.3f}", label_fits(r), r["label"]]
             for r in result["features"]]
     return pd.DataFrame(rows, columns=list(sections.DRIFT_COLUMNS))
 
