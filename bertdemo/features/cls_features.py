@@ -28,6 +28,7 @@ this very vector (its share of variance left unexplained), beside the held-out F
 """
 from __future__ import annotations
 
+import functools
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -266,8 +267,31 @@ def cls_folder(weights: str, store: FeatureStore | None = None, shipped: Path | 
 
 
 def put_cls(store: FeatureStore, coded: ClsFeatures) -> ClsFeatures:
-    """Keep `coded` in `store` as its model's [CLS] dictionary (under the weights its record names)."""
-    return save_cls(coded, store.folder / coded.dictionary.record["weights"] / FOLDER, half=False)
+    """Keep `coded` in `store` as its model's [CLS] dictionary (under the weights its record names),
+    on disk and loaded (what `found_cls` returns from now on)."""
+    weights = coded.dictionary.record["weights"]
+    saved = save_cls(coded, store.folder / weights / FOLDER, half=False)
+    store.keep((FOLDER, weights), saved.dictionary.folder, saved)
+    return saved
+
+
+def found_cls(weights: str | None, store: FeatureStore | None) -> ClsFeatures | None:
+    """The [CLS] dictionary of the model with weights digest `weights` (`cls_folder`), read from disk
+    once and kept loaded: by `store` as it keeps its layer dictionaries, else (no store: the shipped
+    one alone) by this process. None where there is none."""
+    if not weights:
+        return None
+    if store is None:
+        return _shipped(weights)
+    return store.kept((FOLDER, weights), lambda: cls_folder(weights, store), load_cls)
+
+
+@functools.lru_cache(maxsize=4)
+def _shipped(weights: str) -> ClsFeatures | None:
+    """The shipped [CLS] dictionary when it is `weights`' model's, read once: a read-only asset of the
+    install, the same for every engine."""
+    folder = cls_folder(weights)
+    return load_cls(folder) if folder is not None else None
 
 
 # ---------------------------------------------------------------- the view
@@ -357,14 +381,13 @@ def switched_off(model, inputs: dict, layer: int, removed: torch.Tensor) -> torc
 
 
 def _found(classifier, store: FeatureStore | None) -> ClsFeatures:
-    weights = getattr(classifier, "base_weights", None)
-    folder = cls_folder(weights, store) if weights else None
-    if folder is None:
+    found = found_cls(getattr(classifier, "base_weights", None), store)
+    if found is None:
         raise validate.InputError("classifier", "The model this classifier was trained from has no [CLS] "
                                                 "dictionary: one is shipped for the bundled model only. Train the "
                                                 "classifier from the bundled model (or make one: "
                                                 "bertdemo.features.cls_features.make_cls_features).")
-    return load_cls(folder)
+    return found
 
 
 def _described(stats: dict, feature: int) -> dict:

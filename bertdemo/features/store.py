@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import threading
 from pathlib import Path
+from typing import Callable, Hashable
 
 from .. import disk
 from ..model.caches import ModelCaches
@@ -54,6 +55,7 @@ class FeatureStore:
         cache.on_evict(self._forget)
         self.shipped = Path(shipped) if shipped is not None else None
         self._loaded: dict[tuple[str, int], Dictionary] = {}
+        self._others: dict[Hashable, tuple[Path, object]] = {}  # other kinds, by key: (folder, loaded)
         self._lock = threading.Lock()
 
     def shipped_for(self, lm: LoadedModel) -> Path | None:
@@ -114,7 +116,30 @@ class FeatureStore:
         self.cache.trim(keep=(target,))
         return saved
 
+    def kept(self, key: Hashable, find: Callable[[], Path | None], load: Callable[[Path], object]):
+        """A dictionary of another kind than a layer's (the [CLS] one, `cls_features`), kept as a layer's
+        is: the first call finds its folder (`find()`, None: there is none, and nothing is kept) and
+        loads it (`load(folder)`); later ones return it without touching the disk, until `keep`
+        replaces it or the cache evicts its folder."""
+        with self._lock:
+            found = self._others.get(key)
+        if found is None:
+            folder = find()
+            if folder is None:
+                return None
+            found = (folder, load(folder))
+            with self._lock:
+                self._others[key] = found
+        self._used(found[0])
+        return found[1]
+
+    def keep(self, key: Hashable, folder: Path, value) -> None:
+        """Keep `value`, just saved in `folder`, under `key` (what `kept` returns from now on)."""
+        with self._lock:
+            self._others[key] = (folder, value)
+
     def _forget(self, folder: Path) -> None:
         """The cache evicted `folder`: drop its loaded dictionary (one in a visitor's hands stays usable)."""
         with self._lock:
             self._loaded = {k: v for k, v in self._loaded.items() if v.folder != folder}
+            self._others = {k: v for k, v in self._others.items() if v[0] != folder}

@@ -139,6 +139,26 @@ def test_saved_found_by_the_classifiers_base_and_read_back(tiny_bert, made, tmp_
     assert found["features"][0]["after"] == pytest.approx(direct["features"][0]["after"], abs=1e-5)
 
 
+def test_the_dictionary_is_read_from_disk_once_per_store(tiny_bert, made, tmp_path, monkeypatch):
+    coded, classifier = made
+    store = FeatureStore(tmp_path / "features", shipped=None)
+    folder = store.folder / tiny_bert.weights_digest / cls_features.FOLDER
+    cls_features.save_cls(coded, folder, half=False)  # on disk, as a restarted server finds it
+    reads = []
+    load = cls_features.load_cls
+    monkeypatch.setattr(cls_features, "load_cls", lambda f: reads.append(f) or load(f))
+    first = cls_features.found_cls(tiny_bert.weights_digest, store)
+    for _ in range(3):
+        classifier_features(classifier, SENTENCE, top=3, store=store)
+    assert reads == [folder] and cls_features.found_cls(tiny_bert.weights_digest, store) is first
+    assert cls_features.found_cls("no-such-weights", store) is None
+    store._forget(folder)  # the disk cache evicted it: read again when asked
+    classifier_features(classifier, SENTENCE, top=3, store=store)
+    assert reads == [folder, folder]
+    again = cls_features.put_cls(store, coded)  # one made here replaces what is kept
+    assert cls_features.found_cls(tiny_bert.weights_digest, store) is again and len(reads) == 2
+
+
 def test_bad_input_says_how_to_fix_it(made):
     coded, classifier = made
     with pytest.raises(ValueError, match="train one first"):

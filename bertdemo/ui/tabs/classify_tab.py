@@ -211,6 +211,7 @@ probability of the label it decided is measured again. One dictionary is shipped
 model: train the classifier from it."""
 WHY_COLUMNS = ("feature", "fires most on (corpus sentences)", "activation", "probability: with → without",
                "change (points)", "fires on")
+WHY_WIDTHS = ("8%", "42%", "10%", "17%", "10%", "13%")
 WHY_TABLE_LINE = """Each row is one feature active at [CLS] for this sentence, the largest fall first.
 *with → without*: your classifier's probability of its decided label with the feature as it is and
 switched off (measured, not estimated); *change*: the difference in percentage points (a fall of
@@ -245,7 +246,8 @@ def _section_why() -> WhySection:
             run = gr.Button("Show the features it rests on", scale=1)
         note = gr.Markdown(elem_id="classify-why-note")
         table = gr.Dataframe(empty_table(WHY_COLUMNS), interactive=False, wrap=True, elem_id="classify-why",
-                             label="The sentence's [CLS] features, switched off one at a time")
+                             label="The sentence's [CLS] features, switched off one at a time",
+                             column_widths=list(WHY_WIDTHS))  # else its sentences push the numbers off the page
         gr.Markdown(WHY_TABLE_LINE)
     return WhySection(sentence, top, run, note, table)
 
