@@ -444,17 +444,7 @@ def _feature_card(visitor: Visitor, node: dict) -> dict | None:
         return None
     from ...features import views as features
 
-    return features.feature_card(visitor.lm, node["layer"], node["feature"], _Transcoders({node["layer"]: coder}))
-
-
-class _Transcoders:
-    """The transcoders as the features' views ask a store for a layer's dictionary."""
-
-    def __init__(self, coders: dict):
-        self.coders = coders
-
-    def get(self, lm, layer):
-        return self.coders.get(layer)
+    return features.feature_card(visitor.lm, node["layer"], node["feature"], files.LayerStore({node["layer"]: coder}))
 
 
 def _effects(card: dict) -> go.Figure:
