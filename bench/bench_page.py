@@ -9,12 +9,18 @@ visit, and times:
   first click, and the time from navigation to the tabs;
 - each tab's main view: a new visit that reads the landing page for `--read` s (3), opens the tab,
   reads it as long, fills the view's text and clicks its button; the time from that click to the view
-  drawn (every chart, table or frame of it in the page, as a new drawing), the first time and
+  drawn (every chart, table or frame of it that the visitor sees, as a new drawing), the first time and
   `--later` times more with other text. Beside it the server's own time for the same request: from
   the moment the browser sends the request (`queue/join`) to the moment the last byte of its answer
   (`process_completed`) arrives, read from chromium's network events (the DevTools protocol), so the
   two figures are of one and the same request. The page's share is the difference: Gradio's code
   before the request goes out and after the answer comes in (parsing, drawing, modules fetched).
+
+What the visitor sees is what is waited for: a section folded until the visitor opens it is not drawn
+by an answer (Attention's "What the [MASK] looked at" and its numbers' JSON: the page mounts their
+charts when opened), so it is not in `drawn`; everything the view shows open is. A frame counts as
+drawn when it adds new `svg text` after the click, whether the answer built a new document (as
+bertviz's frame did) or drew into the one the page keeps (as it does now).
 
 Run: python bench/bench_page.py [--models bundled,bert-base] [--later 3] [--read 3] [--visits 1]
      [--app DIR] (another checkout's app.py, e.g. before a change; needs its own package there)
@@ -53,7 +59,8 @@ class View:
     `fill`: (the text box's label, or a CSS selector starting with '#'; one value per click).
     `drawn`: what must show a new drawing (new nodes, or new text in them), each `plot(label)` (a
     plotly chart in the block whose label starts so), {"block": label or "css": selector, "ready":
-    selector of what it shows}, or {"frame": selector of an iframe} (bertviz: once `svg text` shows).
+    selector of what it shows}, or {"frame": selector of an iframe} (bertviz: once it adds `svg text`).
+    Every chart, table and frame the answer shows open, none that waits folded for a click.
     `button`: None: the view is the tab's own content (drawn when the tab opens, no request)."""
 
     tab: str
@@ -107,10 +114,10 @@ INIT_JS = """if (window === window.top) {
         observer.disconnect();
         requestAnimationFrame(() => { window.__tabsShown = performance.now(); });
     }).observe(document, {subtree: true, childList: true});
-} else {
-    new MutationObserver((_, observer) => {
-        if (!document.querySelector('svg text')) return;
-        observer.disconnect();
+} else {  // each new drawing (svg text added), whether in a new document or one the page reuses
+    const drawing = (node) => node.nodeType === 1 && (node.matches('svg text') || !!node.querySelector('svg text'));
+    new MutationObserver((records) => {
+        if (!records.some((r) => [...r.addedNodes].some(drawing))) return;
         window.parent.postMessage({benchFrameDrawn: true}, '*');  // (no frames drawn for it off screen)
     }).observe(document, {subtree: true, childList: true});
 }"""
@@ -123,9 +130,10 @@ WATCH_JS = """(checks) => {
         .filter((el) => el.textContent.trim().startsWith(label) && shown(el))
         .map((el) => el.closest('.block'))[0];
     const look = (c) => {
-        if (c.frame) {  // drawn: the frame said so (INIT_JS) since the click
+        if (c.frame) {  // drawn: the frame said so (INIT_JS) since the click, a new document or not
             const node = [...document.querySelectorAll(c.frame)].filter(shown)[0];
-            return {node, text: node ? (node.getAttribute('srcdoc') || '') : '', ready: !!node && framesDrawn.has(node.contentWindow)};
+            const drawn = !!node && framesDrawn.has(node.contentWindow);
+            return {node, text: drawn ? 'drawn since the click' : '', ready: drawn};
         }
         // what the view shows, not the block around it (whose progress timer ticks while it waits)
         const root = c.block ? block(c.block) : [...document.querySelectorAll(c.css)].filter(shown)[0];

@@ -236,7 +236,7 @@ def attention_heatmap(labels: list[str], matrix, title: str, boundary: int | Non
     if n <= 20:
         heatmap["texttemplate"] = "%{z:.2f}"
     size = min(max(420, 110 + 22 * n), 1600)
-    layout = dict(title=dict(text=title), height=size, margin=dict(l=10, r=10, t=50, b=10),
+    layout = dict(title=dict(text=title), height=size, margin=label_margins(names),
                   xaxis=dict(title=dict(text="attends to (key)"), side="top", tickangle=-60, type="category"),
                   yaxis=dict(title=dict(text="token (query)"), autorange="reversed", type="category"))
     if boundary is not None:  # sentence B starts here: a line down and a line across
@@ -245,6 +245,17 @@ def attention_heatmap(labels: list[str], matrix, title: str, boundary: int | Non
         layout["shapes"] = [dict(**line, x0=at, x1=at, y0=-0.5, y1=end),
                             dict(**line, x0=-0.5, x1=end, y0=at, y1=at)]
     return fast_figure([heatmap], layout)
+
+
+def label_margins(names: list[str]) -> dict:
+    """Margins (px) for a heatmap whose axes are labelled with `names` (the y labels left, the x
+    labels on top at -60 degrees, a colorbar right, a title). With margins too small for its labels
+    plotly draws the whole chart, measures the labels and draws it all again with wider margins:
+    half of the Attention heatmap's drawing in the page. These fit the labels plotly measured in
+    chromium (l 76, t 100 at 6 characters; l 136, t 133 at 20; r 95-103) with room to spare, so
+    one pass draws it; a label wider than guessed still fits, after the second pass."""
+    longest = max((len(x) for x in names), default=1)
+    return dict(l=50 + 7 * longest, r=110, t=max(100, 50 + 6 * longest), b=10)
 
 
 def mask_attention_grid(rows, labels: list[str], hidden: list[bool] | None = None,

@@ -66,7 +66,8 @@ def attention_heatmap(labels: list[str], matrix, title: str, boundary: int | Non
         fig.add_shape(**line, x0=at, x1=at, y0=-0.5, y1=end)
         fig.add_shape(**line, x0=-0.5, x1=end, y0=at, y1=at)
     size = min(max(420, 110 + 22 * n), 1600)
-    fig.update_layout(title=title, height=size, margin=dict(l=10, r=10, t=50, b=10),
+    longest = max((len(x) for x in names), default=1)  # margins that fit the labels (as plots.label_margins)
+    fig.update_layout(title=title, height=size, margin=dict(l=50 + 7 * longest, r=110, t=max(100, 50 + 6 * longest), b=10),
                       xaxis=dict(title="attends to (key)", side="top", tickangle=-60, type="category"),
                       yaxis=dict(title="token (query)", autorange="reversed", type="category"))
     return fig

@@ -8,6 +8,7 @@ from playwright.sync_api import expect
 
 import bertdemo
 
+MASK_SECTION = re.compile(r"^What the \[MASK\] looked at")  # the folded section's own button
 SENTENCE = "Paris is the [MASK] of France."
 
 
@@ -91,8 +92,9 @@ def test_heads_count_from_one_wherever_the_page_shows_them(page, app_url):
     expect(page.locator("#layers-line")).to_contain_text("Heads are counted as you would: head 1 is a layer's first")
     page.get_by_role("button", name="Show attention").click()
     expect(plot_title(page, "Attention heatmap")).to_have_text("Attention, layer 2, head 1: row attends to column")
-    grid = page.locator("div.block", has=page.get_by_test_id("block-label").filter(
-        has_text="Most-attended token per layer and head"))
+    page.get_by_role("button", name=MASK_SECTION).click()  # a folded section
+    grid = page.get_by_test_id("block-label").filter(has_text="Most-attended token per layer and head").locator(
+        "xpath=ancestor::div[contains(concat(' ', @class, ' '), ' block ')][1]")  # its own block, not the section's
     expect(grid.locator(".xtick text")).to_have_text(["1", "2"])  # the [MASK] grid's heads
     expect(page.get_by_label("number input for Head (1 = the first)")).to_have_value("1")
     expect(page.get_by_label("number input for Neuron view: head (1 = the first)")).to_have_value("1")

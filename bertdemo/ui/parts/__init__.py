@@ -1,1 +1,1 @@
-"""What the tabs share: the context and handlers, errors as messages, links, the model line, banner and picker, the live run, downloads, cached examples, preload, the heads panel; imports serving/ and the service."""
+"""What the tabs share: the context and handlers, errors as messages, links, the model line, banner and picker, the live run, downloads, cached examples, preload, the heads panel, the bertviz frame; imports serving/ and the service."""

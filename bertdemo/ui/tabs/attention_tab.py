@@ -19,7 +19,7 @@ from ...sessions import SessionStore
 from ...views import view_files
 from ...views.attention_views import (VENDOR_DIR, VIEWS, Attention, attention, bertviz_html, default_selection,
                                mask_rows, script_urls, srcdoc_iframe, standalone, view, view_height)
-from ..parts import heads_panel, view_downloads
+from ..parts import bertviz_frame, heads_panel, view_downloads
 from ..parts.common import FIRST_HEAD
 from ..parts.context import AppContext, Visitor, handler, standalone_demo
 
@@ -87,6 +87,8 @@ def render(ctx: AppContext) -> None:
     heads_panel.render(ctx, text, text_b, n_layers, n_heads)
     with gr.Accordion("What attention weights are, and are not", open=False):
         gr.Markdown(EXPLAINER)
+    for section, shown in mask.folded:
+        _drawn_when_open(section, shown)
 
     run_inputs = [text, text_b, *viz_inputs, *heatmap_inputs, mask.mask_number]
     run_outputs = [*viz_outputs, *heatmap_outputs, *mask_outputs]
@@ -154,7 +156,7 @@ def _section_bertviz(n_layers: int, n_heads: int) -> BertvizSection:
         heads = gr.CheckboxGroup(list(range(1, n_heads + 1)), label="Heads, model view, 1 = the first (none: automatic)",
                                  scale=2)
     note = gr.Markdown()
-    viz = gr.HTML(elem_id="bertviz-view")
+    viz = bertviz_frame.render(served_urls(), elem_id="bertviz-view")
     download = gr.DownloadButton("Download this view as standalone HTML", value=None, size="sm")
     return BertvizSection(kind, layers, heads, note, viz, download)
 
@@ -199,7 +201,8 @@ def _section_heatmaps(n_layers: int, n_heads: int) -> HeatmapSection:
 @dataclass
 class MaskSection:
     """What the [MASK] looked at: the mask's number, what `on_mask` returns (in `outputs` order), its
-    export, and the JSON of the heatmap's numbers below it."""
+    export, and the JSON of the heatmap's numbers below it; each in a folded section (`folded`:
+    the section and the components drawn only while it is open)."""
 
     mask_number: gr.Number
     note: gr.Markdown
@@ -208,6 +211,7 @@ class MaskSection:
     export_button: gr.Button
     export_files: gr.File
     raw: gr.JSON
+    folded: list[tuple[gr.Accordion, list]]
 
     @property
     def outputs(self) -> list:
@@ -215,17 +219,31 @@ class MaskSection:
 
 
 def _section_mask() -> MaskSection:
-    """The [MASK] section, then the accordion that shows the heatmap's numbers (JSON)."""
-    gr.Markdown("### What the [MASK] looked at")
-    mask_number = gr.Number(label="Mask number (1 = first)", value=1, precision=0, minimum=1)
-    mask_note = gr.Markdown()
-    with gr.Row():
-        mask_grid = gr.Plot(label="Most-attended token per layer and head", scale=3)
-        mask_preds = gr.Plot(label="Fill-mask predictions for this mask", scale=2)
-    export_button, export_files = view_downloads.controls("what the [MASK] looked at")
-    with gr.Accordion("Tokens and the heatmap's numbers (JSON)", open=False):
-        raw = gr.JSON()
-    return MaskSection(mask_number, mask_note, mask_grid, mask_preds, export_button, export_files, raw)
+    """The [MASK] section, then the accordion that shows the heatmap's numbers (JSON). Both start
+    folded, their charts and JSON unmounted (`visible=False`): every answer still carries them (the
+    API's /attention is unchanged) and the page draws them when the visitor opens the section."""
+    with gr.Accordion("What the [MASK] looked at", open=False) as section:
+        mask_number = gr.Number(label="Mask number (1 = first)", value=1, precision=0, minimum=1)
+        mask_note = gr.Markdown()
+        with gr.Row():
+            mask_grid = gr.Plot(label="Most-attended token per layer and head", scale=3, visible=False)
+            mask_preds = gr.Plot(label="Fill-mask predictions for this mask", scale=2, visible=False)
+        export_button, export_files = view_downloads.controls("what the [MASK] looked at")
+    with gr.Accordion("Tokens and the heatmap's numbers (JSON)", open=False) as numbers:
+        raw = gr.JSON(visible=False, elem_id="attention-numbers")
+    return MaskSection(mask_number, mask_note, mask_grid, mask_preds, export_button, export_files, raw,
+                       [(section, [mask_grid, mask_preds]), (numbers, [raw])])
+
+
+def _drawn_when_open(section: gr.Accordion, shown: list) -> None:
+    """Mount `shown` when `section` opens (they draw the value they were last sent) and unmount them
+    when it folds, so an answer draws nothing the visitor cannot see."""
+    def showing(visible: bool):
+        update = gr.update(visible=visible)  # one output takes the update itself, several a list
+        return lambda: update if len(shown) == 1 else [update] * len(shown)
+
+    section.expand(showing(True), None, shown, queue=False, api_visibility="private")
+    section.collapse(showing(False), None, shown, queue=False, api_visibility="private")
 
 
 def create_demo(store=None, settings: Settings | None = None) -> gr.Blocks:
