@@ -8,7 +8,7 @@ Goals (2 CPU threads; the shipped dictionary of layer 3):
   time printed apart, UMAP's first run in a process with numba's compilation, then another layer's);
 - `--browser`: the same map in Debian's chromium, from the click on "Draw the map" to its 3,072
   points on the page (the app started on the bundled model, the layout already kept).
-Run: python bench/bench_feature_search.py [--browser] [--repeats 9]
+Run: python bench/bench_feature_search.py [--browser [--against /tmp/map-base]] [--repeats 9]
 """
 import argparse
 import shutil
@@ -26,7 +26,7 @@ import bertdemo  # noqa: E402
 from bertdemo import feature_plots  # noqa: E402
 from bertdemo.features import feature_map, search  # noqa: E402
 from bertdemo.features.store import FeatureStore  # noqa: E402
-from common import interleaved_medians, machine  # noqa: E402
+from common import ROOT, interleaved_medians, machine  # noqa: E402
 
 THREADS = 2
 ONNX_READY = "ONNX Runtime forward ready"  # the app's start done: its export built in the background
@@ -72,49 +72,78 @@ def server(lm, store: FeatureStore, repeats: int) -> None:
     print(f"  the map's JSON: {size / 1e3:,.0f} kB")
 
 
-def browser(store_folder: Path, repeats: int) -> None:
+def browser(store_folder: Path, repeats: int, against: Path | None = None) -> None:
     """The map in chromium: the bundled app started with its features cache in `store_folder` (where
-    the layout is kept already)."""
+    the layout is kept already). With `against` (another checkout, e.g. `git worktree add
+    /tmp/map-base HEAD`), its app too, at once, the draws interleaved (the order alternating), so
+    both meet the same load."""
+    import contextlib
     import os
 
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import sync_playwright
 
     from common import free_port, serve_app
 
     os.environ["BERTDEMO_FEATURES_CACHE"] = str(store_folder)  # the app's features cache: the layout kept there
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/"
-    with serve_app(["--model", "bundled", "--port", str(port)], log_line=ONNX_READY), sync_playwright() as p:
+    roots = {"this tree": ROOT, **({f"against {against}": against} if against else {})}
+    with contextlib.ExitStack() as stack, sync_playwright() as p:
+        pages = {}
         chrome = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--headless", "--no-sandbox"])
-        page = chrome.new_page(viewport={"width": 1280, "height": 900})
-        page.goto(url)
-        page.get_by_role("tab", name="Features").click()
-        draw = page.get_by_role("button", name="Draw the map of this layer's features")
-        draw.click()  # the first: the server's layout kept already, or made now
-        expect(page.locator("#features-map path.point")).to_have_count(3072, timeout=600_000)
-        print(f"\nin chromium, the first map: {page.locator('#features-map-note').inner_text()}")
-        times = []
+        for name, root in roots.items():
+            port = free_port()
+            stack.enter_context(serve_app(["--model", "bundled", "--port", str(port)], log_line=ONNX_READY,
+                                          timeout_s=600, root=root))
+            pages[name] = first_map(chrome, f"http://127.0.0.1:{port}/", name)
+        times = {name: [] for name in pages}
         for draw_number in range(repeats):  # layers 4 and 3 in turn (both kept): each click draws a new map
             layer = 4 if draw_number % 2 == 0 else 3
-            box = page.get_by_label("number input for Features of layer (0 = embeddings)")
-            box.fill(str(layer))
-            box.press("Enter")
-            expect(page.locator("#features-available")).to_contain_text(f"Layer {layer}:")
-            started = time.perf_counter()
-            draw.click()
-            expect(page.locator("#features-map .gtitle")).to_contain_text(f"Layer {layer}:", timeout=60_000)
-            expect(page.locator("#features-map path.point")).to_have_count(3072)
-            times.append(time.perf_counter() - started)
+            for name in (list(pages) if draw_number % 2 == 0 else list(pages)[::-1]):
+                times[name].append(timed_map(pages[name], layer))
         chrome.close()
-    times.sort()
-    print(f"in chromium, click to 3,072 points drawn (layout kept): median {times[len(times) // 2] * 1e3:.0f} ms, "
-          f"first {times[0] * 1e3:.0f} ms .. last {times[-1] * 1e3:.0f} ms of {repeats} (goal <= 1 s)")
+    for name, seconds in times.items():
+        seconds = sorted(seconds)
+        print(f"in chromium, {name}: click to 3,072 points drawn (layout kept): median "
+              f"{seconds[len(seconds) // 2] * 1e3:.0f} ms, {seconds[0] * 1e3:.0f} .. {seconds[-1] * 1e3:.0f} ms of "
+              f"{repeats} (goal <= 1 s)")
+    if against:
+        mine, theirs = (sorted(t)[len(t) // 2] for t in times.values())
+        print(f"this tree / against: {mine / theirs:.2f}")
+
+
+def first_map(chrome, url: str, name: str):
+    """A page of the app at `url` on the Features tab with its first map drawn (the layout kept, or made now)."""
+    from playwright.sync_api import expect
+
+    page = chrome.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(url)
+    page.get_by_role("tab", name="Features").click()
+    page.get_by_role("button", name="Draw the map of this layer's features").click()
+    expect(page.locator("#features-map path.point")).to_have_count(3072, timeout=600_000)
+    print(f"\nin chromium, {name}, the first map: {page.locator('#features-map-note').inner_text()}")
+    return page
+
+
+def timed_map(page, layer: int) -> float:
+    """Seconds from the click on "Draw the map" for `layer` to its title and 3,072 points on the page."""
+    from playwright.sync_api import expect
+
+    box = page.get_by_label("number input for Features of layer (0 = embeddings)")
+    box.fill(str(layer))
+    box.press("Enter")
+    expect(page.locator("#features-available")).to_contain_text(f"Layer {layer}:")
+    started = time.perf_counter()
+    page.get_by_role("button", name="Draw the map of this layer's features").click()
+    expect(page.locator("#features-map .gtitle")).to_contain_text(f"Layer {layer}:", timeout=60_000)
+    expect(page.locator("#features-map path.point")).to_have_count(3072)
+    return time.perf_counter() - started
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--browser", action="store_true", help="also time the map drawn in chromium")
     parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--against", type=Path, help="with --browser: another checkout's app timed beside this "
+                                                     "one's, draws interleaved (e.g. a git worktree of HEAD)")
     args = parser.parse_args()
     torch.set_num_threads(THREADS)
     import os
@@ -125,7 +154,7 @@ def main() -> None:
         lm = bertdemo.load_bundled("cpu")
         server(lm, FeatureStore(folder), args.repeats)
         if args.browser:
-            browser(folder, max(3, args.repeats // 3))
+            browser(folder, max(3, args.repeats // 3), args.against)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

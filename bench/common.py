@@ -83,15 +83,17 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def serve_app(args: list[str], timeout_s: float = 180.0, log_line: str | None = None,
-              log_path: str | None = None):
+              log_path: str | None = None, root: Path = ROOT):
     """Run `python app.py ARGS` in a subprocess until it answers on its --port, and, with
     `log_line`, until its log has a line containing it (e.g. the ONNX Runtime forward built in
     the background after start: measuring before would time the torch forward and the build);
-    stop it after. `log_path`: where its log goes (kept), else a temporary file or nowhere."""
+    stop it after. `log_path`: where its log goes (kept), else a temporary file or nowhere.
+    `root`: the checkout whose app.py runs (another one's, e.g. a `git worktree` of the commit
+    before a change, to time both side by side)."""
     port = int(args[args.index("--port") + 1])
     env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1"}
     with (open(log_path, "w+") if log_path else tempfile.TemporaryFile("w+")) as log:
-        proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), *args], env=env, cwd=ROOT,
+        proc = subprocess.Popen([sys.executable, str(Path(root) / "app.py"), *args], env=env, cwd=root,
                                 stdout=subprocess.DEVNULL,
                                 stderr=log if log_line or log_path else subprocess.DEVNULL)
         try:

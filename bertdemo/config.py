@@ -167,6 +167,9 @@ OTHER_ENV = {
     "GRADIO_TEMP_DIR": "Gradio's folder for the files it serves (downloads); default: one of the app's "
                        "own, removed at exit",
     "GRADIO_HEARTBEAT_INTERVAL": "seconds between a page's heartbeats (default 5 here; Gradio's is 15)",
+    "GRADIO_RUN_HISTORY": "`true`: Gradio's run history (every event's inputs and outputs kept in the visitor's "
+                          "browser, the page's \"Runs\" link); off here unless set, as it re-reads and re-writes "
+                          "all of it on every event (bertdemo/ui/serving/lifecycle.py)",
     "HF_HUB_OFFLINE": "`1`: never ask the Hugging Face Hub; models come from its local cache or a folder",
     "HF_HOME": "where the Hugging Face cache lives (downloaded models)",
 }

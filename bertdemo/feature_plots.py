@@ -4,6 +4,7 @@ it promotes), steering, a training run's curves and a layer's map. Data in, `go.
 """
 from __future__ import annotations
 
+import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
@@ -104,16 +105,21 @@ def feature_curves(steps: list) -> go.Figure:
 def feature_map(result: dict) -> go.Figure:
     """A layer's features as points (`features.feature_map.feature_map`): placed by their decoder
     directions, coloured by `result["colour"]`; hover: the feature, its label and firings. Each
-    point's customdata is its feature number (a click opens its card)."""
+    point's customdata is its feature number (a click opens its card).
+
+    Every per-point array is a numpy array: plotly checks one as a whole where it checks a list item
+    by item (3,072 hover texts as a list took ~80 ms a map), and sends numbers as typed arrays (base64
+    float32: finer than a pixel, and shorter than decimals rounded to 3 places)."""
     method = {"umap": "UMAP", "pca": "PCA"}.get(result["method"], result["method"])
-    firings = result["firings"]
-    fig = go.Figure(go.Scatter(  # SVG: each point clickable; places rounded (a third less to send)
-        x=[round(v, 3) for v in result["x"]], y=[round(v, 3) for v in result["y"]], mode="markers",
-        customdata=result["features"],
-        text=[f"{plotly_text(name)}<br>{count:,} firings" for name, count in zip(result["labels"], firings)],
-        marker=dict(size=6, color=[round(v, 3) for v in result["colour"]["values"]], colorscale="Viridis", opacity=0.8,
-                    colorbar=dict(title=result["colour"]["name"])),
-        hovertemplate="feature %{customdata}: %{text}<extra></extra>"))
+    points = go.Scatter(  # SVG: each point clickable (WebGL was no faster in chromium without a GPU)
+        x=np.asarray(result["x"], dtype=np.float32), y=np.asarray(result["y"], dtype=np.float32), mode="markers",
+        customdata=np.asarray(result["features"], dtype=np.int32),
+        text=np.array([f"{plotly_text(name)}<br>{count:,} firings"
+                       for name, count in zip(result["labels"], result["firings"])], dtype=object),
+        marker=dict(size=6, color=np.asarray(result["colour"]["values"], dtype=np.float32), colorscale="Viridis",
+                    opacity=0.8, colorbar=dict(title=result["colour"]["name"])),
+        hovertemplate="feature %{customdata}: %{text}<extra></extra>")
+    fig = go.Figure(points)
     fig.update_layout(title=f"Layer {result['layer']}: its {len(result['features']):,} features by the direction "
                             f"each writes ({method} of the decoder rows); click one for its card",
                       height=560, margin=dict(l=10, r=10, t=50, b=10), hovermode="closest", dragmode="pan",

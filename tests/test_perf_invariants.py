@@ -370,3 +370,25 @@ def test_gradio_summarises_its_event_log_once_per_hundred_events(tiny_bert_dir):
 
     demo = app.build_demo(Settings(model=str(tiny_bert_dir), device="cpu"))
     assert demo._queue.ANAYLTICS_CACHE_FREQUENCY == 100
+
+
+def test_the_page_keeps_no_run_history_unless_asked(monkeypatch):
+    """Gradio's run history re-reads and re-writes every past event's outputs (a feature map's 260 kB
+    each) in the visitor's browser on each event: off unless GRADIO_RUN_HISTORY asks for it."""
+    import gradio as gr
+
+    from bertdemo.config import Settings
+    from bertdemo.ui.serving import lifecycle
+
+    monkeypatch.delenv("GRADIO_RUN_HISTORY", raising=False)
+    assert lifecycle.run_history() is False
+    monkeypatch.setenv("GRADIO_RUN_HISTORY", "true")
+    assert lifecycle.run_history() is None  # Gradio reads it itself
+    monkeypatch.delenv("GRADIO_RUN_HISTORY")
+    with gr.Blocks() as demo:
+        gr.Markdown("page")
+    lifecycle.serve(demo, Settings(model="tiny", device="cpu", port=None), block=False)
+    try:
+        assert demo.run_history is False and "runs" not in demo.footer_links
+    finally:
+        demo.close()

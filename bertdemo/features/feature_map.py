@@ -23,7 +23,7 @@ from ..model.loading import LoadedModel
 from .dictionary import Dictionary
 from .search import keep, kept_entry, unit_directions
 from .store import FeatureStore, shared_store
-from .views import label, load_features
+from .views import labels, load_features
 
 LAYOUT = "layout.safetensors"
 NEIGHBOURS = 15  # UMAP's n_neighbors (fewer for a dictionary of fewer features)
@@ -106,5 +106,5 @@ def feature_map(lm: LoadedModel, layer: int, store: FeatureStore | None = None, 
     return {"layer": dictionary.layer, "method": method, "cached": cached,
             "features": list(range(dictionary.latents)), "x": xy[:, 0].tolist(), "y": xy[:, 1].tolist(),
             "density": density.tolist(), "firings": [round(d * tokens) for d in density.tolist()],
-            "labels": [label(lm, dictionary, f) for f in range(dictionary.latents)], "colour": colour,
+            "labels": labels(lm, dictionary), "colour": colour,
             "statistics_tokens": tokens}

@@ -38,7 +38,7 @@ from .data import Lines, point_of
 from .dictionary import Dictionary
 from .stats import corpus_codes
 from .store import FeatureStore, shared_store
-from .views import NO_CLEAR_OUTPUT, label, label_fit, labelled, load_features
+from .views import NO_CLEAR_OUTPUT, label, label_fit, labelled, labels as labels_of, load_features
 
 MIN_FIRINGS = 3  # on the word, for a feature to be listed (fewer when the word occurs fewer times)
 MAX_TOP = 50
@@ -244,7 +244,7 @@ def features_by_label(lm: LoadedModel, text: str, layer: int, top: int = 10,
     text = text.strip()
     validate.length_at_most(len(text), MAX_QUERY, "label text", fix="Type a word or two.", field="query")
     top = validate.whole_number(top, "number of features", 1, MAX_TOP, field="top")
-    labels = [label(lm, dictionary, f) for f in range(dictionary.latents)]
+    labels = labels_of(lm, dictionary)
     density = dictionary.stats["density"].tolist() if dictionary.stats is not None else [0.0] * len(labels)
     wanted = text.lower()
     words_of = [_words(name) for name in labels]

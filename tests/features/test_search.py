@@ -186,8 +186,14 @@ def test_the_map_has_a_point_per_feature_kept_on_disk(tiny_bert, made, method):
     assert not drawn["cached"] and again["cached"] and (again["x"], again["y"]) == (drawn["x"], drawn["y"])
     assert np.isfinite(np.stack([drawn["x"], drawn["y"]], 1)).all() and np.ptp(drawn["x"]) > 0
     assert drawn["colour"]["name"] == "density (log10)" and len(drawn["colour"]["values"]) == 64
+    # each point named as its card names it (the map labels every feature at once)
+    assert drawn["labels"] == [bertdemo.feature_card(tiny_bert, LAYER, f, store)["label"] for f in range(64)]
     figure = feature_plots.feature_map(drawn)
     assert list(figure.data[0].customdata) == list(range(64))  # a click names its feature
+    assert list(figure.data[0].text) == [f"{name}<br>{count:,} firings" for name, count in
+                                         zip(drawn["labels"], drawn["firings"])]  # hover: its label and firings
+    assert figure.data[0].x.tolist() == pytest.approx(drawn["x"], abs=1e-5)
+    assert figure.data[0].x.dtype == np.float32 and '"bdata"' in figure.to_json()  # typed arrays, not decimals
 
 
 
