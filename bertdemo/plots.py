@@ -281,9 +281,9 @@ def mask_attention_grid(rows, labels: list[str], hidden: list[bool] | None = Non
                 y=list(range(first_layer, first_layer + n_layers)),
                 hovertemplate="layer %{y}, head %{x}<br>%{customdata}<extra></extra>",
                 colorbar=dict(title=dict(text="weight")), xgap=1, ygap=1)
-    return fast_figure([grid], dict(
+    return fast_figure([grid], dict(  # margins that fit its labels: one drawing pass (label_margins)
         title=dict(text=title), height=min(max(300, 90 + 34 * n_layers), 1200),
-        margin=dict(l=10, r=10, t=50, b=10), xaxis=dict(title=dict(text="head"), dtick=1, side="top"),
+        margin=dict(l=60, r=110, t=100, b=10), xaxis=dict(title=dict(text="head"), dtick=1, side="top"),
         yaxis=dict(title=dict(text="layer"), dtick=1, autorange="reversed")))
 
 

@@ -94,7 +94,7 @@ def mask_attention_grid(rows, labels: list[str], hidden: list[bool] | None = Non
         hovertemplate="layer %{y}, head %{x}<br>%{customdata}<extra></extra>",
         colorbar=dict(title="weight"), xgap=1, ygap=1))
     fig.update_layout(title=title, height=min(max(300, 90 + 34 * n_layers), 1200),
-                      margin=dict(l=10, r=10, t=50, b=10),
+                      margin=dict(l=60, r=110, t=100, b=10),
                       xaxis=dict(title="head", dtick=1, side="top"),
                       yaxis=dict(title="layer", dtick=1, autorange="reversed"))
     return fig
