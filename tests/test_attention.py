@@ -166,6 +166,24 @@ def test_bertviz_uses_local_scripts_only(pair_attention):
         assert all(url in offline for url in data_urls().values())
 
 
+def test_the_kept_frame_loads_the_local_scripts_once_and_sits_safely_in_the_page():
+    """The page's one bertviz frame: its document loads the served require.js, d3 and jQuery (no
+    CDN), and the component's script, which the page's configuration carries inside a <script>,
+    holds that document with no markup character that could end it."""
+    from bertdemo.ui.parts import bertviz_frame
+
+    urls = served_urls()
+    shell = bertviz_frame.shell(urls)
+    assert f'<script src="{html.escape(urls["require"], quote=True)}"></script>' in shell
+    for name in ("d3", "jquery"):  # require.js adds ".js" itself
+        assert json.dumps(urls[name].removesuffix(".js")) in shell and urls[name] not in shell
+    assert not re.search(r"['\"]https?://", shell)
+    component = bertviz_frame.render(urls, elem_id="bertviz-test")
+    assert component.js_on_load.count("<") == 0 and "\\u003cscript" in component.js_on_load
+    assert json.loads(re.search(r"frame.srcdoc = (.*);", component.js_on_load).group(1)) == shell
+    assert "${" not in component.html_template  # the template never names the value: the frame stays
+
+
 @pytest.mark.parametrize("kind", ["head", "model"])
 def test_bertviz_payload_is_filtered_and_rounded(pair_attention, kind):
     att = pair_attention
