@@ -367,7 +367,10 @@ def test_a_caller_that_goes_away_is_left_out_of_the_next_forward(tiny_bert, monk
             await asyncio.sleep(0.005)
         gone = asyncio.create_task(batcher.fill_mask_async(tiny_bert, TEXTS[1]))
         stays = asyncio.create_task(batcher.fill_mask_async(tiny_bert, TEXTS[2]))
-        await asyncio.sleep(0.05)
+        for _ in range(1000):  # both queued (each tokenizes on a thread first: a loaded machine takes its time)
+            if len(batcher._pending) >= 2:
+                break
+            await asyncio.sleep(0.005)
         gone.cancel()
         release.set()
         return await first, await stays, await asyncio.gather(gone, return_exceptions=True)

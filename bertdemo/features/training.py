@@ -57,7 +57,8 @@ class FeatureSettings:
     chunk_tokens: int = 1024  # the coder's forward and backward in chunks (one optimizer step): bounds memory
     auxk_alpha: float = 1 / 32
     dead_tokens: int = 100_000
-    learning_rate: float | None = None  # None: sparsify's for the width
+    learning_rate: float | None = None  # None: sparsify's for the width, times `rate_scale`
+    rate_scale: float = 1.0  # a transcoder's best is half sparsify's (docs/features.md#the-shipped-transcoders)
     seed: int = 0
     pause: float = 0.002  # seconds between steps: a served page's forwards get the cores meanwhile
     skip_connection: bool = False  # a transcoder's linear skip path (W_skip); a dictionary has none
@@ -109,7 +110,7 @@ class CoderTraining:
         if start is not None:
             self.coder.load_state_dict(start.coder.state_dict())
         self.coder.requires_grad_(True).train()
-        rate = settings.learning_rate or 5e-3 / math.sqrt(self.coder.num_latents / 2 ** 14)
+        rate = settings.learning_rate or settings.rate_scale * 5e-3 / math.sqrt(self.coder.num_latents / 2 ** 14)
         self.optimizer = ScheduleFreeWrapper(SignSGD([{"params": self.coder.parameters(), "lr": rate}]), momentum=0.95)
         self.optimizer.train()
         self.since_fired = torch.zeros(self.coder.num_latents, dtype=torch.long, device=device)
