@@ -103,7 +103,7 @@ VIEWS = [
          [plot("Tokens x features"), {"css": "#features-tokens", "ready": "tbody td"}], only="bundled"),
     View("Mask sampling", "Sample", "mask_sample", [("Text", PLAIN)],
          [{"block": "Tokens coloured by outcome", "ready": ".token"}]),
-    View("About", None, None, [], [plot("GLUE scores")]),
+    View("About", None, None, [], [plot("GLUE [1] scores")]),
 ]
 
 # In the page: when the tabs first show (the frame after the tab list appears), from navigation start.
