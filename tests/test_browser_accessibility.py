@@ -24,7 +24,7 @@ GRADIO_CAUSED = {
 }
 ALLOWED = {  # tab -> rule -> nodes (Gradio 6.31, axe-core 4.12)
     "Fill mask": {"aria-prohibited-attr": 1},
-    "Attention": {"aria-prohibited-attr": 6},
+    "Attention": {"aria-prohibited-attr": 4},
     "Inside a prediction": {"aria-prohibited-attr": 2},
     "Embeddings": {"aria-prohibited-attr": 1},
     "Corpus search": {"aria-prohibited-attr": 1},
