@@ -31,8 +31,9 @@ class Settings:
     models: str | None = option(None, "more hub ids or folders visitors may pick, comma separated; "
                                       "nothing else can be loaded from the page", metavar="A,B,...")
     device: str | None = option(None, "cpu, cuda or cuda:N; default: CUDA when present, else CPU")
-    dtype: str = option("float32", "weights' precision: float32, or bfloat16 (half the memory traffic; "
-                                   "speed and fidelity in docs/benchmarks.md)")
+    dtype: str = option("float32", "weights' precision: float32, bfloat16 (half the memory traffic; "
+                                   "speed and fidelity in docs/benchmarks.md), or auto (bfloat16 where "
+                                   "timing both on this CPU finds it clearly faster, else float32)")
     host: str = option("127.0.0.1", "address to serve on")
     port: int = option(7860, "port")
     # Each cap is its own field (its own flag, env var and row of docs/configuration.md), so these

@@ -31,6 +31,7 @@ class ModelCard:
     family: str = ""  # the encoder family as the model anatomy names it, e.g. "ModernBERT"
     views: str = ""  # which views it supports, in words (`anatomy.views_line`)
     provenance: str | None = None  # where the weights come from, when known (the bundled model's training)
+    precision: str = ""  # why this dtype, when it was picked by timing (`--dtype auto`), in words
 
     @property
     def head_trained(self) -> bool:

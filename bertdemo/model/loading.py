@@ -24,6 +24,7 @@ from .. import validate
 from ..forward import anatomy
 from .caches import ModelCaches
 from .card import ModelCard
+from . import precision
 from .logits import mlm_logits
 
 log = logging.getLogger("bertdemo")
@@ -102,16 +103,20 @@ def pick_device(device: str | torch.device | None = None) -> torch.device:
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # what `load(dtype=...)` accepts
 
 
-def pick_dtype(dtype: str | torch.dtype | None = None) -> torch.dtype:
-    """`None` means float32. bfloat16 halves the weights' memory traffic, which is what bounds a
-    CPU at demo sizes (speed and fidelity: bench/bench_bf16.py); outputs are float32 either way."""
+def pick_dtype(dtype: str | torch.dtype | None = None) -> torch.dtype | str:
+    """`None` means float32. bfloat16 halves the weights' memory traffic and, where the CPU
+    multiplies it natively, serves a crowd about twice as fast (speed and fidelity:
+    bench/bench_bf16.py); outputs are float32 either way. "auto" is returned as it is: `load`
+    then times both precisions on the model (`precision.pick`)."""
     if dtype is None:
         return torch.float32
+    if isinstance(dtype, str) and dtype.strip().lower() == precision.AUTO:
+        return precision.AUTO
     if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
         return dtype
     if isinstance(dtype, str) and dtype.strip().lower() in DTYPES:
         return DTYPES[dtype.strip().lower()]
-    raise ValueError(f"Unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}.")
+    raise ValueError(f"Unknown dtype {dtype!r}: use one of {', '.join(DTYPES)} or {precision.AUTO}.")
 
 
 def load(name_or_path: str | os.PathLike = "bert-base-uncased", device: str | None = None,
@@ -122,7 +127,8 @@ def load(name_or_path: str | os.PathLike = "bert-base-uncased", device: str | No
 
     Never runs remote code. Only safetensors weights unless `allow_pickle=True`: a hub repo without
     them is refused before transformers is asked for them (`_refuse_without_safetensors`). `dtype`
-    is "float32" (default) or "bfloat16" (see `pick_dtype`). `caches`: those the model shares with
+    is "float32" (default), "bfloat16", or "auto": the faster of the two on this CPU, timed on the
+    model (`precision.pick`; its card's `precision` says what was picked and why). `caches`: those the model shares with
     others (an engine's); None gives it its own. Changes nothing in the process's environment (the
     app sets DISABLE_SAFETENSORS_CONVERSION where it starts, app.py).
     """
@@ -145,7 +151,7 @@ def load(name_or_path: str | os.PathLike = "bert-base-uncased", device: str | No
             use_safetensors=None if allow_pickle else True,
             attn_implementation=attention_for(config),  # the attention views use a twin of their own
             output_loading_info=True,  # what the checkpoint lacked, for the model card
-            dtype=weights_dtype,
+            dtype=torch.float32 if weights_dtype == precision.AUTO else weights_dtype,
             local_files_only=cache_only,
         )
     except Exception as err:  # noqa: BLE001 - any failure of a model is the visitor's to read, never a crash
@@ -159,7 +165,13 @@ def load(name_or_path: str | os.PathLike = "bert-base-uncased", device: str | No
     model.to(chosen).eval()
     model.requires_grad_(False)  # shared read-only; fine-tuning works on a copy
     anatomy.fit_inputs(model)  # a family whose forward takes one length gets its inputs padded to it
+    picked = precision.pick(model, chosen) if weights_dtype == precision.AUTO else None
+    if picked is not None:
+        model.to(picked.dtype)
+        log.info("precision of %s: %s", name_or_path, picked.why)
     card = ModelCard.of(model, loading_info, _weights_format(name_or_path, allow_pickle))
+    if picked is not None:
+        card = dataclasses.replace(card, precision=picked.why)
     if card.warning:
         log.warning("%s: %s (missing: %s)", name_or_path, card.warning,
                     ", ".join((card.head_missing + card.body_missing)[:6]))
