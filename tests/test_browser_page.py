@@ -41,6 +41,19 @@ def test_the_chart_code_is_fetched_before_the_first_click_and_the_first_predict_
     assert new_scripts == [], f"the first Predict fetched code: {new_scripts}"
     screenshot("first_predict_after_preload")
 
+    # A new figure is drawn once: Gradio's Plot would draw it into the chart it is about to
+    # replace and again into the new one (preload.ONE_DRAW_JS skips the first)
+    chart = plot.locator(".js-plotly-plot").first.evaluate("chart => (chart.closest('[id]') || {}).id || ''")
+    drawn = lambda: page.evaluate("(key) => (window.__bertdemoDrawn || {})[key] || 0", chart)
+    before = drawn()
+    assert before >= 1
+    page.get_by_label("Sentence with [MASK]s").fill("Paris is the [MASK] of France.")
+    page.get_by_role("button", name="Predict", exact=True).click()
+    expect(plot.locator(".barlayer .point")).to_have_count(5)
+    expect(plot.locator(".ytick text", has_text=bertdemo.fill_mask(tiny_bert, "Paris is the [MASK] of France.", 5)[0][0]["token"]).first).to_be_visible()
+    page.wait_for_timeout(300)  # a second drawing, were there one, would come within a frame or two
+    assert drawn() == before + 1, f"the new figure was drawn {drawn() - before} times"
+
 
 def preload_event(url: str) -> dict:
     """The page's event that gives the hidden chart its figure (from the app's config)."""
