@@ -98,11 +98,13 @@ def fill_encoded(lm: LoadedModel, encs: list[Encoded], top_ks: list[int]) -> lis
     starts = [0]
     for enc in distinct:
         starts.append(starts[-1] + len(enc.mask_positions))
+    # one top-k over every mask of the batch (topk's order is sorted: each request's first k of
+    # the largest k asked are its top k), read into Python once, rather than a call per request
+    scores, ids = (part.tolist() for part in probs.topk(max(top_ks), dim=-1))
     results = []
     for d, k in zip(which, top_ks):
-        scores, ids = probs[starts[d]:starts[d + 1]].topk(k, dim=-1)
-        results.append([[prediction(lm, i, s) for i, s in zip(row_ids.tolist(), row_scores.tolist())]
-                        for row_ids, row_scores in zip(ids, scores)])
+        rows = range(starts[d], starts[d + 1])
+        results.append([[prediction(lm, i, s) for i, s in zip(ids[r][:k], scores[r][:k])] for r in rows])
     return results
 
 
