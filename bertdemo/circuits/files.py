@@ -108,22 +108,29 @@ def write_feature_files(lm: LoadedModel, graph: Graph, transcoders: dict, folder
     """One file per feature of `graph` (once however many positions it is at), from its card, as
     `folder`/layer-<n>/<feature>.json; features whose transcoder has no statistics get none (the
     viewer says they failed to load). A card measures what its feature promotes through the model's
-    head: one small forward per feature, most of the time this takes. The folder is written afresh:
-    an earlier graph's of the same slug (perhaps of another model) would show the wrong examples."""
+    head: here every feature of a layer at once (`output_effects` of the list, in batches of
+    forwards), then each card from its row. The folder is written afresh: an earlier graph's of the
+    same slug (perhaps of another model) would show the wrong examples."""
+    from ..features.effects import output_effects
     from ..features.views import feature_card
 
     folder = Path(folder)
     shutil.rmtree(folder, ignore_errors=True)
-    written = []
+    by_layer: dict[int, list[int]] = {}
     for layer, feature in sorted({(n["layer"], n["feature"]) for n in graph.nodes if n["kind"] == "feature"}):
+        by_layer.setdefault(layer, []).append(feature)
+    written = []
+    for layer, features in by_layer.items():
         transcoder = transcoders.get(layer)
         if transcoder is None or transcoder.stats is None:
             continue
-        card = feature_card(lm, layer, feature, LayerStore(transcoders))
-        path = folder / f"layer-{layer}" / f"{feature}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(feature_file(lm, card, f"{lm.name}/transcoders/layer-{layer}")))
-        written.append(path)
+        changes = output_effects(lm, transcoder, features)  # (features, V)
+        for feature, change in zip(features, changes):
+            card = feature_card(lm, layer, feature, LayerStore(transcoders), change=change)
+            path = folder / f"layer-{layer}" / f"{feature}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(feature_file(lm, card, f"{lm.name}/transcoders/layer-{layer}")))
+            written.append(path)
     return written
 
 

@@ -202,7 +202,7 @@ def _tokenized(lm: LoadedModel, text: str) -> dict:
 # ---------------------------------------------------------------- a feature's card
 
 def feature_card(lm: LoadedModel, layer: int, feature: int, store: FeatureStore | None = None,
-                 outputs: int = 10) -> dict:
+                 outputs: int = 10, change: torch.Tensor | None = None) -> dict:
     """Everything known of one feature: {"layer", "feature", "label", "label_score" (`label_score`),
     "density", "mean", "max", "histogram": {"edges", "shares"}, "contexts": [{"text", "token",
     "start", "end", "activation", "position"}] strongest first (start/end: the firing token's
@@ -213,14 +213,16 @@ def feature_card(lm: LoadedModel, layer: int, feature: int, store: FeatureStore 
     "token_id", "logit_change", "clear"}] measured through the model's MLM head ("clear": the raise
     clears the noise, None where not measured), "cofiring": [{"feature", "share", "label", "label_f1",
     "label_kind"}],
-    "statistics_tokens": tokens its statistics count, "missing": what its statistics lack, in words}."""
+    "statistics_tokens": tokens its statistics count, "missing": what its statistics lack, in words}.
+    `change`: its output effect (V,), when the caller measured many features' at once
+    (`output_effects` of a list: one batch of forwards instead of one per card); else measured here."""
     dictionary = load_features(lm, layer, store)
     feature = dictionary.check_feature(feature)
     stats = dictionary.stats
     if stats is None:
         raise ValueError(f"The dictionary of layer {dictionary.layer} has no statistics yet: train it again.")
     edges, shares = stats.histogram(feature)
-    change = output_effects(lm, dictionary, [feature])[0]  # (V,)
+    change = output_effects(lm, dictionary, [feature])[0] if change is None else change  # (V,)
     up, down = change.topk(outputs), (-change).topk(outputs)
     cofiring = [(f, s) for f, s in zip(stats["cofiring"][feature].tolist(), stats["cofiring_share"][feature].tolist())
                 if f >= 0]
