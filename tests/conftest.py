@@ -67,6 +67,34 @@ def _one_ssl_context() -> None:
 _one_ssl_context()
 
 
+def _numba_compiles_once() -> None:
+    """UMAP (the Features tab's map, `features/feature_map.py`) compiles its numba functions (umap's
+    and pynndescent's, nearly all `@numba.njit` without `cache=True`) in each process that draws a
+    map: 15-20 s of CPU, in each test process that does (the quick loop's test_search, the bad-input
+    sweep's /feature_map). Compiled with numba's own on-disk cache (`cache=True`: beside their
+    sources, or numba's user cache where that is read-only), a later process loads the same
+    machine code in a fraction of a second. Set before umap is imported (nothing at collection
+    imports it); what cannot be cached numba compiles as before."""
+    import functools
+
+    try:
+        import numba
+    except ImportError:
+        return
+
+    def cached(decorate):
+        @functools.wraps(decorate)
+        def decorate_cached(*args, **kwargs):
+            kwargs.setdefault("cache", True)
+            return decorate(*args, **kwargs)
+        return decorate_cached
+
+    numba.njit, numba.jit = cached(numba.njit), cached(numba.jit)
+
+
+_numba_compiles_once()
+
+
 BROWSER_FIXTURES = {"page", "browser"}
 
 
