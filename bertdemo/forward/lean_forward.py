@@ -4,8 +4,9 @@ Fill-mask reads the last layer at its masks only, and a batch of sentences is pa
 longest. So here every layer runs its linear layers on the real tokens only (no padding rows),
 and the last layer runs its attention output and feed-forward at the asked positions only (its
 keys and values still come from every token). On a CPU in float32 (and bfloat16 where the CPU
-multiplies it natively) the linear layers go through oneDNN: served, with frozen weights packed once (`packed_linear`); trained, with the weights as
-they are and the input's gradient through oneDNN too (`trained_linear`). Same modules, same
+multiplies it natively) the linear layers go through oneDNN: served, with frozen weights packed
+once (`packed_linear`); trained, with the weights as they are and the input's gradient through
+oneDNN too (`trained_linear`). Same modules, same
 weights, same results as `model.base_model(**inputs).last_hidden_state[rows, cols]` up to float
 rounding (~1e-6).
 Written by hand because transformers runs every layer at every position, padding included
@@ -271,7 +272,8 @@ def _dropout_p(attention) -> float:
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 # bfloat16 weights are packed too where the CPU multiplies bfloat16 natively (AVX512-BF16, AMX):
 # measured on an Intel Xeon with AMX, bert-base, 16 short sentences: 113 -> 94 ms, one 42 -> 33 ms
-_PACKED_DTYPES = (torch.float32,) + ((torch.bfloat16,) if _ONEDNN and torch.ops.mkldnn._is_mkldnn_bf16_supported() else ())
+_NATIVE_BF16 = _ONEDNN and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+_PACKED_DTYPES = (torch.float32, torch.bfloat16) if _NATIVE_BF16 else (torch.float32,)
 
 
 def packs_bf16() -> bool:
@@ -422,7 +424,8 @@ def packable(module: torch.nn.Linear, x: torch.Tensor) -> bool:
     model unfrozen, trained in place and frozen again with no forward in between would keep its
     old packed weights; our trainers train copies.)"""
     return (_ONEDNN and x.dim() == 2 and x.device.type == "cpu" and x.dtype in _PACKED_DTYPES
-            and x.dtype == module.weight.dtype and not (x.requires_grad and torch.is_grad_enabled()) and not _trainable(module))
+            and x.dtype == module.weight.dtype and not (x.requires_grad and torch.is_grad_enabled())
+            and not _trainable(module))
 
 
 def packed_linear(module: torch.nn.Linear, x: torch.Tensor, packed: PackedWeights) -> torch.Tensor:
