@@ -16,8 +16,9 @@ from bertdemo.features.store import FeatureStore
 from bertdemo.features.training import FeatureSettings
 from bertdemo.sessions import SessionStore
 from bertdemo.ui.parts import live_run
+from bertdemo.ui.parts.common import escape_markdown
 from bertdemo.ui.parts.context import AppContext, Visitor, handler
-from bertdemo.ui.tabs import features_tab as tab
+from bertdemo.ui.tabs import features_results as results, features_tab as tab
 
 NOUNS = ["cat", "dog", "man", "woman", "car", "house", "book", "river", "city", "tower"]
 VERBS = ["made", "said", "went", "like", "know", "see"]
@@ -83,9 +84,9 @@ def test_the_card_opens_on_the_examples_strongest_feature_and_a_row_picks_anothe
 def test_contexts_and_labels_stay_text(monkeypatch):
     card = {"contexts": [{"text": "a <b>bold</b> <script>x</script> word", "start": 2, "end": 13,
                           "token": "<b>", "activation": 1.5}]}
-    shown = tab.contexts_html(card)
+    shown = results.contexts_html(card)
     assert "<b>bold" not in shown and "<script>" not in shown and "&lt;b&gt;bold&lt;/b&gt;" in shown
-    assert tab._markdown("*x* [a](b) <i>") == r"\*x\* \[a\]\(b\) \<i\>"
+    assert escape_markdown("*x* [a](b) <i>") == r"\*x\* \[a\]\(b\) \<i\>"
 
 
 def test_steering_at_scale_one_changes_nothing_and_off_changes_the_prediction(visitor, tiny_bert, features):

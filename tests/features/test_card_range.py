@@ -18,7 +18,7 @@ from bertdemo.features.data import Lines
 from bertdemo.features.dictionary import Dictionary
 from bertdemo.features.stats import Codes, corpus_codes, from_codes, keep_used_lines
 from bertdemo.features.store import FeatureStore
-from bertdemo.ui.tabs import features_tab as tab
+from bertdemo.ui.tabs import features_results as results
 from test_labels import LAYER, made_coder
 
 CHOSEN = 9
@@ -120,11 +120,11 @@ def test_a_card_shows_the_whole_range(tiny_bert, at_masks):
         for example in band["examples"]:
             assert band["low"] - 1e-3 <= example["activation"] <= band["high"] + 1e-3
             assert example["text"][example["start"]:example["end"]] or example["token"] == "[MASK]"
-    shown = tab.contexts_html(card)
+    shown = results.contexts_html(card)
     for heading in ("Top contexts", "Across its range", "Random firings", "What it fires for at a [MASK]"):
         assert heading in shown
     assert shown.count("class='under'") == 4  # a line under each table
-    assert "explains" in tab.card_summary(card, "tiny")
+    assert "explains" in results.card_summary(card, "tiny")
 
 
 def test_statistics_made_before_still_show_a_card_that_says_what_is_missing(tiny_bert, at_masks, tmp_path):
@@ -140,6 +140,6 @@ def test_statistics_made_before_still_show_a_card_that_says_what_is_missing(tiny
     for what in ("the label's score", "the activation bands", "the random firings", "the words at a [MASK]"):
         assert what in card["missing"]
     assert all(p["clear"] is None for p in card["promoted"])
-    shown = tab.contexts_html(card)
+    shown = results.contexts_html(card)
     assert "Top contexts" in shown and "Across its range" not in shown
-    assert "made before the card showed" in tab.card_summary(card, "tiny")
+    assert "made before the card showed" in results.card_summary(card, "tiny")

@@ -1,4 +1,5 @@
-"""What every tab shares: turning service errors into messages in the page, an empty table, a chart."""
+"""What every tab shares: turning service errors into messages in the page, an empty table, a chart,
+text escaped for Markdown."""
 import contextlib
 import functools
 import inspect
@@ -20,6 +21,7 @@ LAYERS_LINE = ("**Layers** are counted the same way on every tab: **0 = the embe
                "layer** (its output; its attention heads). **Heads** are counted as you would: **head 1** is a "
                "layer's first.")
 # Two or more /segments not glued to a word, URL or relative path: a path on the server.
+_MARKUP = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~])")  # what escape_markdown escapes
 _SERVER_PATH = re.compile(r"""(?<![\w.:/~-])(?:/[^\s'"`/<>]+){2,}/?""")
 
 
@@ -107,6 +109,11 @@ def empty_table(columns) -> pd.DataFrame:
     """A table with its headers and no rows (not Gradio's placeholder "1 2 3"): what a table shows
     before its first answer, and while a run goes (the last run's results are gone)."""
     return pd.DataFrame(columns=list(columns))
+
+
+def escape_markdown(text) -> str:
+    """Text shown as itself in Markdown: its markup characters escaped (a model's name, a word, an error)."""
+    return _MARKUP.sub(r"\\\1", str(text))
 
 
 def plotly_chart(figure_json: str) -> PlotData:

@@ -28,7 +28,7 @@ from ...model.loading import LoadedModel
 from ...plots import shown_token
 from . import circuits_sections as sections
 from ..parts import live_run, view_downloads
-from ..parts.common import FIRST_HEAD, empty_table
+from ..parts.common import FIRST_HEAD, empty_table, escape_markdown
 from ..parts.context import AppContext, Visitor, handler, standalone_demo
 from ..parts.model_line import model_line
 
@@ -261,7 +261,7 @@ def on_linked_intervention(visitor: Visitor, sentence, mask_number, target, node
     try:
         return on_intervene(visitor, sentence, mask_number, target, nodes, scale, supernodes)
     except ValueError as err:
-        return f"The intervention was not applied: {_escape_markdown(str(err))}", None, gr.skip(), gr.skip()
+        return f"The intervention was not applied: {escape_markdown(str(err))}", None, gr.skip(), gr.skip()
 
 
 def on_graph_json(visitor: Visitor, sentence, mask_number, target, node_threshold, edge_threshold, supernodes):
@@ -324,7 +324,7 @@ def on_stop(visitor: Visitor) -> str:
 def trained_status(kept, history, plan) -> str:
     """What the run did, in the page's words: how it ended, whether its transcoders were kept."""
     head = live_run.how_it_ended(history, plan.settings.max_seconds)
-    name = _escape_markdown(plan.lm.name)
+    name = escape_markdown(plan.lm.name)
     if kept is not None and kept.kept:
         return (f"{head} The transcoders of **{name}** (layers {plan.layers[0]}-{plan.layers[-1]}) are **kept**: "
                 "every visitor of this model can draw its circuits now.")
@@ -360,7 +360,7 @@ def availability(holder, session: str | None = None) -> str:
     try:
         found = transcoders(holder, lm)
     except ValueError as err:
-        return f"{line}  \n⚠️ {_escape_markdown(str(err))}"
+        return f"{line}  \n⚠️ {escape_markdown(str(err))}"
     layers = sorted(found)
     return f"{line}  \nTranscoders of layers {layers[0]}-{layers[-1]} ({found[layers[0]].latents:,} features each)."
 
@@ -455,7 +455,7 @@ def _effects(card: dict) -> go.Figure:
 
 def heads_words(graph: Graph, split: dict) -> str:
     source, target = graph.node(split["source"]), graph.node(split["target"])
-    shown = lambda n: f"{n['id']} at “{_escape_markdown(shown_token(n['token']))}”"  # noqa: E731
+    shown = lambda n: f"{n['id']} at “{escape_markdown(shown_token(n['token']))}”"  # noqa: E731
     where = (f"All of it crosses at layer {split['layer']}'s attention, so its heads' parts add up to the edge."
              if split["adjacent"] and split["across"] else
              f"The split is of layer {split['layer']}'s attention only (the target's); {split['elsewhere']:+.4f} of it "
@@ -473,10 +473,10 @@ def head_frame(split: dict) -> pd.DataFrame:
 def intervention_words(result: dict, groups: dict, asked) -> str:
     scale = result["scale"]
     what = "switched off" if scale == 0 else "unchanged" if scale == 1 else f"scaled by {scale:g}"
-    listed = lambda words: ", ".join(f"{_escape_markdown(shown_token(w['word']))} {w['probability']:.1%}"  # noqa: E731
+    listed = lambda words: ", ".join(f"{escape_markdown(shown_token(w['word']))} {w['probability']:.1%}"  # noqa: E731
                                      for w in words)
     named = [g for g in groups if g in re.split(r"[\s,]+", str(asked or ""))]
-    groups_note = f" (groups: {', '.join(_escape_markdown(g) for g in named)})" if named else ""
+    groups_note = f" (groups: {', '.join(escape_markdown(g) for g in named)})" if named else ""
     return (f"{len(result['nodes'])} node(s){groups_note} {what} in the real model (attention not frozen, the "
             f"transcoders' errors kept).  \n**Before**: {listed(result['before'])}  \n**After**: "
             f"{listed(result['after'])}  \nThe graph's prediction is linear: it assumes every other node follows "
@@ -555,8 +555,3 @@ def _whole(value):
         return int(value)
     except (TypeError, ValueError):
         return value
-
-
-def _escape_markdown(text: str) -> str:
-    """Text shown as itself in Markdown: its markup characters escaped."""
-    return re.sub(r"([\\`*_{}\[\]()#+\-.!|<>~])", r"\\\1", str(text))
