@@ -461,4 +461,4 @@ def test_a_new_run_clears_the_last_runs_tables_as_it_starts(visitor):
     status, curve, scores, confusion, predictions = next(tab.on_train(visitor, form, progress=lambda *a, **k: None))
     assert status == "Starting…" and curve is None and confusion is None
     assert scores.empty and list(scores.columns) == ["held-out", "before", "after"]
-    assert predictions.empty and list(predictions.columns) == list(tab.PREDICTION_COLUMNS)
+    assert predictions.empty and list(predictions.columns) == list(tab.sections.PREDICTION_COLUMNS)

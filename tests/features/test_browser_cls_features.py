@@ -47,7 +47,7 @@ def test_the_decision_is_shown_as_the_features_it_rests_on(page, features_url, t
     expect(note).to_contain_text("held-out FVU")
     rows = page.locator("#classify-why").get_by_role("row")
     expect(rows).to_have_count(len(expected["features"]) + 1)  # + the header: every active feature, drawn
-    for heading in classify_tab.WHY_COLUMNS:
+    for heading in classify_tab.sections.WHY_COLUMNS:
         expect(page.locator("#classify-why").get_by_role("columnheader", name=heading)).to_be_visible()
     width = page.locator("#classify-why").evaluate(
         "e => [e.querySelector('table').getBoundingClientRect().width, e.clientWidth]")

@@ -187,7 +187,7 @@ def test_the_classify_tab_shows_the_table(tiny_bert, made, tmp_path):
     note, table = tab.on_classifier_features(visitor, SENTENCE, 3)
     result = classifier_features(classifier, SENTENCE, top=3, features=coded)
     assert f"Decided **{result['label']}**" in note and "held-out FVU" in note and "unexplained" in note
-    assert list(table.columns) == list(tab.WHY_COLUMNS)
+    assert list(table.columns) == list(tab.sections.WHY_COLUMNS)
     assert table["feature"].tolist() == [r["feature"] for r in result["features"]]
     first = result["features"][0]
     assert table["probability: with → without"].tolist()[0] == f"{first['before']:.1%} → {first['after']:.1%}"

@@ -1,15 +1,14 @@
 """The Classify tab: the article's downstream recipe on the visitor's labelled lines, what it
 costs the masked LM (forgetting, against the learning rate) and what MLM adaptation buys.
 
-Layout in section helpers; module-level handlers `on_x(visitor, ...)` wired with `handler`, the
-three runs with `live_run.wire` (declared in `bertdemo.runs`, which also decides what a run keeps:
-the trained classifier, as the session's model of kind "classifier").
+Layout in `classify_sections`, one function per section; module-level handlers `on_x(visitor, ...)`
+wired with `handler`, the three runs with `live_run.wire` (declared in `bertdemo.runs`, which also
+decides what a run keeps: the trained classifier, as the session's model of kind "classifier").
 """
 from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import gradio as gr
@@ -26,6 +25,7 @@ from ...training.classification import (ADAPT_MLM_STEPS, MAX_TOKENS, Classifier,
 from ...training.forgetting import DEFAULT_SWEEP_LRS, SweepForm, forgetting
 from ...training.loop import EventLog
 from ...views import embeddings
+from . import classify_sections as sections
 from ..parts import live_run
 from ..parts.common import empty_table
 from ..parts.context import AppContext, Visitor, handler
@@ -36,7 +36,6 @@ EXAMPLE_SETS = {"Topics: sport, cooking, space (45 lines)": "topics.csv",
                 "Reviews: positive, negative (24 lines)": "reviews.csv",
                 WORD_ORDER: "word_order.csv"}
 FIRST_EXAMPLE = next(iter(EXAMPLE_SETS))
-COLUMNS = ["text", "label"]
 RECIPE = """Turn the masked LM into a **classifier** the way the article *Fine-Tuning BERT with Masked
 Language Modeling: A Comprehensive Guide* describes (its GLUE table is made exactly so), on your own
 labelled lines. The article's four differences from pre-training, as this tab does them:
@@ -49,43 +48,20 @@ labelled lines. The article's four differences from pre-training, as this tab do
 
 About 20% of each label is held out (at least one example, fixed by the seed) and never trained
 on: every score below is on those. Few examples need more epochs than GLUE's 3."""
-FORGETTING_NOTE = """Trains the same classifier at learning rates {lrs} (same seed, split and
-steps) and plots its held-out accuracy against how much masked-LM skill its body kept (loss on
-fixed masks of your text under the original MLM head; right is more forgetting). **Meaningful
-only for a model whose MLM head is trained** (bert-base, the bundled model, other masked LMs). A
-bare body whose MLM head is random (the MiniLM sentence-embedding package loaded as it is) has a
-high MLM loss before and after, so this plot says nothing there."""
-ADAPT_NOTE = """Don't stop pretraining (Gururangan et al. 2020): first train the model with MLM on
-text from your domain, then train the classifier. This trains the same classifier (seed, split,
-head initialisation, batches and steps) from the base body and from an MLM-adapted body, and
-overlays them. The adapted body is your tuned model from the **Fine-tune** tab (domain-adaptive);
-if you have none, a copy of the base is first MLM-tuned for {steps} steps on your examples' own
-texts (task-adaptive)."""
-PROBE_NOTE = """A linear probe per layer: logistic regression on the frozen hidden states after the
-embeddings (layer 0) and after each layer, averaged over each text's tokens, trained on the same
-split as the classifier and scored on its held-out examples. Nothing in the model is trained: the
-chart says at which depth your labels can be read off by a straight line (the dashed line is
-always answering the most frequent label). Seconds, not minutes.
-
-Topics are written in their words, so every layer reads them, the embeddings too. In the
-**word-order** set both labels use the same words, only their order differs ("The dog chased the
-farmer." / "The farmer chased the dog."): the averaged embeddings of the same words cannot tell
-who acts, the layers that mix in context can. On the bundled model (seed 0): 25% at the embeddings,
-below the 50% of always answering one label, and 90% at layers 2 and 3."""
 
 
 def render(ctx: AppContext) -> None:
     """The tab's layout and its events."""
     limits = ctx.settings.limits
     gr.Markdown(RECIPE)
-    data = _section_data(limits)
-    form = {"examples": data.table, **_section_settings(limits)}
-    run = _section_run()
-    use = _section_use()
-    why = _section_why()
-    sweep = _section_forgetting()
-    adapt = _section_adapt()
-    probe = _section_probe()
+    data = sections.data_section(limits, list(EXAMPLE_SETS), example_rows(FIRST_EXAMPLE))
+    form = {"examples": data.table, **sections.settings_section(limits)}
+    run = sections.run_section()
+    use = sections.use_section()
+    why = sections.why_section()
+    sweep = sections.forgetting_section()
+    adapt = sections.adapt_section()
+    probe = sections.probe_section()
     data.load.click(handler(ctx, on_example), data.example, data.table, api_name="classify_example")
     data.upload.upload(handler(ctx, on_upload), data.upload, data.table, api_visibility="private")
     live_run.wire(ctx, "train_classifier", run.train, form, run.outputs, on_train)
@@ -100,221 +76,6 @@ def render(ctx: AppContext) -> None:
     probe.word_order.click(on_word_order, None, [data.example, data.table], api_visibility="private")
     probe.run.click(handler(ctx, on_probe), [data.table, form["seed"]], probe.outputs,
                     api_name="probe_layers", validator=handler(ctx, check_probe), concurrency_id="model")
-
-
-# ---------------------------------------------------------------- layout sections
-
-@dataclass
-class DataSection:
-    """The labelled examples: the bundled sets, their Load button, the upload and the table."""
-
-    example: gr.Dropdown
-    load: gr.Button
-    upload: gr.UploadButton
-    table: gr.Dataframe
-
-
-def _section_data(limits: Limits) -> DataSection:
-    with gr.Row(equal_height=True):
-        example = gr.Dropdown(list(EXAMPLE_SETS), value=FIRST_EXAMPLE, label="Bundled examples", scale=3)
-        load = gr.Button("Load these examples", scale=1)
-        upload = gr.UploadButton("Upload CSV/TSV (text,label)", file_types=[".csv", ".tsv", ".txt"], scale=1)
-    table = gr.Dataframe(example_rows(FIRST_EXAMPLE), headers=COLUMNS, datatype=["str", "str"],
-                         column_count=2, type="array", interactive=True,
-                         label=f"Labelled examples: text, label (at most {limits.max_examples:,} rows "
-                               f"and {limits.max_chars:,} characters; texts past {MAX_TOKENS} tokens are cut)",
-                         max_height=320, wrap=True, elem_id="classify-table")
-    return DataSection(example, load, upload, table)
-
-
-def _section_settings(limits: Limits) -> dict:
-    with gr.Row():
-        epochs = gr.Number(10, label="Epochs", precision=0, minimum=1, maximum=limits.max_steps)
-        lr = gr.Number(2e-5, label="Learning rate", info="2e-5: the article's small rate.")
-        batch = gr.Slider(1, limits.max_batch_size, value=8, step=1, label="Batch size")
-        freeze = gr.Checkbox(False, label="Freeze the body (train the new layers only: a linear probe)")
-        seed = gr.Number(0, label="Seed", precision=0, minimum=0)
-    return dict(epochs=epochs, learning_rate=lr, batch_size=batch, freeze_body=freeze, seed=seed)
-
-
-BEFORE_AFTER_COLUMNS = ("held-out", "before", "after")
-PREDICTION_COLUMNS = ("", "text", "label", "predicted", "probabilities")
-SWEEP_COLUMNS = ("learning rate", "held-out accuracy", "macro-F1", "MLM loss before", "MLM loss after", "steps")
-ADAPT_COLUMNS = ("body", "accuracy before", "accuracy after", "macro-F1 after", "loss after", "steps")
-
-
-@dataclass
-class RunSection:
-    """Training the classifier: its buttons and what `on_train` streams, in `outputs` order."""
-
-    train: gr.Button
-    stop: gr.Button
-    status: gr.Markdown
-    curve: gr.Plot
-    before_after: gr.Dataframe
-    confusion: gr.Plot
-    predictions: gr.Dataframe
-
-    @property
-    def outputs(self) -> list:
-        return [self.status, self.curve, self.before_after, self.confusion, self.predictions]
-
-
-def _section_run() -> RunSection:
-    with gr.Row():
-        train = gr.Button("Train the classifier", variant="primary")
-        stop = gr.Button("Stop", variant="stop")
-    status = gr.Markdown(elem_id="classify-status")
-    curve = gr.Plot(label="Training loss and held-out accuracy, live")
-    with gr.Row():
-        before_after = gr.Dataframe(label="Held-out scores: before (untrained head) and after",
-                                    headers=list(BEFORE_AFTER_COLUMNS), interactive=False,
-                                    column_widths=["60%", "20%", "20%"])
-        confusion = gr.Plot(label="Confusion matrix (held-out)", elem_id="classify-confusion")
-    predictions = gr.Dataframe(label="Held-out predictions, mistakes first", interactive=False,
-                               headers=list(PREDICTION_COLUMNS),
-                               wrap=True, max_height=320, elem_id="classify-predictions")
-    return RunSection(train, stop, status, curve, before_after, confusion, predictions)
-
-
-@dataclass
-class UseSection:
-    """Using the trained classifier: new sentences, their predictions, and its download."""
-
-    sentences: gr.Textbox
-    classify: gr.Button
-    download: gr.Button
-    result: gr.Dataframe
-    file: gr.File
-
-
-def _section_use() -> UseSection:
-    with gr.Row(equal_height=True):
-        sentences = gr.Textbox(label="Classify new sentences (one per line)", lines=3, scale=3,
-                               value="The midfielder scored in the last minute.\nStir the sauce gently.")
-        with gr.Column(scale=1):
-            classify_btn = gr.Button("Classify")
-            download = gr.Button("Download the classifier (.zip)")
-    result = gr.Dataframe(label="Predictions of your classifier", interactive=False, wrap=True,
-                          headers=["sentence", "label", "probabilities…"],
-                          elem_id="classify-result")
-    file = gr.File(label="save_pretrained folder + tokenizer, zipped: AutoModelForSequenceClassification"
-                         ".from_pretrained(folder)", height=90)
-    return UseSection(sentences, classify_btn, download, result, file)
-
-
-WHY_NOTE = """**The features this decision rests on.** A sparse dictionary of the sentence's own
-vector, the one your classifier's head reads (the last layer's output at [CLS]), names what that
-vector is made of; each of the sentence's active features is then switched off there in turn (its
-activation times its direction removed, the rest of the vector kept) and your classifier's
-probability of the label it decided is measured again. One dictionary is shipped, for the bundled
-model: train the classifier from it."""
-WHY_COLUMNS = ("feature", "fires most on (corpus sentences)", "activation", "probability: with → without",
-               "change (points)", "fires on")
-WHY_WIDTHS = ("8%", "42%", "10%", "17%", "10%", "13%")
-WHY_TABLE_LINE = """Each row is one feature active at [CLS] for this sentence, the largest fall first.
-*with → without*: your classifier's probability of its decided label with the feature as it is and
-switched off (measured, not estimated); *change*: the difference in percentage points (a fall of
-more than a few points is large, a rise means the feature argued against the label). *fires most
-on*: the corpus sentences where it fires most; *fires on*: on how many of the corpus lines it fires."""
-
-
-@dataclass
-class WhySection:
-    """The features a decision rests on: a sentence, how many features, the button, and what
-    `on_classifier_features` returns, in `outputs` order."""
-
-    sentence: gr.Textbox
-    top: gr.Number
-    run: gr.Button
-    note: gr.Markdown
-    table: gr.Dataframe
-
-    @property
-    def outputs(self) -> list:
-        return [self.note, self.table]
-
-
-def _section_why() -> WhySection:
-    with gr.Accordion("The features this decision rests on", open=False):
-        gr.Markdown(WHY_NOTE)
-        with gr.Row(equal_height=True):
-            sentence = gr.Textbox("The midfielder scored in the last minute.", label="A sentence to classify",
-                                  scale=3)
-            top = gr.Number(8, label="Features shown", precision=0, minimum=1, maximum=cls_features.MAX_TOP,
-                            scale=1)
-            run = gr.Button("Show the features it rests on", scale=1)
-        note = gr.Markdown(elem_id="classify-why-note")
-        table = gr.Dataframe(empty_table(WHY_COLUMNS), interactive=False, wrap=True, elem_id="classify-why",
-                             label="The sentence's [CLS] features, switched off one at a time",
-                             column_widths=list(WHY_WIDTHS))  # else its sentences push the numbers off the page
-        gr.Markdown(WHY_TABLE_LINE)
-    return WhySection(sentence, top, run, note, table)
-
-
-def _section_forgetting() -> RunsSection:
-    return _section_of_runs("Forgetting, measured: learning rate against the MLM it keeps",
-                            FORGETTING_NOTE.format(lrs=", ".join(f"{lr:g}" for lr in DEFAULT_SWEEP_LRS)),
-                            "Run the learning-rate sweep", "Held-out accuracy against the body's MLM loss",
-                            SWEEP_COLUMNS, "The sweep")
-
-
-def _section_adapt() -> RunsSection:
-    return _section_of_runs("Adapt, then classify: does MLM on your domain help?",
-                            ADAPT_NOTE.format(steps=ADAPT_MLM_STEPS),
-                            "Train from the base and from my MLM-tuned model",
-                            "Base body vs MLM-adapted body, overlaid", ADAPT_COLUMNS, "Held-out scores after")
-
-
-@dataclass
-class RunsSection:
-    """A section that runs several classifiers: its button and what its handler streams, in `outputs` order."""
-
-    run: gr.Button
-    status: gr.Markdown
-    plot: gr.Plot
-    table: gr.Dataframe
-
-    @property
-    def outputs(self) -> list:
-        return [self.status, self.plot, self.table]
-
-
-def _section_of_runs(title: str, note: str, button: str, plot_label: str, columns, table_label: str) -> RunsSection:
-    """A folded section that runs several classifiers: its note, button, status, plot and table."""
-    with gr.Accordion(title, open=False):
-        gr.Markdown(note)
-        run = gr.Button(button)
-        status = gr.Markdown()
-        plot = gr.Plot(label=plot_label)
-        table = gr.Dataframe(empty_table(columns), interactive=False, label=table_label)
-    return RunsSection(run, status, plot, table)
-
-
-@dataclass
-class ProbeSection:
-    """Which layer knows the labels: the word-order examples' button, the probe's, and what `on_probe`
-    returns, in `outputs` order."""
-
-    word_order: gr.Button
-    run: gr.Button
-    status: gr.Markdown
-    plot: gr.Plot
-
-    @property
-    def outputs(self) -> list:
-        return [self.status, self.plot]
-
-
-def _section_probe() -> ProbeSection:
-    with gr.Accordion("Which layer knows your labels?", open=False):
-        gr.Markdown(PROBE_NOTE)
-        with gr.Row():
-            word_order = gr.Button("Load the word-order examples")
-            run = gr.Button("Probe every layer", variant="primary")
-        status = gr.Markdown(elem_id="probe-status")
-        plot = gr.Plot(label="Held-out accuracy of a linear probe, by layer", elem_id="probe-chart")
-    return ProbeSection(word_order, run, status, plot)
 
 
 # ---------------------------------------------------------------- handlers
@@ -351,7 +112,8 @@ def on_upload(visitor: Visitor, file) -> list[list[str]]:
 def on_train(visitor: Visitor, form: ClassifierForm, progress=gr.Progress()):
     """Train on the table; streams (status, curve, before/after, confusion, predictions)."""
     # the last run's results go
-    cleared = ("Starting…", None, empty_table(BEFORE_AFTER_COLUMNS), None, empty_table(PREDICTION_COLUMNS))
+    cleared = ("Starting…", None, empty_table(sections.BEFORE_AFTER_COLUMNS), None,
+               empty_table(sections.PREDICTION_COLUMNS))
     outcome = yield from live_run.stream(visitor, "train_classifier", form, progress, _live_curves, cleared=cleared)
     (classifier, history), plan = outcome.result, outcome.plan
     mlm = forgetting(plan.lm, classifier, [t for t, _ in plan.examples], plan.settings.seed)
@@ -417,7 +179,7 @@ def on_sweep(visitor: Visitor, form: SweepForm, progress=gr.Progress()):
     outcome = yield from live_run.stream(
         visitor, "forgetting_sweep", form, progress,
         lambda log: (f"Training at lr {log.current}… {_live_status(log.latest)}", gr.skip(), gr.skip()),
-        cleared=("Starting…", None, empty_table(SWEEP_COLUMNS)))  # the last sweep's results go
+        cleared=("Starting…", None, empty_table(sections.SWEEP_COLUMNS)))  # the last sweep's results go
     sweep, lm = outcome.result, outcome.plan.plan.lm
     yield (_sweep_status(sweep, lm.name, _head_trained(lm)),
            plots.forgetting_plot(sweep["points"], sweep["mlm_before"].loss), sweep_frame(sweep))
@@ -427,10 +189,10 @@ def on_adapt(visitor: Visitor, form: ClassifierForm, progress=gr.Progress()):
     """Base body vs this session's MLM-tuned body (or one MLM-tuned on the examples' texts first);
     streams (status, plot, table)."""
     outcome = yield from live_run.stream(visitor, "adapt_then_classify", form, progress, _adapt_live,
-                                         cleared=("Starting…", None, empty_table(ADAPT_COLUMNS)))
+                                         cleared=("Starting…", None, empty_table(sections.ADAPT_COLUMNS)))
     histories = outcome.result
     if not histories:
-        yield "Stopped while adapting: nothing to compare.", None, empty_table(ADAPT_COLUMNS)
+        yield "Stopped while adapting: nothing to compare.", None, empty_table(sections.ADAPT_COLUMNS)
         return
     curves = {f"{run} body": h for run, h in histories.items()}
     planned = next(iter(histories.values())).planned_steps
@@ -555,9 +317,9 @@ def why_frame(result: dict) -> pd.DataFrame:
     for f in result["features"]:
         top = " · ".join(_clipped(t["text"]) for t in f["top"]) or "(no statistics)"
         fires = f"{f['fired']:,} of {f['lines']:,} lines" if f["fired"] is not None else ""
-        rows.append(dict(zip(WHY_COLUMNS, [f["feature"], top, f"{f['activation']:.2f}",
+        rows.append(dict(zip(sections.WHY_COLUMNS, [f["feature"], top, f"{f['activation']:.2f}",
                                            f"{f['before']:.1%} → {f['after']:.1%}", f"{f['change']:+.1f}", fires])))
-    return pd.DataFrame(rows, columns=list(WHY_COLUMNS)) if rows else empty_table(WHY_COLUMNS)
+    return pd.DataFrame(rows, columns=list(sections.WHY_COLUMNS)) if rows else empty_table(sections.WHY_COLUMNS)
 
 
 def _clipped(text: str, most: int = 60) -> str:
