@@ -15,7 +15,7 @@ from bertdemo.disk import DiskCache
 from bertdemo.sessions import SessionStore
 from bertdemo.ui.parts import links
 from bertdemo.ui.parts.context import AppContext, Visitor, handler
-from bertdemo.ui.tabs import circuits_tab as tab
+from bertdemo.ui.tabs import circuits_results as results, circuits_tab as tab
 from tiny_models import tiny_transcoders
 
 SENTENCE = "Paris is the [MASK] of France."
@@ -85,7 +85,7 @@ def test_a_nodes_card_opens_with_the_heads_behind_its_strongest_edge(visitor, ti
 def test_a_card_escapes_labels_and_tokens():
     node = {"id": "1_3_2", "kind": "feature", "layer": 1, "position": 2, "feature": 3, "activation": 1.0,
             "label": "<script>alert(1)</script>", "token": "<b>", "influence": 0.1}
-    shown = tab.card_html(node, None)
+    shown = results.card_html(node, None)
     assert "<script>" not in shown and "&lt;script&gt;" in shown and "&lt;b&gt;" in shown
 
 

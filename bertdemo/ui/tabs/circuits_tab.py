@@ -2,19 +2,18 @@
 transcoder features (Ameisen et al. 2025), with each node's card, the attention heads behind an
 edge, and nodes switched off or turned up in the real model beside what the graph predicted.
 
-The graph, the heads and the interventions are `bertdemo.circuits`'; this tab lays them out, wires
-one line per event and words the results. Every view uses the session's model and its transcoders
-(`transcoders`: the one place the tab asks for them; tests replace it). A session's last graph is
-kept between its events (the store's kept results), so a click on a node, a new threshold or an
-intervention does not build the graph again.
+The graph, the heads and the interventions are `bertdemo.circuits`'; this tab lays them out
+(`circuits_sections`), wires one line per event and hands each answer to `circuits_results` to be
+worded. Every view uses the session's model and its transcoders (`transcoders`: the one place the
+tab asks for them; tests replace it). A session's last graph is kept between its events (the
+store's kept results), so a click on a node, a new threshold or an intervention does not build the
+graph again.
 """
 from __future__ import annotations
 
-import html
 import re
 
 import gradio as gr
-import pandas as pd
 import plotly.graph_objects as go
 from gradio.context import get_render_context
 
@@ -25,16 +24,13 @@ from ...circuits.transcoder_run import TranscodersRequest
 from ...config import Settings
 from ...features.run import FeatureProgress
 from ...model.loading import LoadedModel
-from ...plots import shown_token
-from . import circuits_sections as sections
+from . import circuits_results as results, circuits_sections as sections
 from ..parts import live_run, view_downloads
-from ..parts.common import FIRST_HEAD, empty_table, escape_markdown
+from ..parts.common import empty_table, escape_markdown
 from ..parts.context import AppContext, Visitor, handler, standalone_demo
 from ..parts.model_line import model_line
 
 KEPT = "circuit_graph"  # the session's last graph, under this name in the store's kept results
-TOP_NODES = 40  # rows of the nodes table
-LISTED_EDGES = 5_000  # edges in the graph's raw JSON at most (the drawing shows the strongest 300)
 MAX_GROUPS, MAX_NODES = 20, 200  # named groups, and node ids in one intervention
 MAX_TARGET = 100  # characters of the target box
 INTRO = """**How the model reaches its prediction, as a graph.** Each layer's feed-forward block is replaced by a
@@ -195,8 +191,8 @@ def on_graph(visitor: Visitor, sentence, mask_number, target, node_threshold, ed
         the graph drawn (plotly; each node's id is its first customdata), its scores in words, a table of the most influential nodes, the raw graph {"text", "tokens", "mask_position", "target", "scores": {"replacement", "completeness", "left", "right", "mask", "framing"}, "nodes": [{"id", "kind", "layer", "position", "feature", "activation", "label", "token", "influence"}], "edges": [{"source", "target", "weight"}]}, and the model line.
     """
     graph = graph_of(visitor, sentence, mask_number, target, node_threshold, edge_threshold)
-    return (drawing.figure(graph), scores_words(graph), node_frame(graph), raw_graph(graph),
-            availability(visitor, visitor.session))
+    return (drawing.figure(graph), results.scores_words(graph), results.node_frame(graph),
+            results.raw_graph(graph), availability(visitor, visitor.session))
 
 
 def on_node(visitor: Visitor, sentence, mask_number, target, node_threshold, edge_threshold, node):
@@ -205,7 +201,7 @@ def on_node(visitor: Visitor, sentence, mask_number, target, node_threshold, edg
     graph = graph_of(visitor, sentence, mask_number, target, node_threshold, edge_threshold)
     found = graph.node(str(node or "").strip())
     card = _feature_card(visitor, found)
-    summary = card_html(found, card)
+    summary = results.card_html(found, card)
     effects = gr.update(value=_effects(card), visible=True) if card else gr.update(value=None, visible=False)
     source = heads.strongest_across(graph, found["id"])
     if source is None:
@@ -213,7 +209,7 @@ def on_node(visitor: Visitor, sentence, mask_number, target, node_threshold, edg
                else "No kept edge comes into it from another position.")
         return summary, effects, why, empty_table(sections.HEAD_COLUMNS)
     split = heads.edge_heads(visitor.lm, graph, source, found["id"], transcoders=transcoders(visitor, visitor.lm))
-    return summary, effects, heads_words(graph, split), head_frame(split)
+    return summary, effects, results.heads_words(graph, split), results.head_frame(split)
 
 
 def on_show(visitor: Visitor) -> str:
@@ -250,7 +246,8 @@ def on_intervene(visitor: Visitor, sentence, mask_number, target, nodes, scale, 
     result = interventions.intervene(visitor.lm, sentence, chosen, scale, mask_number, graph=graph,
                                      transcoders=transcoders(visitor, visitor.lm),
                                      max_tokens=visitor.settings.circuit_max_tokens)
-    return intervention_words(result, groups, nodes), intervention_bars(result), word_frame(result), result
+    return (results.intervention_words(result, groups, nodes), results.intervention_bars(result),
+            results.word_frame(result), result)
 
 
 def on_linked_intervention(visitor: Visitor, sentence, mask_number, target, nodes, scale, supernodes):
@@ -299,7 +296,7 @@ def on_train_transcoders(visitor: Visitor, request: TranscodersRequest, progress
         visitor, "train_transcoders", request, progress, lambda log: _live_outputs(log, progress),
         cleared=("Starting: reading the corpus…", None, gr.skip(), ""))
     _, history = outcome.result
-    yield (trained_status(outcome.kept, history, outcome.plan), training_curves(history.steps),
+    yield (trained_status(outcome.kept, history, outcome.plan), results.training_curves(history.steps),
            availability(visitor, visitor.session), gr.skip())
 
 
@@ -312,7 +309,7 @@ def _live_outputs(log, progress) -> tuple:
     fvu = ", ".join(f"{v:.3f}" for v in last.fvu)
     status = (f"Step {last.step}: {last.tokens:,} tokens, FVU per layer {fvu}, {last.tokens_per_s:,.0f} tokens/s. "
               "When training ends, their statistics and quality are measured before they are kept.")
-    return status, training_curves([e.step for e in events]), gr.skip(), gr.skip()
+    return status, results.training_curves([e.step for e in events]), gr.skip(), gr.skip()
 
 
 def on_stop(visitor: Visitor) -> str:
@@ -334,19 +331,6 @@ def trained_status(kept, history, plan) -> str:
             f"run's): **{name}** still has none.")
 
 
-def training_curves(steps: list) -> go.Figure:
-    """The transcoders' training, live: each layer's FVU against tokens seen."""
-    fig = go.Figure()
-    layers = len(steps[0].fvu) if steps else 0
-    for i in range(layers):
-        fig.add_trace(go.Scatter(x=[s.tokens for s in steps], y=[s.fvu[i] for s in steps], mode="lines",
-                                 name=f"layer {i + 1}", hovertemplate="%{x:,} tokens: FVU %{y:.3f}<extra></extra>"))
-    fig.update_layout(height=320, margin=dict(l=10, r=10, t=30, b=10), legend=dict(orientation="h", y=-0.25),
-                      xaxis=dict(title="tokens seen", rangemode="tozero"),
-                      yaxis=dict(title="FVU (lower is better)", rangemode="tozero"))
-    return fig
-
-
 # ---------------------------------------------------------------- what the page shows
 
 def availability(holder, session: str | None = None) -> str:
@@ -365,76 +349,6 @@ def availability(holder, session: str | None = None) -> str:
     return f"{line}  \nTranscoders of layers {layers[0]}-{layers[-1]} ({found[layers[0]].latents:,} features each)."
 
 
-def scores_words(graph: Graph) -> str:
-    """The graph's scores, each with what it measures, and what they were measured on."""
-    s, adjacency = graph.scores, graph.adjacency
-    active = sum(1 for n in adjacency.columns if n.kind == "feature")
-    traced = int((adjacency.row_nodes >= 0).sum())
-    return (f"**Replacement score {s['replacement']:.0%}**: of the influence that reaches the prediction from the "
-            "sentence, the share that starts at its words rather than at error nodes: how much of the whole path the "
-            "transcoders' features explain.  \n"
-            f"**Completeness {s['completeness']:.0%}**: per node, the share of its direct inputs that are features or "
-            "words rather than errors, weighted by influence: how well each single step is explained.  \n"
-            f"**Left {s['left']:.0%} · right {s['right']:.0%}** of the [MASK], the mask itself {s['mask']:.0%}, "
-            f"[CLS]/[SEP] {s['framing']:.0%}: where the influence sits in the sentence (a decoder could only use "
-            "the left).  \n"
-            f"Measured on this one sentence: {len(graph.tokens)} tokens, {active:,} active features of which "
-            f"{traced:,} were traced to their inputs; {len(graph.nodes):,} nodes and {len(graph.edges):,} edges kept "
-            f"at thresholds {graph.node_threshold:g} / {graph.edge_threshold:g}; "
-            f"built in {_seconds(graph.timings.get('seconds', 0.0))}.")
-
-
-def node_frame(graph: Graph, top: int = TOP_NODES) -> pd.DataFrame:
-    """The most influential kept nodes, then the predicted words."""
-    ordered = sorted(graph.nodes, key=lambda n: (n["kind"] == "logit", -(n.get("influence") or 0.0)))[:top]
-    rows = [[n["id"], n["kind"], n["layer"], f"{shown_token(n['token'])} ({n['position']})", n["label"],
-             round(n.get("influence") or 0.0, 4)] for n in ordered]
-    return pd.DataFrame(rows, columns=list(sections.NODE_COLUMNS))
-
-
-def raw_graph(graph: Graph) -> dict:
-    edges = [{"source": e.source, "target": e.target, "weight": e.weight} for e in graph.edges[:LISTED_EDGES]]
-    return {"text": graph.text, "tokens": graph.tokens, "mask_position": graph.mask_position, "target": graph.target,
-            "scores": graph.scores, "node_threshold": graph.node_threshold, "edge_threshold": graph.edge_threshold,
-            "nodes": graph.nodes, "edges": edges, "edges_kept": len(graph.edges)}
-
-
-KIND_WORDS = {"feature": "Transcoder feature", "error": "Error node", "token": "Token", "logit": "Predicted word"}
-
-
-def card_html(node: dict, card: dict | None) -> str:
-    """A node's card as HTML: every piece of text escaped."""
-    e = lambda text: html.escape(str(text))  # noqa: E731
-    token = f"“{e(shown_token(node['token']))}” (position {node['position']})"
-    influence = node.get("influence")
-    facts = [f"influence {influence:.2%}" if influence is not None else ""]
-    if node["kind"] == "feature":
-        head = f"Feature {node['feature']} of layer {node['layer']}'s transcoder, at {token}"
-        facts.insert(0, f"activation {node['activation']:.3f}")
-    elif node["kind"] == "error":
-        head = f"What layer {node['layer']}'s transcoder misses at {token}"
-        facts.insert(0, f"size (norm) {node['activation']:.3f}")
-    elif node["kind"] == "token":
-        head = f"The embedding of {token}"
-    else:
-        head = f"The logit of “{e(shown_token(node['token']))}” at the [MASK]"
-        facts = [f"probability {node['activation']:.3f}"]
-    parts = [f"<p><b>{head}</b> <code>{e(node['id'])}</code><br>{e(', '.join(f for f in facts if f))}</p>"]
-    if node["kind"] == "feature":
-        parts.append(f"<p>Label: <i>{e(node['label'])}</i></p>")
-        if card is None:
-            parts.append("<p>This transcoder has no statistics yet: no contexts or outputs to show.</p>")
-        else:
-            parts.append(f"<p>Fires on {card['density']:.2%} of the {card['statistics_tokens']:,} tokens its "
-                         f"statistics counted; mean activation {card['mean']:.3f} where it fires.</p>")
-            contexts = "".join(f"<li>{e(c['text'][:c['start']])}<mark>{e(c['text'][c['start']:c['end']] or c['token'])}"
-                               f"</mark>{e(c['text'][c['end']:])} <small>({c['activation']:.2f})</small></li>"
-                               for c in card["contexts"][:8])
-            if contexts:
-                parts.append(f"<p>Top contexts:</p><ul>{contexts}</ul>")
-    return "".join(parts)
-
-
 def _feature_card(visitor: Visitor, node: dict) -> dict | None:
     """The Features tab's card of a feature node's transcoder feature, where it has statistics."""
     if node["kind"] != "feature":
@@ -451,53 +365,6 @@ def _effects(card: dict) -> go.Figure:
     from ... import plots
 
     return feature_plots.feature_effects(card)
-
-
-def heads_words(graph: Graph, split: dict) -> str:
-    source, target = graph.node(split["source"]), graph.node(split["target"])
-    shown = lambda n: f"{n['id']} at “{escape_markdown(shown_token(n['token']))}”"  # noqa: E731
-    where = (f"All of it crosses at layer {split['layer']}'s attention, so its heads' parts add up to the edge."
-             if split["adjacent"] and split["across"] else
-             f"The split is of layer {split['layer']}'s attention only (the target's); {split['elsewhere']:+.4f} of it "
-             "reached the target's position at an earlier layer.")
-    return (f"Its strongest kept edge from another position: **{shown(source)} → {shown(target)}**, weight "
-            f"{split['weight']:+.4f}. At frozen attention an edge across positions is a sum over heads. {where}")
-
-
-def head_frame(split: dict) -> pd.DataFrame:
-    rows = [[f"{split['layer']}:{h['head'] + FIRST_HEAD}", round(h["weight"], 5),
-             "" if h["share"] is None else f"{h['share']:.0%}"] for h in split["heads"]]
-    return pd.DataFrame(rows, columns=list(sections.HEAD_COLUMNS))
-
-
-def intervention_words(result: dict, groups: dict, asked) -> str:
-    scale = result["scale"]
-    what = "switched off" if scale == 0 else "unchanged" if scale == 1 else f"scaled by {scale:g}"
-    listed = lambda words: ", ".join(f"{escape_markdown(shown_token(w['word']))} {w['probability']:.1%}"  # noqa: E731
-                                     for w in words)
-    named = [g for g in groups if g in re.split(r"[\s,]+", str(asked or ""))]
-    groups_note = f" (groups: {', '.join(escape_markdown(g) for g in named)})" if named else ""
-    return (f"{len(result['nodes'])} node(s){groups_note} {what} in the real model (attention not frozen, the "
-            f"transcoders' errors kept).  \n**Before**: {listed(result['before'])}  \n**After**: "
-            f"{listed(result['after'])}  \nThe graph's prediction is linear: it assumes every other node follows "
-            "its edges, with no attention or normalisation changing.")
-
-
-def intervention_bars(result: dict) -> go.Figure:
-    words = [shown_token(w["word"]) for w in result["words"]]
-    fig = go.Figure([go.Bar(name=name, x=words, y=[w[key] for w in result["words"]],
-                            hovertemplate=f"{name}<br>%{{x}}: %{{y:.3f}}<extra></extra>")
-                     for name, key in (("before", "probability_before"), ("after", "probability_after"))])
-    fig.update_layout(barmode="group", height=320, yaxis=dict(title="probability", rangemode="tozero"),
-                      legend=dict(orientation="h", y=-0.2), margin=dict(l=10, r=10, t=30, b=10))
-    return fig
-
-
-def word_frame(result: dict) -> pd.DataFrame:
-    rows = [[shown_token(w["word"]), round(w["probability_before"], 4), round(w["probability_after"], 4),
-             round(w["change"], 4), round(w["predicted_change"], 4), round(w["first_order_change"], 4)]
-            for w in result["words"]]
-    return pd.DataFrame(rows, columns=list(sections.WORD_COLUMNS))
 
 
 # ---------------------------------------------------------------- node lists and groups
@@ -544,10 +411,6 @@ def _checked_groups(graph: Graph, supernodes) -> dict[str, list[str]]:
 def _graph_bytes(graph: Graph) -> int:
     a = graph.adjacency
     return int(a.rows.numel() * a.rows.element_size() + 200 * (len(a.columns) + len(graph.edges)))
-
-
-def _seconds(seconds: float) -> str:
-    return f"{seconds:.1f} s" if seconds >= 1 else f"{seconds * 1000:.0f} ms"
 
 
 def _whole(value):
