@@ -278,7 +278,7 @@ def _column_nodes(lm: LoadedModel, attributor: _Attributor, labels: bool) -> lis
     def label(layer: int, feature: int) -> str:
         if (layer, feature) not in named:
             if labels and transcoders[layer].stats is not None:
-                from ..features.views import label as feature_label
+                from ..features.labels import label as feature_label
 
                 named[(layer, feature)] = feature_label(lm, transcoders[layer], feature)
             else:

@@ -17,7 +17,8 @@ from ..model.loading import LoadedModel
 from .data import Lines, hidden_at
 from . import quality
 from .store import FeatureStore
-from .views import MAX_TOP, labelled, load_features
+from .labels import labelled
+from .views import MAX_TOP, load_features
 
 SORTS = {"share": "the change of firing share", "activation": "the change of mean activation"}
 
@@ -34,7 +35,7 @@ def tuning_drift(base: LoadedModel, tuned: LoadedModel, text: str | list[str], l
     a feature without that change comes last).
 
     Returns {"layer", "tokens", "sort_by", "fvu": {"base", "tuned"}, "features": [{"feature",
-    "label", "label_f1", "label_kind" (`views.label_fit`), "density_base", "density_tuned",
+    "label", "label_f1", "label_kind" (`labels.label_fit`), "density_base", "density_tuned",
     "share_change", "mean_base", "mean_tuned", "activation_change"}]}."""
     dictionary = load_features(base, layer, store)
     top = validate.whole_number(top, "number of features", 1, MAX_TOP, field="top")

@@ -23,7 +23,8 @@ from ..model.loading import LoadedModel
 from .dictionary import Dictionary
 from .search import keep, kept_entry, unit_directions
 from .store import FeatureStore, shared_store
-from .views import labels, load_features
+from .labels import labels
+from .views import load_features
 
 LAYOUT = "layout.safetensors"
 NEIGHBOURS = 15  # UMAP's n_neighbors (fewer for a dictionary of fewer features)

@@ -38,7 +38,8 @@ from .data import Lines, point_of
 from .dictionary import Dictionary
 from .stats import corpus_codes
 from .store import FeatureStore, shared_store
-from .views import NO_CLEAR_OUTPUT, label, label_fit, labelled, labels as labels_of, load_features
+from .labels import NO_CLEAR_OUTPUT, label, label_fit, labelled, labels as labels_of
+from .views import load_features
 
 MIN_FIRINGS = 3  # on the word, for a feature to be listed (fewer when the word occurs fewer times)
 MAX_TOP = 50
@@ -202,7 +203,7 @@ def features_for_word(lm: LoadedModel, word: str, layer: int, top: int = 10,
     {"tokens", "lines"}, "min_firings", "features": [{"feature", "lift", "firings": on the word,
     "word_share": firings / occurrences, "feature_share": share of its firings that are on the
     word, "label", "label_f1", "label_kind"}] largest lift first} ("label_f1", "label_kind": how
-    well the label fits, `views.label_fit`)."""
+    well the label fits, `labels.label_fit`)."""
     store = store or shared_store(lm.caches)
     dictionary = load_features(lm, layer, store)
     top = validate.whole_number(top, "number of features", 1, MAX_TOP, field="top")

@@ -1,4 +1,4 @@
-"""Labels with a score (`features/stats.py`: top tokens by lift, the detection score; `features/views.py`:
+"""Labels with a score (`features/stats.py`: top tokens by lift, the detection score; `features/labels.py`:
 `label`, `label_score`). Lift is checked against a count made by hand on codes written here; the
 detection score is recomputed line by line, on held-out lines written here, from a tiny dictionary
 whose feature CHOSEN is made to fire on "river" and nothing else (as tests/features/test_search.py
@@ -13,7 +13,7 @@ import torch
 
 from bertdemo.features import dictionary as files  # first: sparsify's decoder switch
 from bertdemo.features import stats as statistics
-from bertdemo.features import views
+from bertdemo.features import labels
 from bertdemo.features.data import Lines, hidden_at, kept_positions
 from bertdemo.features.dictionary import Dictionary
 from bertdemo.features.stats import Codes, corpus_codes, from_codes
@@ -138,8 +138,8 @@ def test_the_detection_score_is_recomputed_line_by_line(tiny_bert, made):
 
 
 def test_the_made_feature_is_a_word_feature_and_says_so(tiny_bert, made):
-    score = views.label_score(tiny_bert, made, CHOSEN)
-    assert views.label(tiny_bert, made, CHOSEN) == WORD  # no promoted words measured: no arrow
+    score = labels.label_score(tiny_bert, made, CHOSEN)
+    assert labels.label(tiny_bert, made, CHOSEN) == WORD  # no promoted words measured: no arrow
     assert (score["precision"], score["recall"], score["f1"]) == (1.0, 1.0, 1.0)
     assert score["kind"] == "word" and score["held_out_firings"] == 4  # the four rivers of HELD_OUT
     assert score["summary"].startswith("a word feature: it fires on river, whatever the sense")
@@ -147,7 +147,7 @@ def test_the_made_feature_is_a_word_feature_and_says_so(tiny_bert, made):
     context = [f for f in range(made.latents) if made.stats["label_fires"][f] > 0
                and made.stats["label_f1"][f] < statistics.WORD_F1]
     assert context, "some random feature's label explains it badly"
-    other = views.label_score(tiny_bert, made, context[0])
+    other = labels.label_score(tiny_bert, made, context[0])
     assert other["kind"] == "context" and other["summary"].startswith("a context feature: its tokens")
 
 
@@ -155,8 +155,8 @@ def test_statistics_made_before_scores_still_label_and_say_so(tiny_bert, made):
     old = {k: v for k, v in made.stats.tensors.items()
            if not k.startswith("label_") and k not in ("detection_tokens", "top_token_lift")}
     dictionary = Dictionary(made.coder, LAYER, None, {}, statistics.FeatureStats(old, made.stats.contexts))
-    assert views.label(tiny_bert, dictionary, CHOSEN) == WORD
-    score = views.label_score(tiny_bert, dictionary, CHOSEN)
+    assert labels.label(tiny_bert, dictionary, CHOSEN) == WORD
+    score = labels.label_score(tiny_bert, dictionary, CHOSEN)
     assert score["kind"] is None and "made before labels were scored" in score["summary"]
 
 
@@ -166,5 +166,5 @@ def test_a_label_says_no_clear_output_where_no_promoted_word_clears_the_noise(ti
     tensors["promoted"][CHOSEN + 1, 0] = tiny_bert.tokenizer.convert_tokens_to_ids("city")
     tensors["noise_per_unit"] = torch.tensor([0.1])
     dictionary = Dictionary(made.coder, LAYER, None, {}, statistics.FeatureStats(tensors, made.stats.contexts))
-    assert views.label(tiny_bert, dictionary, CHOSEN) == f"{WORD} → {views.NO_CLEAR_OUTPUT}"
-    assert views.label(tiny_bert, dictionary, CHOSEN + 1).endswith("→ city")
+    assert labels.label(tiny_bert, dictionary, CHOSEN) == f"{WORD} → {labels.NO_CLEAR_OUTPUT}"
+    assert labels.label(tiny_bert, dictionary, CHOSEN + 1).endswith("→ city")

@@ -7,7 +7,7 @@ import bertdemo.features
 
 FEATURES = Path(bertdemo.features.__file__).parent
 BUILD = ["making.py", "stats.py", "effects.py", "quality.py", "training.py", "data.py", "dictionary.py", "store.py"]
-VIEWS = {"views", "quality_views", "search", "feature_map", "drift", "senses"}
+VIEWS = {"views", "labels", "quality_views", "search", "feature_map", "drift", "senses"}
 
 
 def imported_modules(path: Path) -> set[str]:

@@ -197,7 +197,7 @@ def map_note(result: dict) -> str:
 
 def label_fits(row: dict) -> str:
     """A table's "label fits" cell from a view's row: its label's F1 and kind ("0.91 word", "0.12
-    context"; `views.label_fit`, the card's score), "not scored" where there is none."""
+    context"; `labels.label_fit`, the card's score), "not scored" where there is none."""
     if row.get("label_kind") is None:
         return "not scored"
     return f"{row['label_f1']:.2f} {row['label_kind']}"
