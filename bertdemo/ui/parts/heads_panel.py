@@ -100,10 +100,28 @@ def render(ctx: AppContext, text, text_b, n_layers: int, n_heads: int) -> None:
                                   api_visibility="private", concurrency_id="model")
 
 
+@dataclass(kw_only=True)
+class Numbers:
+    """What every view of the panel ends with: its numbers (raw JSON, folded) and its export (the
+    button and the files it fills). Keyword-only: each section's own fields stay positional."""
+
+    raw: gr.JSON
+    export_button: gr.Button
+    export_files: gr.File
+
+
+def _numbers(title: str, what: str) -> dict:
+    """A view's numbers folded under `title` and its export controls for `what`: `Numbers`' fields."""
+    with gr.Accordion(title, open=False):
+        raw = gr.JSON()
+    export_button, export_files = view_downloads.controls(what)
+    return dict(raw=raw, export_button=export_button, export_files=export_files)
+
+
 @dataclass
-class NeuronSection:
+class NeuronSection(Numbers):
     """The neuron view: its options, the clickable tokens, the button, what `on_neuron` returns (in
-    `outputs` order) and its export (the button and the files it fills)."""
+    `outputs` order) and its numbers and export."""
 
     layer: gr.Slider
     head: gr.Slider
@@ -111,9 +129,6 @@ class NeuronSection:
     tokens: gr.HighlightedText
     show: gr.Button
     plot: gr.Plot
-    raw: gr.JSON
-    export_button: gr.Button
-    export_files: gr.File
 
     @property
     def options(self) -> list:
@@ -137,25 +152,20 @@ def _section_neuron(n_layers: int, n_heads: int) -> NeuronSection:
                                 color_map={"query": "orange"}, elem_id="neuron-tokens")
     show = gr.Button("Show the neuron view", variant="primary")
     plot = gr.Plot(label="Neuron view: query, keys, query × key, score, weight")
-    with gr.Accordion("The neuron view's numbers (JSON)", open=False):
-        raw = gr.JSON()
-    export_button, export_files = view_downloads.controls("the neuron view")
-    return NeuronSection(layer, head, token, tokens, show, plot, raw, export_button, export_files)
+    return NeuronSection(layer, head, token, tokens, show, plot,
+                         **_numbers("The neuron view's numbers (JSON)", "the neuron view"))
 
 
 @dataclass
-class ImportanceSection:
+class ImportanceSection(Numbers):
     """Head importance: its form, the button, what `on_importance` returns (in `outputs` order; the
-    grid is clickable) and its export."""
+    grid is clickable) and its numbers and export."""
 
     mask_number: gr.Number
     target: gr.Textbox
     compute: gr.Button
     grid: gr.Dataframe
     note: gr.Markdown
-    raw: gr.JSON
-    export_button: gr.Button
-    export_files: gr.File
 
     @property
     def outputs(self) -> list:
@@ -176,24 +186,19 @@ def _section_importance(n_heads: int) -> ImportanceSection:
                         "off: click a head", interactive=False, elem_id="head-importance",
                         column_widths=["8%"] + [f"{92 / n_heads:.2f}%"] * n_heads)
     gr.Markdown(IMPORTANCE_HELP)
-    with gr.Accordion("Head importance's numbers (JSON)", open=False):
-        raw = gr.JSON()
-    export_button, export_files = view_downloads.controls("the head importance")
-    return ImportanceSection(mask_number, target, compute, grid, note, raw, export_button, export_files)
+    return ImportanceSection(mask_number, target, compute, grid, note,
+                             **_numbers("Head importance's numbers (JSON)", "the head importance"))
 
 
 @dataclass
-class HeadsOffSection:
+class HeadsOffSection(Numbers):
     """Heads switched off: the box every event reads, the button, what `on_heads_off` returns (in
-    `outputs` order) and its export."""
+    `outputs` order) and its numbers and export."""
 
     off: gr.Textbox
     predict: gr.Button
     bars: gr.Plot
     note: gr.Markdown
-    raw: gr.JSON
-    export_button: gr.Button
-    export_files: gr.File
 
     @property
     def outputs(self) -> list:
@@ -207,10 +212,8 @@ def _section_heads_off() -> HeadsOffSection:
         predict = gr.Button("Predict with these heads off", scale=1)
     bars = gr.Plot(label="Predictions: every head on vs these heads off")
     note = gr.Markdown()
-    with gr.Accordion("The predictions' numbers (JSON)", open=False):
-        raw = gr.JSON()
-    export_button, export_files = view_downloads.controls("the predictions with heads off")
-    return HeadsOffSection(off, predict, bars, note, raw, export_button, export_files)
+    return HeadsOffSection(off, predict, bars, note,
+                           **_numbers("The predictions' numbers (JSON)", "the predictions with heads off"))
 
 
 # ---------------------------------------------------------------- handlers: the neuron view
