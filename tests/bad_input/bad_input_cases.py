@@ -236,6 +236,16 @@ def cases(group: str):
                 yield pytest.param(api_name, index, value, id=f"{api_name}-{index}-{name}")
 
 
+def group_test(group: str):
+    """The test each group's module runs (as `test_bad_input_gets_a_clear_message_and_the_next_good_request_succeeds`):
+    every case of `group` against that module's server (`served`, `client`)."""
+    @pytest.mark.slow
+    @pytest.mark.parametrize("api_name, index, value", cases(group))
+    def test_bad_input_gets_a_clear_message_and_the_next_good_request_succeeds(served, client, api_name, index, value):
+        check_case(client, served, api_name, index, value)
+    return test_bad_input_gets_a_clear_message_and_the_next_good_request_succeeds
+
+
 def check_case(client: Client, app: tuple, api_name: str, index: int | None, value) -> None:
     """One case: the bad request's message is for people, and the next good request succeeds."""
     url, server_dirs = app

@@ -1,13 +1,7 @@
 """Bad input to the runs' endpoints (fine-tuning, the article's fine-tune, probes, the classifier): every input, every bad value of its
 kind, against a server of this module's own (the table and the calls: bad_input_cases.py)."""
-import pytest
-
-from bad_input_cases import cases, check_case, client, served  # noqa: F401 - fixtures
+from bad_input_cases import client, group_test, served  # noqa: F401 - fixtures
 
 GROUP = "runs"  # its server: bad_input_cases.served
 
-
-@pytest.mark.slow
-@pytest.mark.parametrize("api_name, index, value", cases(GROUP))
-def test_bad_input_gets_a_clear_message_and_the_next_good_request_succeeds(served, client, api_name, index, value):
-    check_case(client, served, api_name, index, value)
+test_bad_input_gets_a_clear_message_and_the_next_good_request_succeeds = group_test(GROUP)

@@ -2,7 +2,7 @@
 kind, against a server of this module's own (the table and the calls: bad_input_cases.py)."""
 import pytest
 
-from bad_input_cases import ENDPOINTS, GROUPS, KINDS, cases, check_case, client, served  # noqa: F401 - fixtures
+from bad_input_cases import ENDPOINTS, GROUPS, KINDS, client, group_test, served  # noqa: F401 - fixtures
 
 GROUP = "views"  # its server: bad_input_cases.served
 
@@ -19,7 +19,4 @@ def test_the_suite_covers_every_endpoint_and_input(client):
     assert sorted(grouped) == sorted(ENDPOINTS), "each endpoint in exactly one of GROUPS"
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("api_name, index, value", cases(GROUP))
-def test_bad_input_gets_a_clear_message_and_the_next_good_request_succeeds(served, client, api_name, index, value):
-    check_case(client, served, api_name, index, value)
+test_bad_input_gets_a_clear_message_and_the_next_good_request_succeeds = group_test(GROUP)
