@@ -20,6 +20,22 @@ def option(default, help: str, *, metavar: str | None = None, repr: bool = True)
     return field(default=default, repr=repr, metadata={"help": help, "metavar": metavar})
 
 
+@dataclass(frozen=True)
+class Limits:
+    """Caps on one run (a fine-tune, a classifier's training, an experiment that trains); each is
+    checked before the run starts, except the time, at which the run stops cleanly. The defaults are
+    written here once: `Settings`' run caps (--finetune-max-chars, ...) default to them."""
+
+    max_chars: int = 20_000  # text (or labelled examples) per run
+    max_steps: int = 300
+    max_seconds: float = 120.0  # wall clock per training run
+    max_batch_size: int = 64
+    max_learning_rate: float = 1e-2
+    max_examples: int = 2_000  # labelled examples per classifier run
+    features_max_tokens: int = 2_000_000  # tokens a feature dictionary's training sees
+    features_max_seconds: float = 120.0  # its training's wall clock (within max_seconds: the run's)
+
+
 @dataclass
 class Settings:
     """What the operator can set. Field `max_masks` is flag `--max-masks` and env var `BERTDEMO_MAX_MASKS`."""
@@ -36,15 +52,16 @@ class Settings:
                                    "timing both on this CPU finds it clearly faster, else float32)")
     host: str = option("127.0.0.1", "address to serve on")
     port: int = option(7860, "port")
-    # Each cap is its own field (its own flag, env var and row of docs/configuration.md), so these
-    # lines repeat one shape: a table of data (`duplicates` lists it), no logic to share.
+    # Each cap is its own field (its own flag, env var and row of docs/configuration.md); a run's caps
+    # default to `Limits`' (written once there, for the page and the Python API alike).
     max_masks: int = option(10, "most [MASK]s per sentence")
     max_top_k: int = option(50, "most predictions shown per mask")
     max_candidates: int = option(10, "most candidate words scored at once")
     max_batch: int = option(16, "fill-mask requests batched into one forward; 1 disables")
-    finetune_max_chars: int = option(20_000, "most characters of text per fine-tune")
-    finetune_max_steps: int = option(300, "most steps per fine-tune run")
-    finetune_max_seconds: int = option(120, "wall-clock seconds per fine-tune run (stops cleanly there)")
+    finetune_max_chars: int = option(Limits.max_chars, "most characters of text per fine-tune")
+    finetune_max_steps: int = option(Limits.max_steps, "most steps per fine-tune run")
+    finetune_max_seconds: int = option(int(Limits.max_seconds), "wall-clock seconds per fine-tune run (stops "
+                                                                "cleanly there)")
     finetune_max_models: int = option(8, "tuned models kept in memory (least recently used evicted)")
     finetune_concurrency: int = option(1, "fine-tunes running at once (the rest wait in the queue)")
     embedding_max_lines: int = option(50, "most sentences per embedding map")
@@ -52,13 +69,14 @@ class Settings:
     search_max_lines: int = option(2000, "most lines of a visitor's own corpus to search (the default "
                                          "corpus is not held to it)")
     search_max_chars: int = option(100_000, "most characters of a visitor's own corpus to search")
-    classify_max_examples: int = option(2000, "most labelled examples per classifier run (its other "
-                                              "caps are the fine-tune's)")
-    features_max_tokens: int = option(2_000_000, "most tokens a feature dictionary trained from the page "
-                                                 "sees (Features tab, 'Train features for layer N')")
-    features_max_seconds: int = option(120, "wall-clock seconds of a feature dictionary's training from "
-                                             "the page, at most --finetune-max-seconds (every run's limit); "
-                                             "its statistics and quality are measured after")
+    classify_max_examples: int = option(Limits.max_examples, "most labelled examples per classifier run (its "
+                                                             "other caps are the fine-tune's)")
+    features_max_tokens: int = option(Limits.features_max_tokens, "most tokens a feature dictionary trained "
+                                                                  "from the page sees (Features tab, 'Train "
+                                                                  "features for layer N')")
+    features_max_seconds: int = option(int(Limits.features_max_seconds), "wall-clock seconds of a feature "
+                                       "dictionary's training from the page, at most --finetune-max-seconds "
+                                       "(every run's limit); its statistics and quality are measured after")
     circuit_max_tokens: int = option(64, "most tokens (special tokens included) of a sentence drawn as a "
                                          "circuit (Circuits tab): a graph's time grows faster than its length")
     cache_dir: str | None = option(None, "folder of every cache the server writes: search indexes, ONNX "
@@ -122,21 +140,6 @@ class Settings:
         bad flag or env var, as argparse does."""
         args = flag_parser(cls.from_env(environ)).parse_args(argv)
         return cls(**vars(args))
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Caps on one run (a fine-tune, a classifier's training, an experiment that trains); each is
-    checked before the run starts, except the time, at which the run stops cleanly."""
-
-    max_chars: int = 20_000  # text (or labelled examples) per run
-    max_steps: int = 300
-    max_seconds: float = 120.0  # wall clock per training run
-    max_batch_size: int = 64
-    max_learning_rate: float = 1e-2
-    max_examples: int = 2_000  # labelled examples per classifier run
-    features_max_tokens: int = 2_000_000  # tokens a feature dictionary's training sees
-    features_max_seconds: float = 120.0  # its training's wall clock (within max_seconds: the run's)
 
 
 # What else the app reads from its environment (not settings: where files go, the allocator, the
