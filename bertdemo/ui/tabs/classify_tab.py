@@ -150,20 +150,20 @@ def on_classify(visitor: Visitor, sentences: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def on_classifier_features(visitor: Visitor, sentence: str, top) -> tuple:
+def on_classifier_features(visitor: Visitor, sentence: str, top_features) -> tuple:
     """The features of a sentence's [CLS] vector (the one the classifier's head reads) that this
     session's classifier's decision rests on: each switched off in turn at [CLS], the probability
     of the decided label before and after.
 
     Args:
         sentence: one sentence to classify and explain.
-        top: how many features to show (1-32), the largest fall of probability first.
+        top_features: how many features to show (1-32), the largest fall of probability first.
 
     Returns:
         a line (the decision, the dictionary's quality and how well it reconstructs this vector) and
         the table of features (what each fires on most, its activation, the probability with and without it).
     """
-    result = cls_features.classifier_features(_kept(visitor), sentence, top, _feature_store(visitor))
+    result = cls_features.classifier_features(_kept(visitor), sentence, top_features, _feature_store(visitor))
     return why_note(result), why_frame(result)
 
 
