@@ -28,7 +28,6 @@ this very vector (its share of variance left unexplained), beside the held-out F
 """
 from __future__ import annotations
 
-import functools
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -46,7 +45,7 @@ from ..training.loop import stop_reason
 from . import dictionary as files
 from .dictionary import Dictionary
 from .quality import LEVEL, RESAMPLES, fvu, resampled
-from .store import FeatureStore
+from .store import FeatureStore, shared_store
 from .training import CoderTraining, FeatureSettings, machine
 
 FOLDER = "cls"  # in a store: beside the layer_N folders, never one of them
@@ -277,21 +276,15 @@ def put_cls(store: FeatureStore, coded: ClsFeatures) -> ClsFeatures:
 
 def found_cls(weights: str | None, store: FeatureStore | None) -> ClsFeatures | None:
     """The [CLS] dictionary of the model with weights digest `weights` (`cls_folder`), read from disk
-    once and kept loaded: by `store` as it keeps its layer dictionaries, else (no store: the shipped
-    one alone) by this process. None where there is none."""
+    once and kept loaded by `store`, as it keeps its layer dictionaries; with no store (a classifier
+    made by hand, without its model's caches: `classifier_features` finds the store they hold) the
+    shipped one alone, read from disk. None where there is none."""
     if not weights:
         return None
     if store is None:
-        return _shipped(weights)
+        folder = cls_folder(weights)
+        return load_cls(folder) if folder is not None else None
     return store.kept((FOLDER, weights), lambda: cls_folder(weights, store), load_cls)
-
-
-@functools.lru_cache(maxsize=4)
-def _shipped(weights: str) -> ClsFeatures | None:
-    """The shipped [CLS] dictionary when it is `weights`' model's, read once: a read-only asset of the
-    install, the same for every engine."""
-    folder = cls_folder(weights)
-    return load_cls(folder) if folder is not None else None
 
 
 # ---------------------------------------------------------------- the view
@@ -381,6 +374,12 @@ def switched_off(model, inputs: dict, layer: int, removed: torch.Tensor) -> torc
 
 
 def _found(classifier, store: FeatureStore | None) -> ClsFeatures:
+    """`store`'s [CLS] dictionary of the classifier's model, else the one the caches of the model it was
+    copied from hold (`shared_store`: an engine's for the models it loaded), as every feature view finds
+    a layer's."""
+    caches = getattr(classifier, "caches", None)
+    if store is None and caches is not None:
+        store = shared_store(caches)
     found = found_cls(getattr(classifier, "base_weights", None), store)
     if found is None:
         raise validate.InputError("classifier", "The model this classifier was trained from has no [CLS] "

@@ -34,6 +34,7 @@ from .. import validate
 from ..config import Limits
 from ..forward import anatomy
 from ..labelled import MAX_TOKENS, Split, check_examples, label_counts, stratified_split, table_examples
+from ..model.caches import ModelCaches
 from ..model.loading import LoadedModel
 from .fine_tuning import FinetunePlan, plan_finetune, run_finetune, save_zip
 from .loop import Evaluation, RunHistory, autocast, seeded, train
@@ -52,6 +53,7 @@ class Classifier:
     device: torch.device
     max_length: int = MAX_TOKENS  # tokens per text (special tokens included); longer ones are cut
     base_weights: str | None = None  # the weights digest of the model its body was copied from (its [CLS] dictionary's)
+    caches: ModelCaches | None = field(default=None, repr=False, compare=False)  # that model's (its stores)
 
     @property
     def labels(self) -> list[str]:
@@ -193,7 +195,7 @@ def build_classifier(lm: LoadedModel, labels: list[str]) -> Classifier:
     model.to(lm.device)
     anatomy.fit_inputs(model)  # a family whose forward takes one length (Nystromformer's landmarks)
     return Classifier(f"{lm.name} classifier ({', '.join(labels)})", lm.tokenizer, model, lm.device,
-                      min(MAX_TOKENS, lm.max_length), lm.weights_digest)
+                      min(MAX_TOKENS, lm.max_length), lm.weights_digest, lm.caches)
 
 
 def body_parameters(classifier: Classifier, lm: LoadedModel) -> list[torch.nn.Parameter]:
