@@ -10,8 +10,6 @@ builder's signature, docstring and input handling on purpose, and differs in how
 """
 from __future__ import annotations
 
-import copy
-import functools
 import html
 
 import numpy as np
@@ -72,34 +70,48 @@ def fast_figure(data: list[dict], layout: dict) -> go.Figure:
     """`go.Figure` from plain dicts, without plotly's validation of every property (10-30x
     faster to build; the JSON sent to the page is the same). Only for builders whose output a
     test compares with the validated figure: a typo here would not raise."""
-    layout.setdefault("template", _default_template())  # as a dict: validated once, not per figure
+    layout.setdefault("template", _TEMPLATE)  # as a dict: validated once, not per figure
     return go.Figure({"data": data, "layout": layout}, _validate=False)
 
 
 def figure_json(data: list[dict], layout: dict) -> str:
     """The JSON `fast_figure(data, layout).to_json()` gives (plotly's own encoder, on the dicts:
     no figure objects, no deep copy of the template)."""
-    return pio.json.to_json_plotly({"data": data, "layout": {"template": _default_template(), **layout}})
+    return pio.json.to_json_plotly({"data": data, "layout": {"template": _TEMPLATE, **layout}})
 
 
-@functools.lru_cache(maxsize=1)
-def _default_template() -> dict:
-    return pio.templates[pio.templates.default].to_plotly_json()
+# plotly's default template as a dict, read once at import (never written): a figure takes it as it
+# is, where a template object would be validated per figure
+_TEMPLATE = pio.templates[pio.templates.default].to_plotly_json()
 
 
 def _subplot_rows(n_rows: int) -> dict:
-    """Layout of `n_rows` stacked subplots titled "[MASK] i", as make_subplots draws it."""
-    return copy.deepcopy(_subplot_rows_cached(n_rows))
-
-
-@functools.lru_cache(maxsize=32)
-def _subplot_rows_cached(n_rows: int) -> dict:
+    """Layout of `n_rows` stacked subplots titled "[MASK] i", as `make_subplots(rows=n, cols=1,
+    subplot_titles=..., vertical_spacing=0.25 / n)` draws it (its template aside), worked out as
+    plotly works it out (tests/test_fast_figures.py compares them): make_subplots takes ~30 ms."""
     n = max(n_rows, 1)
-    titles = [f"[MASK] {i + 1}" for i in range(n_rows)]
-    layout = make_subplots(rows=n, cols=1, subplot_titles=titles,
-                           vertical_spacing=0.25 / n).layout.to_plotly_json()
-    layout.pop("template", None)  # the figure adds the default template itself
+    spacing = 0.25 / n
+    heights = [(1.0 - spacing * (n - 1)) / n] * n
+    layout, titles = {}, []
+    for row in range(n):  # from the top: the last row's domain starts at 0
+        below = n - 1 - row
+        start = sum(heights[:below]) + below * spacing
+        domain = [_on_paper(start + 0.0), _on_paper(start + heights[-1 - row] - 0.0)]
+        axis = "" if row == 0 else str(row + 1)
+        layout[f"xaxis{axis}"] = {"anchor": f"y{axis}", "domain": [0.0, 1.0]}
+        layout[f"yaxis{axis}"] = {"anchor": f"x{axis}", "domain": domain}
+        if row < n_rows:
+            titles.append({"font": {"size": 16}, "showarrow": False, "text": f"[MASK] {row + 1}", "x": 0.5,
+                           "xanchor": "center", "xref": "paper", "y": domain[1], "yanchor": "bottom",
+                           "yref": "paper"})
+    if titles:
+        layout["annotations"] = titles
     return layout
+
+
+def _on_paper(value: float) -> float:
+    """A domain's end as make_subplots keeps it: float error past 0 or 1 rounded back."""
+    return 0.0 if value < 0.0 else 1.0 if value > 1.0 else value
 
 
 _WORD_START = ("Ġ", "▁")  # byte-level BPE's (RoBERTa, ModernBERT) and SentencePiece's (ALBERT, XLM-R, DeBERTa)
@@ -324,7 +336,6 @@ def neuron_view(result: dict) -> go.Figure:
     return fig
 
 
-@functools.lru_cache(maxsize=8)
 def _colorscale(name: str) -> tuple:
     """A named plotly colour scale as the (position, colour) pairs the validated figure sends."""
     return tuple(tuple(pair) for pair in go.Heatmap(colorscale=name).colorscale)
@@ -371,15 +382,10 @@ def finetune_curves(steps: list, evals: list, planned_steps: int | None = None,
 
 
 def _secondary_y_layout() -> dict:
-    """Layout of one plot with a second y axis on the right, as make_subplots draws it."""
-    return copy.deepcopy(_secondary_y_layout_cached())
-
-
-@functools.lru_cache(maxsize=1)
-def _secondary_y_layout_cached() -> dict:
-    layout = make_subplots(specs=[[{"secondary_y": True}]]).layout.to_plotly_json()
-    layout.pop("template", None)
-    return layout
+    """Layout of one plot with a second y axis on the right, as `make_subplots(specs=[[{"secondary_y":
+    True}]])` draws it (its template aside; tests/test_fast_figures.py compares them)."""
+    return {"xaxis": {"anchor": "y", "domain": [0.0, 0.94]}, "yaxis": {"anchor": "x", "domain": [0.0, 1.0]},
+            "yaxis2": {"anchor": "x", "overlaying": "y", "side": "right"}}
 
 
 def masking_comparison(runs: dict) -> go.Figure:
