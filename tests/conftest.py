@@ -10,6 +10,13 @@ from pathlib import Path
 
 import pytest
 
+# pytest caches each test module's rewritten assertions as bytecode, and Python each module it
+# compiles, unless bytecode writing is off (PYTHONDONTWRITEBYTECODE=1 on the project's machines):
+# then every test process rewrote every test module's assertions again (3-8 s of CPU each) and
+# every app the tests start compiled bertdemo again. Written (to the git-ignored __pycache__/),
+# a later process reads them.
+sys.dont_write_bytecode = False
+
 
 def _threads_per_worker() -> None:
     """The suite's processes (pytest.ini: --numprocesses=2) share the machine's cores: each torch
@@ -42,8 +49,7 @@ os.environ.setdefault("BERTDEMO_ONNX", "0")
 sys.path.insert(0, str(Path(__file__).parent))  # tiny_models
 sys.path.insert(0, str(Path(__file__).parent.parent))  # bertdemo, app
 
-import bertdemo  # noqa: E402
-import tiny_models  # noqa: E402
+import bertdemo  # noqa: E402 - lazy: the package imports torch and its views when first used
 
 
 def _one_ssl_context() -> None:
@@ -63,8 +69,6 @@ def _one_ssl_context() -> None:
 
     transports.create_ssl_context = create_ssl_context
 
-
-_one_ssl_context()
 
 
 def _numba_compiles_once() -> None:
@@ -92,7 +96,14 @@ def _numba_compiles_once() -> None:
     numba.njit, numba.jit = cached(numba.njit), cached(numba.jit)
 
 
-_numba_compiles_once()
+
+def pytest_configure(config):
+    """The patches above, in each process that runs tests: not in xdist's controller, which only
+    hands modules out (importing httpx and numba there cost the workers CPU as they start)."""
+    if config.getoption("numprocesses", None) and not hasattr(config, "workerinput"):
+        return
+    _one_ssl_context()
+    _numba_compiles_once()
 
 
 BROWSER_FIXTURES = {"page", "browser"}
@@ -157,6 +168,8 @@ def shipped_store(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_bert_dir(tmp_path_factory) -> Path:
+    import tiny_models
+
     return tiny_models.save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
 
 
@@ -173,11 +186,15 @@ def tiny_bert(engine, tiny_bert_dir):
 
 @pytest.fixture(scope="session")
 def tiny_distilbert(engine, tmp_path_factory):
+    import tiny_models
+
     return engine.load(str(tiny_models.save_tiny_distilbert(tmp_path_factory.mktemp("distil"))))
 
 
 @pytest.fixture(scope="session")
 def tiny_roberta(engine, tmp_path_factory):
+    import tiny_models
+
     return engine.load(str(tiny_models.save_tiny_roberta(tmp_path_factory.mktemp("roberta"))))
 
 
