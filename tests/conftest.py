@@ -106,7 +106,7 @@ def pytest_configure(config):
     _numba_compiles_once()
 
 
-BROWSER_FIXTURES = {"page", "browser"}
+BROWSER_FIXTURES = {"page", "browser", "browser_context"}
 
 
 # Seconds each module took in a full run (setup, calls and teardown), written by
@@ -292,37 +292,60 @@ def browser():
     with sync_playwright() as p:
         chromium = p.chromium.launch(executable_path=CHROMIUM, args=[
             "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--no-first-run"])
+            "--disable-component-update", "--no-first-run",
+            # only this machine: every other host name fails to resolve (`page.blocked` lists them)
+            "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1"])
         yield chromium
         chromium.close()
 
 
-@pytest.fixture
-def page(browser):
-    """A fresh page that can reach only this machine, as for a viewer with no internet access.
+@pytest.fixture(scope="session")
+def browser_context(browser):
+    """The browser profile every test's page opens in: one per test process, so Gradio's and
+    plotly's scripts, fetched and compiled by the first page, come from chromium's HTTP and code
+    caches for the next ones (a fresh profile per test fetched and compiled them each time: about
+    a second of each page's load, more on a busy machine). Nothing routes its requests, which
+    would turn that cache off; `page` keeps the rest of a test's traces from the next test."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, accept_downloads=True)
+    yield context
+    context.close()
 
-    Every other request is aborted and listed in `page.blocked`; dialogs (e.g. an injected
-    `alert`) are dismissed and listed in `page.dialogs`.
+
+@pytest.fixture
+def page(browser_context):
+    """A new page that can reach only this machine, as for a viewer with no internet access.
+
+    Every request to another host fails (the browser resolves no other name) and is listed in
+    `page.blocked`; dialogs (e.g. an injected `alert`) are dismissed and listed in `page.dialogs`.
+    Afterwards the test's pages are closed and its cookies, permissions, routes and the app's
+    local storage cleared, so the next test meets the page as a first-time visitor would.
     """
     from urllib.parse import urlparse
 
-    context = browser.new_context(viewport={"width": 1280, "height": 900}, accept_downloads=True)
-    page = context.new_page()
+    page = browser_context.new_page()
     page.set_default_timeout(BROWSER_TIMEOUT_MS)
     page.blocked, page.dialogs = [], []
 
-    def only_local(route):
-        url = route.request.url
-        if urlparse(url).hostname in LOCAL_HOSTS or url.startswith(("data:", "blob:", "file:")):
-            route.continue_()
-        else:
-            page.blocked.append(url)
-            route.abort()
+    def blocked(request):
+        if urlparse(request.url).hostname not in LOCAL_HOSTS and not request.url.startswith(("data:", "blob:", "file:")):
+            page.blocked.append(request.url)
 
-    context.route("**/*", only_local)
+    page.on("requestfailed", blocked)  # a request a test's own route answers does not fail
     page.on("dialog", lambda dialog: (page.dialogs.append(dialog.message), dialog.dismiss()))
     yield page
-    context.close()
+    _forget_the_test(browser_context)
+
+
+def _forget_the_test(context) -> None:
+    """What a test may leave in the shared profile: its pages (each origin's storage cleared
+    first), cookies, permissions and routes."""
+    for opened in context.pages:
+        with contextlib.suppress(Exception):  # a page on a closed server or a file: nothing to clear
+            opened.evaluate("() => { localStorage.clear(); sessionStorage.clear(); }")
+        opened.close()
+    context.clear_cookies()
+    context.clear_permissions()
+    context.unroute_all(behavior="ignoreErrors")
 
 
 @pytest.fixture

@@ -100,8 +100,8 @@ def test_downloaded_view_works_without_any_server(page, app_url, tmp_path):
         page.get_by_text("Download this view as standalone HTML").click()
     saved = tmp_path / "view.html"
     download.value.save_as(saved)
-    page.context.route("**/*", lambda route: route.abort()
-                       if not route.request.url.startswith(("file:", "data:")) else route.continue_())
+    page.route("**/*", lambda route: route.abort()
+               if not route.request.url.startswith(("file:", "data:")) else route.continue_())
     page.goto(saved.as_uri())
     expect(page.locator("svg text", has_text=re.compile(r"^cat$")).first).to_be_visible()
 
