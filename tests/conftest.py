@@ -253,15 +253,21 @@ def no_model_client():
 
 
 @pytest.fixture(scope="session")
-def app_url(tiny_bert_dir):
-    """The real app (all tabs) serving the tiny BERT."""
+def app_demo(tiny_bert_dir):
+    """The real app (all tabs) over the tiny BERT, built once per test process: tests that read
+    its events and settings share it, and `app_url` serves it."""
     import app
     from bertdemo.config import Settings
 
     demo = app.build_demo(Settings(model=str(tiny_bert_dir), device="cpu"))
-    url = launch(demo)
-    yield url
+    yield demo
     demo.close()
+
+
+@pytest.fixture(scope="session")
+def app_url(app_demo):
+    """The real app (all tabs) serving the tiny BERT."""
+    return launch(app_demo)
 
 
 @pytest.fixture

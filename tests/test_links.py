@@ -73,12 +73,11 @@ def test_the_copied_link_opens_the_same_values():
     assert link.values == {k: v for k, v in values.items() if k != "threshold"}
 
 
-def test_every_tabs_link_parameters_are_its_main_endpoints(tiny_bert_dir):
+def test_every_tabs_link_parameters_are_its_main_endpoints(app_demo):
     """Found from the running app's events, so the link follows a tab's API when it changes."""
     import app
 
-    demo = app.build_demo(Settings(model=str(tiny_bert_dir), device="cpu"))
-    endpoints = {fn.api_name: fn for fn in demo.fns.values() if getattr(fn, "api_name", None)}
+    endpoints = {fn.api_name: fn for fn in app_demo.fns.values() if getattr(fn, "api_name", None)}
     assert set(links.TABS) == {links.slug(title) for title, _ in app.TABS}
     for tab, (api, _) in links.TABS.items():
         if api is None:

@@ -361,15 +361,11 @@ def test_a_served_model_is_packed_before_its_first_visitor(tmp_path):
     assert len(lm.caches.packed) == packed
 
 
-def test_gradio_summarises_its_event_log_once_per_hundred_events(tiny_bert_dir):
+def test_gradio_summarises_its_event_log_once_per_hundred_events(app_demo):
     """Gradio rebuilds a pandas summary of up to 10,000 past events after every event (for a
     monitoring page this app does not open): 2-13 ms of CPU per request. The app asks for it once
     per 100 events; this fails if Gradio stops reading the setting where the app puts it."""
-    import app
-    from bertdemo.config import Settings
-
-    demo = app.build_demo(Settings(model=str(tiny_bert_dir), device="cpu"))
-    assert demo._queue.ANAYLTICS_CACHE_FREQUENCY == 100
+    assert app_demo._queue.ANAYLTICS_CACHE_FREQUENCY == 100
 
 
 def test_the_page_keeps_no_run_history_unless_asked(monkeypatch):
