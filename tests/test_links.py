@@ -8,7 +8,6 @@ from urllib.parse import parse_qsl
 import gradio as gr
 import pytest
 
-from bertdemo.config import Settings
 from bertdemo.ui.parts import links
 from bertdemo.ui.parts.links import Control, link_query, parse_link, parse_value
 
