@@ -44,6 +44,9 @@ for own_folder in ("BERTDEMO_ONNX_CACHE", "BERTDEMO_SEARCH_CACHE", "BERTDEMO_FEA
 os.environ["GRADIO_EXAMPLES_CACHE"] = tempfile.mkdtemp(prefix="bertdemo-test-examples-")
 # The app's tests compare its answers with the Python API's to the last bit, so both run torch;
 # the ONNX Runtime forward (the app's default) is tested, app included, in tests/test_onnx_engine.py.
+# This reaches the apps started as processes (`python app.py` reads its environment); an app a test
+# builds in-process from `Settings(...)`, which reads none, says `onnx=False` itself (else each one
+# exported and timed an ONNX twin in the background: seconds of CPU, and a forward that could differ).
 os.environ.setdefault("BERTDEMO_ONNX", "0")
 
 sys.path.insert(0, str(Path(__file__).parent))  # tiny_models
@@ -259,7 +262,7 @@ def app_demo(tiny_bert_dir):
     import app
     from bertdemo.config import Settings
 
-    demo = app.build_demo(Settings(model=str(tiny_bert_dir), device="cpu"))
+    demo = app.build_demo(Settings(model=str(tiny_bert_dir), device="cpu", onnx=False))
     yield demo
     demo.close()
 

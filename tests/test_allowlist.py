@@ -139,7 +139,7 @@ def picker_app(tiny_bert_dir, tiny_distilbert, tmp_path_factory):
     broken.mkdir()
     (broken / "config.json").write_text("{}")
     settings = Settings(model=str(tiny_bert_dir), models=f"{tiny_distilbert.name},{broken}",
-                        device="cpu", port=None)
+                        device="cpu", port=None, onnx=False)
     demo = app.build_demo(settings)
     url, _ = lifecycle.serve(demo, settings, block=False)
     yield url, broken

@@ -29,7 +29,7 @@ def coders(tiny_bert):
 def circuits_url(tiny_bert_dir, coders):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(circuits_tab, "transcoders", lambda holder, lm: coders)
-        demo = app.build_demo(Settings(model=str(tiny_bert_dir), device="cpu"))
+        demo = app.build_demo(Settings(model=str(tiny_bert_dir), device="cpu", onnx=False))
         url = launch(demo)
         yield url
         demo.close()

@@ -28,7 +28,7 @@ def features(tiny_bert, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def features_url(tiny_bert_dir, features):
-    demo = app.build_demo(Settings(model=str(tiny_bert_dir), device="cpu"), features=features)
+    demo = app.build_demo(Settings(model=str(tiny_bert_dir), device="cpu", onnx=False), features=features)
     url = launch(demo)
     yield url
     demo.close()

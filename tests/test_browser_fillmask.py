@@ -94,7 +94,7 @@ def test_about_tab_shows_the_formula_and_the_glue_chart(page, app_url, screensho
 @pytest.fixture(scope="module")
 def no_model_url():
     """The app started offline with a model it can't fetch."""
-    settings = Settings(model="bertdemo-tests/no-such-model", device="cpu", port=None)
+    settings = Settings(model="bertdemo-tests/no-such-model", device="cpu", port=None, onnx=False)
     demo = app.build_demo(settings)
     url, _ = lifecycle.serve(demo, settings, block=False)
     yield url

@@ -180,7 +180,7 @@ def test_a_link_to_the_view_round_trips(tiny_bert_dir, coders, monkeypatch):
     import app
 
     monkeypatch.setattr(tab, "transcoders", lambda holder, lm: coders)
-    demo = app.build_demo(Settings(model=str(tiny_bert_dir), device="cpu"))
+    demo = app.build_demo(Settings(model=str(tiny_bert_dir), device="cpu", onnx=False))
     endpoints = {fn.api_name: fn for fn in demo.fns.values() if getattr(fn, "api_name", None)}
     pairs = links._unique([links.Links._inputs(endpoints[api]) for api in ("circuit_graph", *links.ALSO["circuits"])])
     controls = [links.control_of(name, c) for name, c in pairs]

@@ -306,7 +306,7 @@ def test_a_link_to_the_features_tab_sets_the_sentence_the_layer_and_the_cards_fe
     import app
     from bertdemo.ui.parts import links
 
-    demo = app.build_demo(Settings(model=str(tiny_bert_dir), device="cpu"), features=features)
+    demo = app.build_demo(Settings(model=str(tiny_bert_dir), device="cpu", onnx=False), features=features)
     endpoints = {fn.api_name: fn for fn in demo.fns.values() if getattr(fn, "api_name", None)}
     pairs = links._unique([links.Links._inputs(endpoints[name])
                            for name in ("sentence_features", *links.ALSO["features"])])

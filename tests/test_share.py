@@ -92,7 +92,7 @@ def test_on_a_space_share_is_not_attempted(monkeypatch, capsys):
 @pytest.fixture(scope="module")
 def private_url(tiny_bert_dir):
     """The whole app behind a login whose password contains a colon."""
-    settings = Settings(model=str(tiny_bert_dir), device="cpu", port=None, auth="ann:open:sesame")
+    settings = Settings(model=str(tiny_bert_dir), device="cpu", port=None, auth="ann:open:sesame", onnx=False)
     demo = app.build_demo(settings)
     url, _ = lifecycle.serve(demo, settings, block=False)
     yield url

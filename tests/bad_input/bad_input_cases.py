@@ -193,7 +193,7 @@ def suite_app(root: Path):
     (its URL, the folders a message must not show)."""
     model = tiny_models.save_tiny_bert(root / MODEL)
     other = tiny_models.save_tiny_distilbert(root / "tiny-distilbert")
-    settings = Settings(model=str(model), models=str(other), device="cpu", port=None,
+    settings = Settings(model=str(model), models=str(other), device="cpu", port=None, onnx=False,
                         finetune_max_steps=20, finetune_max_chars=5_000, features_max_tokens=3_000)
     features = FeatureStore(root / "features", shipped=None)
     lm = bertdemo.load(str(model), device="cpu")
