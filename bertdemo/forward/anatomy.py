@@ -31,8 +31,6 @@ from __future__ import annotations
 import copy
 import functools
 import logging
-import threading
-import weakref
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -127,20 +125,27 @@ class Anatomy:
             raise ValueError(f"{view} is not available for this model ({self.name}): {self.missing[part]}")
 
 
-_FOUND: "weakref.WeakKeyDictionary[torch.nn.Module, Anatomy]" = weakref.WeakKeyDictionary()
-_FOUND_LOCK = threading.Lock()
+class _Kept:
+    """A model's anatomy, held by the model itself (`of`). A deep copy of the model (a tuned model,
+    the attention twin) gets none, so it finds its own modules, not the original's."""
+
+    def __init__(self, anatomy: Anatomy):
+        self.anatomy = anatomy
+
+    def __deepcopy__(self, memo) -> None:
+        return None
+
+    def __reduce__(self):
+        return type(None), ()
 
 
 def of(model) -> Anatomy:
-    """`model`'s anatomy, found once per model object. Kept beside the model, not on it: a deep
-    copy (a tuned model, the attention twin) must find its own modules, not the original's."""
-    with _FOUND_LOCK:
-        found = _FOUND.get(model)
-    if found is None:
-        found = _find(model)
-        with _FOUND_LOCK:
-            _FOUND[model] = found
-    return found
+    """`model`'s anatomy, found once per model object and kept on it (two threads asking at once may
+    both find it: the same parts)."""
+    kept = model.__dict__.get("_bertdemo_anatomy")
+    if kept is None:
+        kept = model.__dict__["_bertdemo_anatomy"] = _Kept(_find(model))
+    return kept.anatomy
 
 
 def _find(model) -> Anatomy:
@@ -254,15 +259,12 @@ def attention_twin(model) -> torch.nn.Module:
     return twin
 
 
-ATTENTION_WATCHERS: list[Callable] = []  # (module, query, key, mask, scaling, output) -> output
-
-
 def bertdemo_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """Eager attention, as every family's own `eager_attention_forward` computes it (grouped keys
     repeated, softmax in float32): query (B, heads, T, d), key and value (B, kv_heads, T, d),
     attention_mask additive (B, 1, T, T) or None -> ((B, T, heads, d), weights (B, heads, T, T)).
-    The `hooks` watchers see the queries and keys as the model scored them, after any rotary
-    encoding."""
+    `hooks`' watcher, on a module it reads, sees the queries and keys as the model scored them,
+    after any rotary encoding."""
     groups = getattr(module, "num_key_value_groups", 1)
     if groups > 1:
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
@@ -273,7 +275,8 @@ def bertdemo_attention(module, query, key, value, attention_mask, scaling=None, 
     weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
     weights = F.dropout(weights, p=dropout, training=module.training)
     output = torch.matmul(weights, value).transpose(1, 2).contiguous()
-    for watch in ATTENTION_WATCHERS:
+    watch = module.__dict__.get("_bertdemo_watch")  # `hooks`' reader of the scores, on a module it reads
+    if watch is not None:
         watch(module, query, key, attention_mask, scaling)
     return output, weights
 

@@ -111,6 +111,7 @@ def instrument(model) -> None:
             modules = {id(p.module): p.module for p in found.attention}
             for module in modules.values():
                 module.__dict__["_bertdemo_layers"] = calls[id(module)]
+                module.__dict__["_bertdemo_watch"] = _watch_interface  # anatomy.bertdemo_attention calls it
         else:
             _hook_own_attention(model, found, calls)
         model.__dict__["_bertdemo_hooked"] = True
@@ -162,9 +163,6 @@ def _watch_interface(module, query, key, mask, scaling) -> None:
     if probe.layer_of(module, "scores", layers) == probe.capture:
         probe.captured.update(query=query.detach(), key=key.detach(), scale=float(scaling), extra=None,
                               mask=None if mask is None else mask.detach())
-
-
-anatomy.ATTENTION_WATCHERS.append(_watch_interface)
 
 
 def scores_of(model, captured: dict) -> dict:
