@@ -96,22 +96,14 @@ def _subplot_rows(n_rows: int) -> dict:
     for row in range(n):  # from the top: the last row's domain starts at 0
         below = n - 1 - row
         start = sum(heights[:below]) + below * spacing
-        domain = [_on_paper(start + 0.0), _on_paper(start + heights[-1 - row] - 0.0)]
+        domain = [min(max(end, 0.0), 1.0) for end in (start, start + heights[-1 - row])]  # float error cut
         axis = "" if row == 0 else str(row + 1)
         layout[f"xaxis{axis}"] = {"anchor": f"y{axis}", "domain": [0.0, 1.0]}
         layout[f"yaxis{axis}"] = {"anchor": f"x{axis}", "domain": domain}
-        if row < n_rows:
+        if row < n_rows:  # none for no [MASK]
             titles.append({"font": {"size": 16}, "showarrow": False, "text": f"[MASK] {row + 1}", "x": 0.5,
-                           "xanchor": "center", "xref": "paper", "y": domain[1], "yanchor": "bottom",
-                           "yref": "paper"})
-    if titles:
-        layout["annotations"] = titles
-    return layout
-
-
-def _on_paper(value: float) -> float:
-    """A domain's end as make_subplots keeps it: float error past 0 or 1 rounded back."""
-    return 0.0 if value < 0.0 else 1.0 if value > 1.0 else value
+                           "xanchor": "center", "xref": "paper", "y": domain[1], "yanchor": "bottom", "yref": "paper"})
+    return {**layout, "annotations": titles} if titles else layout
 
 
 _WORD_START = ("Ġ", "▁")  # byte-level BPE's (RoBERTa, ModernBERT) and SentencePiece's (ALBERT, XLM-R, DeBERTa)
