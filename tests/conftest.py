@@ -48,6 +48,10 @@ os.environ["GRADIO_EXAMPLES_CACHE"] = tempfile.mkdtemp(prefix="bertdemo-test-exa
 # builds in-process from `Settings(...)`, which reads none, says `onnx=False` itself (else each one
 # exported and timed an ONNX twin in the background: seconds of CPU, and a forward that could differ).
 os.environ.setdefault("BERTDEMO_ONNX", "0")
+# Nor does an app started as a process build the default corpus' index at start (seconds of CPU
+# each, beside the test, for a search none of them makes); tests/test_crash_safety.py starts its
+# apps without the BERTDEMO_ variables, and stops one mid-build.
+os.environ.setdefault("BERTDEMO_INDEX_AT_START", "0")
 
 sys.path.insert(0, str(Path(__file__).parent))  # tiny_models
 sys.path.insert(0, str(Path(__file__).parent.parent))  # bertdemo, app
