@@ -63,9 +63,15 @@ def main() -> int:
     torch.set_num_threads(2)
     record = json.loads((SHIPPED / "training.json").read_text(encoding="utf-8"))
     size = sum(f.stat().st_size for f in SHIPPED.rglob("*") if f.is_file()) / 1e6
+    first = " (the first run)" if "per_layer" in record else ""
     print(f"# Shipped transcoders ({machine()}): {size:.1f} MB (goal <= {GOALS['megabytes']:.0f}); trained on "
-          f"{record['tokens']:,} tokens a layer in {record['minutes']} min, statistics and quality "
+          f"{record['tokens']:,} tokens a layer in {record['minutes']} min{first}, statistics and quality "
           f"{record.get('minutes_statistics')} min more")
+    for layer, how in sorted((record.get("per_layer") or {}).items(), key=lambda item: int(item[0])):
+        settings = how["settings"]
+        print(f"layer {layer}: {settings['latents'] or '8 x hidden'} latents, k {settings['k']}, "
+              f"{how['tokens']:,} tokens" + (f" ({how['resumed_from']['tokens']:,} of them before it went on at "
+                                             f"these settings)" if "resumed_from" in how else ""))
     recorded = {int(k): v for k, v in record["quality"].items() if k != "all_layers"}
     print("\nAs recorded:\n" + table(recorded, record["quality"]["all_layers"]))
     if args.measure:

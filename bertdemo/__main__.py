@@ -122,6 +122,11 @@ def main(argv: list[str] | None = None) -> int:
                              "are computed over")
     transcoders.add_argument("--quality-lines", type=int, default=2000, help="the next held-out lines, the quality "
                              "figures are measured on")
+    transcoders.add_argument("--layers", type=int, nargs="+", help="train only these layers again, into the set "
+                             "in --out (its other layers kept as they are), each with its shipped settings "
+                             "(bertdemo.circuits.transcoders.LAYER_SETTINGS) unless --latents, --k or --skip say")
+    transcoders.add_argument("--resume", type=int, nargs="*", help="with --layers: these of them (none named: "
+                             "all) go on from their coders in --out")
     warm = commands.add_parser("warm", help="make a model's ONNX Runtime export ahead, into a folder the server "
                                "reads and its disk budget never evicts")
     warm.add_argument("model", help="hub id, local folder, or `bundled`")
@@ -226,7 +231,8 @@ def train_features(args) -> int:
 def train_transcoders(args) -> int:
     from dataclasses import replace
 
-    from .circuits.transcoders import SETTINGS, SHIPPED, finish_all_layers, make_shipped
+    from .circuits.transcoders import (LAYER_SETTINGS, SETTINGS, SHIPPED, finish_all_layers, make_shipped,
+                                       retrain_shipped)
     from .features.making import finish_shipped
     from .model.bundled import load_bundled
 
@@ -238,10 +244,15 @@ def train_transcoders(args) -> int:
         finish_shipped(lm, corpus, out, **lines)
         finish_all_layers(lm, corpus, out, **lines)
         return 0
-    skip = SETTINGS.skip_connection if args.skip is None else args.skip
-    settings = replace(SETTINGS, latents=args.latents, k=args.k or SETTINGS.k, skip_connection=skip,
-                       max_tokens=args.tokens, max_seconds=args.minutes * 60, pause=0.0)
-    make_shipped(lm, corpus, out, settings, **lines)
+    run = dict(max_tokens=args.tokens, max_seconds=args.minutes * 60, pause=0.0)
+    given = {name: value for name, value in (("latents", args.latents), ("k", args.k), ("skip_connection", args.skip))
+             if value is not None}
+    if args.layers:
+        plan = {layer: replace(LAYER_SETTINGS.get(layer, SETTINGS), **given, **run) for layer in args.layers}
+        resume = () if args.resume is None else tuple(args.resume or args.layers)
+        retrain_shipped(lm, corpus, out, plan, resume=resume, **lines)
+        return 0
+    make_shipped(lm, corpus, out, replace(SETTINGS, **given, **run), **lines)
     return 0
 
 

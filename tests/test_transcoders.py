@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -237,6 +238,41 @@ def test_a_model_with_shipped_transcoders_is_not_trained_again_from_the_page(tin
         TranscodersRequest().plan(lm, Limits(), transcoder_store(tmp_path, shipped=shipped))
     assert refused.value.field == "texts"
     (shipped / "training.json").unlink()
+
+
+@pytest.mark.slow
+def test_one_shipped_layer_trained_again_with_its_own_settings_leaves_the_others_as_they_were(tiny, tmp_path):
+    """`retrain_shipped`: layer 2 of a shipped set made again with fewer latents, layer 1 going on
+    from its coder at another k: the other layer's files byte for byte as they were (its record
+    but for the figures of every layer replaced at once), each layer's settings in training.json,
+    and the new statistics' contexts lines of the statistics' corpus in the shared contexts.txt."""
+    _, lm = tiny
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "train.txt").write_text("\n".join(tiny_corpus(300)), encoding="utf-8")
+    (corpus / "heldout.txt").write_text("\n".join(tiny_corpus(300, seed=1) + tiny_corpus(60, seed=2)), encoding="utf-8")
+    out, quiet = tmp_path / "transcoders", (lambda line: None)
+    lines = dict(statistics_lines=300, held_out_lines=60, echo=quiet)
+    transcoders.make_shipped(lm, corpus, out, SMALL, layers=[1, 2], **lines)
+    before = {p.relative_to(out): p.read_bytes() for p in (out / "layer_1").iterdir()}
+    contexts_before = (out / "contexts.txt").read_bytes()
+    report = transcoders.retrain_shipped(lm, corpus, out, {2: replace(SMALL, latents=64)}, **lines)
+    assert {p.relative_to(out): p.read_bytes() for p in (out / "layer_1").iterdir() if p.name != "record.json"} \
+        == {name: data for name, data in before.items() if name.name != "record.json"}
+    assert (out / "contexts.txt").read_bytes().startswith(contexts_before)
+    assert report["per_layer"]["2"]["settings"]["latents"] == 64
+    assert report["per_layer"]["1"]["settings"]["latents"] is None
+    assert report["quality"]["all_layers"]["layers"] == [1, 2] and report["quality"]["2"]["fvu"] < 1
+    again = dictionary.load(out / "layer_2")
+    assert again.coder.num_latents == 64 and again.record["quality"]["all_layers"] == report["quality"]["all_layers"]
+    texts = (corpus / "heldout.txt").read_text(encoding="utf-8").splitlines()[:300]
+    line = again.stats["context_line"]
+    assert (line >= 0).any() and all(again.stats.contexts[i] in texts for i in line[line >= 0].tolist())
+    report = transcoders.retrain_shipped(lm, corpus, out, {1: replace(SMALL, k=8)}, resume=(1,), **lines)
+    assert report["per_layer"]["1"]["settings"]["k"] == 8 and report["per_layer"]["1"]["resumed_from"]["tokens"] > 0
+    assert report["per_layer"]["1"]["tokens"] >= report["per_layer"]["1"]["resumed_from"]["tokens"] + SMALL.max_tokens
+    assert report["per_layer"]["2"]["settings"]["latents"] == 64
+    assert transcoders.transcoders_for(lm, transcoder_store(tmp_path / "cache", shipped=out))[1].coder.cfg.k == 8
 
 
 # ---------------------------------------------------------------- the shipped transcoders

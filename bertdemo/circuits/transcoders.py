@@ -24,8 +24,11 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Callable
+
+import numpy as np
 
 import torch
 import torch.nn.functional as F
@@ -36,7 +39,8 @@ from ..features.data import FEED_FORWARD, Lines
 from ..features.dictionary import Dictionary
 from ..features.quality import logits_at, masked_batches, replacement
 from ..features.store import FeatureStore, shared_store
-from ..features.training import FeatureHistory, FeatureSettings
+from ..features.stats import index_dtype
+from ..features.training import FeatureHistory, FeatureSettings, train
 from ..forward import mlp_points
 from ..model.caches import ModelCaches
 from ..model.loading import LoadedModel
@@ -47,6 +51,13 @@ SHIPPED = Path(__file__).resolve().parents[2] / "assets" / "bundled" / "transcod
 # sparsify's learning rate: at its full rate a transcoder's held-out FVU stalls higher and a sixth of
 # its latents die (docs/features.md#the-shipped-transcoders-the-bundled-model).
 SETTINGS = FeatureSettings(skip_connection=True, rate_scale=0.5)
+# The shipped set's layers whose settings differ from SETTINGS (`retrain_shipped`; live runs keep
+# SETTINGS for every layer): measured in docs/features.md#the-shipped-transcoders-the-bundled-model.
+# Layers 3 and 4 went on from their first coders at k = 48 (a fresh batch order), layer 6 was made
+# again at 2 x the hidden size and k = 64 (its block output is nearly constant: at 8 x, 28% of its
+# latents never fired).
+LAYER_SETTINGS: dict[int, FeatureSettings] = {3: replace(SETTINGS, k=48, seed=1), 4: replace(SETTINGS, k=48, seed=1),
+                                              6: replace(SETTINGS, latents=768, k=64)}
 
 
 def store_of(caches: ModelCaches) -> FeatureStore:
@@ -154,3 +165,85 @@ def finish_all_layers(lm: LoadedModel, corpus: Path, out: Path, *, statistics_li
     record["minutes_statistics"] = round(record.get("minutes_statistics", 0) + (time.perf_counter() - started) / 60, 2)
     files.write_json(out / "training.json", record)
     return record
+
+
+def retrain_shipped(lm: LoadedModel, corpus: Path, out: Path, plan: dict[int, FeatureSettings], *,
+                    resume: tuple[int, ...] = (), statistics_lines: int = 6000, held_out_lines: int = 4000,
+                    echo: Callable[[str], None] = print) -> dict:
+    """Some layers of the shipped set in `out` trained again, each with its own settings (`plan`:
+    {layer: settings}; layers of equal settings from one forward per batch), those in `resume` going
+    on from their coder in `out`; the other layers' files left as they are. Their statistics, every
+    feature's promoted tokens and their quality are made as `make_shipped` makes them (over the
+    same lines, from the coders as stored, float16), their context lines found in the one
+    contexts.txt (the others' indices into it unchanged); then every layer replaced at once.
+    training.json's `per_layer` says how each layer was trained. Returns training.json."""
+    record = json.loads((out / "training.json").read_text(encoding="utf-8"))
+    lines = making.shipped_training(lm, corpus)
+    started = time.perf_counter()
+    trained: dict[int, Dictionary] = {}
+    groups: dict[tuple, list[int]] = {}
+    for layer in sorted(plan):
+        groups.setdefault((plan[layer], layer in resume), []).append(layer)
+    for (settings, resumed), layers in groups.items():
+        start = {layer: files.load(out / f"layer_{layer}") for layer in layers} if resumed else None
+        echo(f"layers {layers}: {'going on from the shipped coders, ' if resumed else ''}{settings.max_tokens:,} "
+             f"tokens or {settings.max_seconds:.0f} s, {settings}")
+
+        def report(step) -> None:
+            if step.step % 100 == 0:
+                echo(f"step {step.step}: {step.tokens:,} tokens, {step.tokens_per_s:,.0f}/s; FVU "
+                     + " ".join(f"{f:.3f}" for f in step.fvu) + "; dead " + " ".join(f"{d:.1%}" for d in step.dead))
+        done, _ = train(lm, layers, lines, settings, point=FEED_FORWARD, on_event=report, start_from=start)
+        for layer, d in done.items():  # as stored: float16
+            d.coder.load_state_dict({k: v.half().float() for k, v in d.coder.state_dict().items()})
+            before = start[layer].record.get("training", {}) if start else None
+            trained[layer] = Dictionary(d.coder, layer, None, {
+                **d.record, "training": {**d.record["training"], **({"resumed_from": before} if before else {})}})
+    minutes = round((time.perf_counter() - started) / 60, 2)
+    echo(f"trained in {minutes} min")
+    stats_lines, held_out = making.shipped_lines(lm, corpus, statistics_lines, held_out_lines)
+    finished = making.finish(lm, trained, stats_lines, held_out, effects=True, training=lines, echo=echo)
+    shared = (out / files.CONTEXTS).read_text(encoding="utf-8").split("\n")[:-1]
+    count = len(shared)
+    for layer, dictionary in finished.items():
+        _into_contexts(dictionary.stats, shared)
+    if len(shared) > count:  # lines added at the end: the others' indices hold
+        (out / files.CONTEXTS).write_text("".join(line + "\n" for line in shared), encoding="utf-8")
+    for layer, dictionary in finished.items():
+        files.save(dictionary, out / f"layer_{layer}", half=True, contexts=f"../{files.CONTEXTS}")
+        echo(making.quality_echo(layer, dictionary.record["quality"]))
+    per_layer = record.get("per_layer") or {
+        str(layer): {"settings": record["settings"], "tokens": record["tokens"], "minutes": record["minutes"],
+                     "trained_with": record["layers"]} for layer in record["layers"]}
+    for layer, dictionary in finished.items():
+        training = dictionary.record["training"]
+        per_layer[str(layer)] = {"settings": asdict(plan[layer]), "tokens": training["tokens"],
+                                 "minutes": training["minutes"], "trained_with": groups[(plan[layer], layer in resume)],
+                                 **({"resumed_from": {k: training["resumed_from"].get(k) for k in
+                                                      ("tokens", "minutes", "settings")}}
+                                    if "resumed_from" in training else {})}
+        record["quality"][str(layer)] = dictionary.record["quality"]
+    record["per_layer"] = per_layer
+    record["minutes_retrained"] = round((time.perf_counter() - started) / 60, 2)
+    files.write_json(out / "training.json", record)
+    return finish_all_layers(lm, corpus, out, statistics_lines=statistics_lines, held_out_lines=held_out_lines,
+                             echo=echo)
+
+
+def _into_contexts(stats, shared: list[str]) -> None:
+    """`stats`' context lines pointed at in `shared` (the shipped contexts.txt: the same corpus lines),
+    lines it lacks added at its end, so the other layers' indices stay as they are."""
+    where = {}
+    for i, text in enumerate(shared):
+        where.setdefault(text, i)
+    renumber = np.empty(len(stats.contexts), dtype=np.int64)
+    for i, text in enumerate(stats.contexts):
+        if text not in where:
+            where[text] = len(shared)
+            shared.append(text)
+        renumber[i] = where[text]
+    for name in [name for name in stats.tensors if name.endswith("_line")]:
+        line = stats.tensors[name].numpy().astype(np.int64)
+        stats.tensors[name] = torch.from_numpy(np.where(line >= 0, renumber[np.maximum(line, 0)], -1)
+                                               .astype(index_dtype(len(shared))))
+    stats.contexts = list(shared)

@@ -346,7 +346,10 @@ def availability(holder, session: str | None = None) -> str:
     except ValueError as err:
         return f"{line}  \n⚠️ {escape_markdown(str(err))}"
     layers = sorted(found)
-    return f"{line}  \nTranscoders of layers {layers[0]}-{layers[-1]} ({found[layers[0]].latents:,} features each)."
+    widths = {layer: found[layer].latents for layer in layers}
+    common = max(set(widths.values()), key=list(widths.values()).count)
+    others = "".join(f"; layer {layer}: {width:,}" for layer, width in widths.items() if width != common)
+    return f"{line}  \nTranscoders of layers {layers[0]}-{layers[-1]} ({common:,} features each{others})."
 
 
 def _feature_card(visitor: Visitor, node: dict) -> dict | None:
