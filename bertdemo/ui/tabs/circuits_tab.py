@@ -365,8 +365,6 @@ def _feature_card(visitor: Visitor, node: dict) -> dict | None:
 
 
 def _effects(card: dict) -> go.Figure:
-    from ... import plots
-
     return feature_plots.feature_effects(card)
 
 
