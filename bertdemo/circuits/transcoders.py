@@ -180,32 +180,17 @@ def retrain_shipped(lm: LoadedModel, corpus: Path, out: Path, plan: dict[int, Fe
     record = json.loads((out / "training.json").read_text(encoding="utf-8"))
     lines = making.shipped_training(lm, corpus)
     started = time.perf_counter()
-    trained: dict[int, Dictionary] = {}
-    groups: dict[tuple, list[int]] = {}
+    groups: dict[tuple, list[int]] = {}  # (settings, resumed) -> its layers, trained together
     for layer in sorted(plan):
         groups.setdefault((plan[layer], layer in resume), []).append(layer)
-    for (settings, resumed), layers in groups.items():
-        start = {layer: files.load(out / f"layer_{layer}") for layer in layers} if resumed else None
-        echo(f"layers {layers}: {'going on from the shipped coders, ' if resumed else ''}{settings.max_tokens:,} "
-             f"tokens or {settings.max_seconds:.0f} s, {settings}")
-
-        def report(step) -> None:
-            if step.step % 100 == 0:
-                echo(f"step {step.step}: {step.tokens:,} tokens, {step.tokens_per_s:,.0f}/s; FVU "
-                     + " ".join(f"{f:.3f}" for f in step.fvu) + "; dead " + " ".join(f"{d:.1%}" for d in step.dead))
-        done, _ = train(lm, layers, lines, settings, point=FEED_FORWARD, on_event=report, start_from=start)
-        for layer, d in done.items():  # as stored: float16
-            d.coder.load_state_dict({k: v.half().float() for k, v in d.coder.state_dict().items()})
-            before = start[layer].record.get("training", {}) if start else None
-            trained[layer] = Dictionary(d.coder, layer, None, {
-                **d.record, "training": {**d.record["training"], **({"resumed_from": before} if before else {})}})
+    trained = _train_groups(lm, lines, out, groups, echo)
     minutes = round((time.perf_counter() - started) / 60, 2)
     echo(f"trained in {minutes} min")
     stats_lines, held_out = making.shipped_lines(lm, corpus, statistics_lines, held_out_lines)
     finished = making.finish(lm, trained, stats_lines, held_out, effects=True, training=lines, echo=echo)
     shared = (out / files.CONTEXTS).read_text(encoding="utf-8").split("\n")[:-1]
     count = len(shared)
-    for layer, dictionary in finished.items():
+    for dictionary in finished.values():
         _into_contexts(dictionary.stats, shared)
     if len(shared) > count:  # lines added at the end: the others' indices hold
         (out / files.CONTEXTS).write_text("".join(line + "\n" for line in shared), encoding="utf-8")
@@ -228,6 +213,30 @@ def retrain_shipped(lm: LoadedModel, corpus: Path, out: Path, plan: dict[int, Fe
     files.write_json(out / "training.json", record)
     return finish_all_layers(lm, corpus, out, statistics_lines=statistics_lines, held_out_lines=held_out_lines,
                              echo=echo)
+
+
+def _train_groups(lm: LoadedModel, lines: Lines, out: Path, groups: dict[tuple, list[int]],
+                  echo: Callable[[str], None]) -> dict[int, Dictionary]:
+    """`retrain_shipped`'s training: each group's layers ((settings, resumed) -> layers) from one
+    forward per batch, a resumed group from its coders in `out`; each coder as it will be stored
+    (float16), its record saying what it went on from."""
+    trained: dict[int, Dictionary] = {}
+    for (settings, resumed), layers in groups.items():
+        start = {layer: files.load(out / f"layer_{layer}") for layer in layers} if resumed else None
+        echo(f"layers {layers}: {'going on from the shipped coders, ' if resumed else ''}{settings.max_tokens:,} "
+             f"tokens or {settings.max_seconds:.0f} s, {settings}")
+
+        def report(step) -> None:
+            if step.step % 100 == 0:
+                echo(f"step {step.step}: {step.tokens:,} tokens, {step.tokens_per_s:,.0f}/s; FVU "
+                     + " ".join(f"{f:.3f}" for f in step.fvu) + "; dead " + " ".join(f"{d:.1%}" for d in step.dead))
+        done, _ = train(lm, layers, lines, settings, point=FEED_FORWARD, on_event=report, start_from=start)
+        for layer, d in done.items():  # as stored: float16
+            d.coder.load_state_dict({k: v.half().float() for k, v in d.coder.state_dict().items()})
+            before = start[layer].record.get("training", {}) if start else None
+            trained[layer] = Dictionary(d.coder, layer, None, {
+                **d.record, "training": {**d.record["training"], **({"resumed_from": before} if before else {})}})
+    return trained
 
 
 def _into_contexts(stats, shared: list[str]) -> None:
