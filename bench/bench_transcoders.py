@@ -71,7 +71,10 @@ def main() -> int:
         settings = how["settings"]
         print(f"layer {layer}: {settings['latents'] or '8 x hidden'} latents, k {settings['k']}, "
               f"{how['tokens']:,} tokens" + (f" ({how['resumed_from']['tokens']:,} of them before it went on at "
-                                             f"these settings)" if "resumed_from" in how else ""))
+                                             f"these settings)" if "resumed_from" in how else "")
+              + (f"; then the {how['pruned']['removed']} latents that never fired over "
+                 f"{how['pruned']['never_fired_over']['tokens']:,} training tokens removed "
+                 f"({how['pruned']['latents_before'] - how['pruned']['removed']} left)" if "pruned" in how else ""))
     recorded = {int(k): v for k, v in record["quality"].items() if k != "all_layers"}
     print("\nAs recorded:\n" + table(recorded, record["quality"]["all_layers"]))
     if args.measure:

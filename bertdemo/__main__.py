@@ -127,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
                              "(bertdemo.circuits.transcoders.LAYER_SETTINGS) unless --latents, --k or --skip say")
     transcoders.add_argument("--resume", type=int, nargs="*", help="with --layers: these of them (none named: "
                              "all) go on from their coders in --out")
+    transcoders.add_argument("--prune", action="store_true", help="with --layers: no training; these layers' "
+                             "coders in --out lose the latents that never fire over the first 20,000 lines of "
+                             "the text they trained on, and their statistics and quality are made again")
     warm = commands.add_parser("warm", help="make a model's ONNX Runtime export ahead, into a folder the server "
                                "reads and its disk budget never evicts")
     warm.add_argument("model", help="hub id, local folder, or `bundled`")
@@ -232,7 +235,7 @@ def train_transcoders(args) -> int:
     from dataclasses import replace
 
     from .circuits.transcoders import (LAYER_SETTINGS, SETTINGS, SHIPPED, finish_all_layers, make_shipped,
-                                       retrain_shipped)
+                                       prune_shipped, retrain_shipped)
     from .features.making import finish_shipped
     from .model.bundled import load_bundled
 
@@ -243,6 +246,11 @@ def train_transcoders(args) -> int:
     if args.statistics_only:
         finish_shipped(lm, corpus, out, **lines)
         finish_all_layers(lm, corpus, out, **lines)
+        return 0
+    if args.prune:
+        if not args.layers:
+            raise SystemExit("--prune needs --layers: which layers' coders to prune")
+        prune_shipped(lm, corpus, out, args.layers, **lines)
         return 0
     run = dict(max_tokens=args.tokens, max_seconds=args.minutes * 60, pause=0.0)
     given = {name: value for name, value in (("latents", args.latents), ("k", args.k), ("skip_connection", args.skip))

@@ -275,6 +275,45 @@ def test_one_shipped_layer_trained_again_with_its_own_settings_leaves_the_others
     assert transcoders.transcoders_for(lm, transcoder_store(tmp_path / "cache", shipped=out))[1].coder.cfg.k == 8
 
 
+@pytest.mark.slow
+def test_pruning_removes_only_latents_that_never_fired_and_the_coder_writes_the_same(tiny, tmp_path):
+    """`prune_shipped`: layer 2's coder loses exactly the latents that never fired over its training
+    lines (plain or masked, counted here with the model's own feed-forward input), writes the same
+    output for those lines with fewer latents, has its statistics and quality made again and says
+    what was removed; layer 1's files stay byte for byte."""
+    _, lm = tiny
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "train.txt").write_text("\n".join(tiny_corpus(200)), encoding="utf-8")
+    (corpus / "heldout.txt").write_text("\n".join(tiny_corpus(200, seed=1) + tiny_corpus(40, seed=2)), encoding="utf-8")
+    out, lines = tmp_path / "transcoders", dict(statistics_lines=200, held_out_lines=40, echo=lambda line: None)
+    transcoders.make_shipped(lm, corpus, out, replace(SMALL, latents=512, max_tokens=800), layers=[1, 2], **lines)
+    layer_1 = {p.name: p.read_bytes() for p in (out / "layer_1").iterdir() if p.name != "record.json"}
+    before = dictionary.load(out / "layer_2")
+    probe = Lines(lm, (corpus / "train.txt").read_text(encoding="utf-8").splitlines())
+    fired = torch.zeros(before.latents, dtype=torch.bool)
+    inputs = []
+    for share in (0.0, 1.0):
+        for batch in probe.batches(lm, masked_share=share, order=np.arange(len(probe)), endless=False):  # as pruning reads them
+            x = pairs_at(lm, batch, [2], FEED_FORWARD)[2][0]
+            acts, indices = before.encode(x)
+            fired[indices[acts > 0]] = True
+            inputs.append(x)
+    assert not fired.all(), "a tiny run this short leaves latents that never fire: the test needs some"
+
+    report = transcoders.prune_shipped(lm, corpus, out, [2], **lines)
+    after = dictionary.load(out / "layer_2")
+    assert after.latents == int(fired.sum())
+    assert report["per_layer"]["2"]["pruned"]["removed"] == before.latents - after.latents
+    assert after.record["training"]["pruned"]["latents_before"] == before.latents
+    x = torch.cat(inputs)
+    assert torch.allclose(after.output(x), before.output(x), rtol=1e-4, atol=1e-5)
+    assert torch.equal(after.direction(0), before.direction(int(fired.nonzero()[0])))
+    assert after.stats["density"].shape[0] == after.latents and after.record["quality"]["dead"] < 1
+    assert {p.name: p.read_bytes() for p in (out / "layer_1").iterdir() if p.name != "record.json"} == layer_1
+    assert report["quality"]["all_layers"]["layers"] == [1, 2]
+
+
 # ---------------------------------------------------------------- the shipped transcoders
 
 SHIPPED_LAYERS = [1, 2, 3, 4, 5, 6]

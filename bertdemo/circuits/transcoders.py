@@ -39,7 +39,7 @@ from ..features.data import FEED_FORWARD, Lines
 from ..features.dictionary import Dictionary
 from ..features.quality import logits_at, masked_batches, replacement
 from ..features.store import FeatureStore, shared_store
-from ..features.stats import index_dtype
+from ..features.stats import corpus_codes, index_dtype
 from ..features.training import FeatureHistory, FeatureSettings, train
 from ..forward import mlp_points
 from ..model.caches import ModelCaches
@@ -55,7 +55,7 @@ SETTINGS = FeatureSettings(skip_connection=True, rate_scale=0.5)
 # SETTINGS for every layer): measured in docs/features.md#the-shipped-transcoders-the-bundled-model.
 # Layers 3 and 4 went on from their first coders at k = 48 (a fresh batch order), layer 6 was made
 # again at 2 x the hidden size and k = 64 (its block output is nearly constant: at 8 x, 28% of its
-# latents never fired).
+# latents never fired), then pruned of the 137 latents its training never fired (`prune_shipped`).
 LAYER_SETTINGS: dict[int, FeatureSettings] = {3: replace(SETTINGS, k=48, seed=1), 4: replace(SETTINGS, k=48, seed=1),
                                               6: replace(SETTINGS, latents=768, k=64)}
 
@@ -177,17 +177,70 @@ def retrain_shipped(lm: LoadedModel, corpus: Path, out: Path, plan: dict[int, Fe
     same lines, from the coders as stored, float16), their context lines found in the one
     contexts.txt (the others' indices into it unchanged); then every layer replaced at once.
     training.json's `per_layer` says how each layer was trained. Returns training.json."""
-    record = json.loads((out / "training.json").read_text(encoding="utf-8"))
     lines = making.shipped_training(lm, corpus)
     started = time.perf_counter()
     groups: dict[tuple, list[int]] = {}  # (settings, resumed) -> its layers, trained together
     for layer in sorted(plan):
         groups.setdefault((plan[layer], layer in resume), []).append(layer)
     trained = _train_groups(lm, lines, out, groups, echo)
-    minutes = round((time.perf_counter() - started) / 60, 2)
-    echo(f"trained in {minutes} min")
+    echo(f"trained in {(time.perf_counter() - started) / 60:.2f} min")
+    how = {}
+    for layer, dictionary in trained.items():
+        training = dictionary.record["training"]
+        how[layer] = {"settings": asdict(plan[layer]), "tokens": training["tokens"], "minutes": training["minutes"],
+                      "trained_with": groups[(plan[layer], layer in resume)],
+                      **({"resumed_from": {k: training["resumed_from"].get(k) for k in ("tokens", "minutes", "settings")}}
+                         if "resumed_from" in training else {})}
+    return _store_layers(lm, corpus, out, trained, how, lines, started, statistics_lines=statistics_lines,
+                         held_out_lines=held_out_lines, echo=echo)
+
+
+def prune_shipped(lm: LoadedModel, corpus: Path, out: Path, layers: list[int], *, probe_lines: int = 20_000,
+                  statistics_lines: int = 6000, held_out_lines: int = 4000, echo: Callable[[str], None] = print) -> dict:
+    """`layers`' coders in `out` without the latents that never fire over the first `probe_lines`
+    lines of the text they trained on (one plain pass, one with every line 15%-masked, as the
+    training reads them). A latent that never wins a top-k place there changes no output there:
+    the coder computes the same on that text with fewer latents (its features renumbered). Their
+    statistics, promoted tokens and quality made again, and every layer replaced at once, as
+    `retrain_shipped` does; training.json's `per_layer` and each record's training say how many
+    were removed, on how many tokens. Returns training.json."""
+    lines = making.shipped_training(lm, corpus)
+    started = time.perf_counter()
+    probe = Lines(lm, lines.texts[:probe_lines])
+    coders = {layer: files.load(out / f"layer_{layer}") for layer in layers}
+    fired = {layer: torch.zeros(coder.latents, dtype=torch.bool) for layer, coder in coders.items()}
+    tokens = 0
+    for masked_share in (0.0, 1.0):
+        codes = corpus_codes(lm, coders, probe, point=FEED_FORWARD, masked_share=masked_share)
+        for layer, layer_codes in codes.items():
+            fired[layer][layer_codes.indices[layer_codes.acts > 0].long()] = True
+        tokens += codes[layers[0]].tokens
+    pruned, how = {}, {}
+    before = json.loads((out / "training.json").read_text(encoding="utf-8")).get("per_layer", {})
+    for layer, coder in coders.items():
+        removed = {"latents_before": coder.latents, "removed": int((~fired[layer]).sum()),
+                   "never_fired_over": {"lines": len(probe), "tokens": tokens, "passes": "plain and 15%-masked"}}
+        echo(f"layer {layer}: {removed['removed']} of {coder.latents} latents never fired over {tokens:,} "
+             f"training tokens: removed")
+        training = {**coder.record.get("training", {}), "pruned": removed}
+        pruned[layer] = Dictionary(files.keeping(coder.coder, fired[layer]), layer, None,
+                                   {**coder.record, "training": training})
+        how[layer] = {**before.get(str(layer), {}), "pruned": removed}
+    return _store_layers(lm, corpus, out, pruned, how, lines, started, statistics_lines=statistics_lines,
+                         held_out_lines=held_out_lines, echo=echo)
+
+
+def _store_layers(lm: LoadedModel, corpus: Path, out: Path, coders: dict[int, Dictionary], how: dict, lines: Lines,
+                  started: float, *, statistics_lines: int, held_out_lines: int,
+                  echo: Callable[[str], None]) -> dict:
+    """New coders of some layers of the shipped set in `out` finished (statistics over the same
+    lines as the others', every feature's promoted tokens, quality), their context lines found in
+    the one contexts.txt (the others' indices into it unchanged), saved in float16 over their
+    folders, how each was made (`how`: {layer: ...}) into training.json's `per_layer`; then every
+    layer replaced at once. Returns training.json."""
+    record = json.loads((out / "training.json").read_text(encoding="utf-8"))
     stats_lines, held_out = making.shipped_lines(lm, corpus, statistics_lines, held_out_lines)
-    finished = making.finish(lm, trained, stats_lines, held_out, effects=True, training=lines, echo=echo)
+    finished = making.finish(lm, coders, stats_lines, held_out, effects=True, training=lines, echo=echo)
     shared = (out / files.CONTEXTS).read_text(encoding="utf-8").split("\n")[:-1]
     count = len(shared)
     for dictionary in finished.values():
@@ -201,12 +254,7 @@ def retrain_shipped(lm: LoadedModel, corpus: Path, out: Path, plan: dict[int, Fe
         str(layer): {"settings": record["settings"], "tokens": record["tokens"], "minutes": record["minutes"],
                      "trained_with": record["layers"]} for layer in record["layers"]}
     for layer, dictionary in finished.items():
-        training = dictionary.record["training"]
-        per_layer[str(layer)] = {"settings": asdict(plan[layer]), "tokens": training["tokens"],
-                                 "minutes": training["minutes"], "trained_with": groups[(plan[layer], layer in resume)],
-                                 **({"resumed_from": {k: training["resumed_from"].get(k) for k in
-                                                      ("tokens", "minutes", "settings")}}
-                                    if "resumed_from" in training else {})}
+        per_layer[str(layer)] = how[layer]
         record["quality"][str(layer)] = dictionary.record["quality"]
     record["per_layer"] = per_layer
     record["minutes_retrained"] = round((time.perf_counter() - started) / 60, 2)

@@ -26,7 +26,7 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -125,6 +125,20 @@ def new_coder(width: int, latents: int | None = None, k: int = K, device: torch.
     config = SparseCoderConfig(activation="topk", num_latents=latents or EXPANSION * width, k=k,
                                transcode=transcode, skip_connection=skip_connection)
     return SparseCoder(width, config, device=device, dtype=torch.float32)
+
+
+def keeping(coder: SparseCoder, keep: torch.Tensor) -> SparseCoder:
+    """`coder` with only the latents where `keep` (bool (F,)) is true, in their order: on any input
+    where no removed latent wins a top-k place its codes name the same features (renumbered) with
+    the same activations, so its output is the same."""
+    kept = keep.nonzero().squeeze(1)
+    cfg = replace(coder.cfg, num_latents=len(kept))
+    smaller = SparseCoder(coder.d_in, cfg, device=coder.device, dtype=coder.dtype)
+    state = coder.state_dict()
+    state.update({"encoder.weight": state["encoder.weight"][kept], "encoder.bias": state["encoder.bias"][kept],
+                  "W_dec": state["W_dec"][kept]})
+    smaller.load_state_dict(state)
+    return smaller.eval().requires_grad_(False)
 
 
 def save(dictionary: Dictionary, folder: Path | str, half: bool = False, contexts: str = CONTEXTS) -> Dictionary:
