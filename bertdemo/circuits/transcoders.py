@@ -191,8 +191,8 @@ def retrain_shipped(lm: LoadedModel, corpus: Path, out: Path, plan: dict[int, Fe
                       "trained_with": groups[(plan[layer], layer in resume)],
                       **({"resumed_from": {k: training["resumed_from"].get(k) for k in ("tokens", "minutes", "settings")}}
                          if "resumed_from" in training else {})}
-    return _store_layers(lm, corpus, out, trained, how, lines, started, statistics_lines=statistics_lines,
-                         held_out_lines=held_out_lines, echo=echo)
+    return _store_layers(lm, corpus, out, trained, how, lines, started, "minutes_retrained",
+                         statistics_lines=statistics_lines, held_out_lines=held_out_lines, echo=echo)
 
 
 def prune_shipped(lm: LoadedModel, corpus: Path, out: Path, layers: list[int], *, probe_lines: int = 20_000,
@@ -226,18 +226,19 @@ def prune_shipped(lm: LoadedModel, corpus: Path, out: Path, layers: list[int], *
         pruned[layer] = Dictionary(files.keeping(coder.coder, fired[layer]), layer, None,
                                    {**coder.record, "training": training})
         how[layer] = {**before.get(str(layer), {}), "pruned": removed}
-    return _store_layers(lm, corpus, out, pruned, how, lines, started, statistics_lines=statistics_lines,
-                         held_out_lines=held_out_lines, echo=echo)
+    return _store_layers(lm, corpus, out, pruned, how, lines, started, "minutes_pruned",
+                         statistics_lines=statistics_lines, held_out_lines=held_out_lines, echo=echo)
 
 
 def _store_layers(lm: LoadedModel, corpus: Path, out: Path, coders: dict[int, Dictionary], how: dict, lines: Lines,
-                  started: float, *, statistics_lines: int, held_out_lines: int,
+                  started: float, minutes_key: str, *, statistics_lines: int, held_out_lines: int,
                   echo: Callable[[str], None]) -> dict:
     """New coders of some layers of the shipped set in `out` finished (statistics over the same
     lines as the others', every feature's promoted tokens, quality), their context lines found in
     the one contexts.txt (the others' indices into it unchanged), saved in float16 over their
-    folders, how each was made (`how`: {layer: ...}) into training.json's `per_layer`; then every
-    layer replaced at once. Returns training.json."""
+    folders, how each was made (`how`: {layer: ...}) into training.json's `per_layer` and the
+    minutes since `started` as its `minutes_key`; then every layer replaced at once. Returns
+    training.json."""
     record = json.loads((out / "training.json").read_text(encoding="utf-8"))
     stats_lines, held_out = making.shipped_lines(lm, corpus, statistics_lines, held_out_lines)
     finished = making.finish(lm, coders, stats_lines, held_out, effects=True, training=lines, echo=echo)
@@ -257,7 +258,7 @@ def _store_layers(lm: LoadedModel, corpus: Path, out: Path, coders: dict[int, Di
         per_layer[str(layer)] = how[layer]
         record["quality"][str(layer)] = dictionary.record["quality"]
     record["per_layer"] = per_layer
-    record["minutes_retrained"] = round((time.perf_counter() - started) / 60, 2)
+    record[minutes_key] = round((time.perf_counter() - started) / 60, 2)
     files.write_json(out / "training.json", record)
     return finish_all_layers(lm, corpus, out, statistics_lines=statistics_lines, held_out_lines=held_out_lines,
                              echo=echo)
