@@ -1,7 +1,7 @@
 """bertdemo's web app: parse flags/env, build the demo from the tabs, launch."""
 from __future__ import annotations
 
-if __name__ == "__main__":  # first of all, before torch: OpenMP's spin, then jemalloc (bertdemo/memory.py)
+if __name__ == "__main__":  # first of all, before torch: OpenMP's spin, jemalloc, the collector (bertdemo/memory.py)
     import sys as _sys
 
     from bertdemo import memory as _memory  # the package loads its modules lazily: this loads no torch
@@ -9,6 +9,7 @@ if __name__ == "__main__":  # first of all, before torch: OpenMP's spin, then je
 
     _compute.short_openmp_spin()  # read by torch's OpenMP when torch loads, here or after the re-exec
     _memory.exec_with_jemalloc(_sys.argv)
+    _memory.hold_gc()  # till the app is built (main: freeze_started)
 
 import dataclasses
 import logging
@@ -156,6 +157,7 @@ def main(argv: list[str] | None = None) -> None:
         engine.build_default_index(store.base)  # in the background: the first search answers at once
     store.start_sweeper()  # the age policy: idle sessions freed every minute (store.close stops it)
     demo = build_demo(settings, store, engine)
+    memory.freeze_started()  # what the start made, out of the collector's way (bertdemo/memory.py)
     serve(demo, settings, block=False, store=store, disk=engine.disk)
     signals.serving = True
     while not signals.stopping.wait(0.5):

@@ -1,6 +1,7 @@
 import asyncio
 import collections
 import contextlib
+import gc
 import json
 import os
 import sys
@@ -104,13 +105,32 @@ def _numba_compiles_once() -> None:
 
 
 
+def _runs_tests(config) -> bool:
+    """Not xdist's controller, which only hands modules out."""
+    return not (config.getoption("numprocesses", None) and not hasattr(config, "workerinput"))
+
+
 def pytest_configure(config):
-    """The patches above, in each process that runs tests: not in xdist's controller, which only
-    hands modules out (importing httpx and numba there cost the workers CPU as they start)."""
-    if config.getoption("numprocesses", None) and not hasattr(config, "workerinput"):
+    """The patches above, in each process that runs tests: not in xdist's controller (importing
+    httpx and numba there cost the workers CPU as they start). And no cyclic collection while the
+    test modules are imported: see `pytest_collection_finish`."""
+    if not _runs_tests(config):
         return
     _one_ssl_context()
     _numba_compiles_once()
+    gc.disable()
+
+
+def pytest_collection_finish(session):
+    """Collecting imports torch, transformers, Gradio and the app in each process (some 600,000
+    objects, kept till the process ends), and Python's collector walked all of them at each full
+    collection: 11 during the imports, then one every so often among the tests (0.3-0.4 s each,
+    some 6 s of each process's CPU in the quick loop). Held off while collecting, the objects
+    collection made are then frozen (`gc.freeze`: never walked again; what a test makes is
+    collected as before), as app.py does at start (`bertdemo.memory.freeze_started`)."""
+    if _runs_tests(session.config):
+        gc.freeze()
+        gc.enable()
 
 
 BROWSER_FIXTURES = {"page", "browser", "browser_context"}
