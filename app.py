@@ -29,7 +29,7 @@ from bertdemo.ui.parts.common import hide_paths, refuse_non_finite_numbers
 from bertdemo.ui.parts.context import AppContext, forget_session, handler
 from bertdemo.ui.parts.links import Links, slug
 from bertdemo.ui.serving import queue_watch
-from bertdemo.ui.serving.lifecycle import Signals, serve, shut_down, use_own_gradio_temp_dir
+from bertdemo.ui.serving.lifecycle import Signals, app_made_at_launch, serve, shut_down, use_own_gradio_temp_dir
 from bertdemo.ui.tabs import (about_tab, attention_tab, circuits_tab, classify_tab, embeddings_tab, explain_tab,
                               features_tab, fillmask_tab, finetune_tab, masking_tab, search_tab)
 
@@ -94,27 +94,28 @@ def build_demo(settings: Settings, store: SessionStore | None = None,
     features = features if features is not None else shared_store(engine.caches)  # the engine's
     ctx = AppContext(store, served_settings(settings, store), engine, features=features)
     age = settings.download_max_age  # Gradio's copies of downloads: checked every minute or so
-    with gr.Blocks(title="bertdemo: BERT masked-language modelling",
-                   delete_cache=(max(1, min(60, age)), age)) as demo:
-        gr.Markdown("# bertdemo — see how BERT fills in `[MASK]`")
-        if model_banner.shown(ctx.store):
-            model_banner.render(ctx, demo)
-        model_picker.render(ctx)
-        links = Links(ctx)
-        with gr.Tabs() as tabs:
-            for title, tab in TABS:
-                with gr.Tab(title, id=slug(title)):
-                    tab.render(ctx)
-                    links.button(slug(title))
-        links.wire(demo, tabs)  # /?tab=...&...: a link to any view
-        preload.render(demo)  # the chart code fetched while the visitor reads (bertdemo/ui/parts/preload.py)
-        demo.unload(handler(ctx, forget_session))
-    refuse_non_finite_numbers(demo)
-    # After every event Gradio's queue rebuilds a pandas summary of its last 10,000 events, for a
-    # monitoring dashboard this app does not open: 2 ms of CPU per request at first, 13 ms once a
-    # Space has served 10,000 events. Once per 100 events instead (read when the queue is made).
-    os.environ.setdefault("GRADIO_ANALYTICS_CACHE_FREQUENCY", "100")
-    demo.queue(max_size=settings.queue_size, default_concurrency_limit=4)
+    with app_made_at_launch():  # its FastAPI app made once, by launch (bertdemo/ui/serving/lifecycle.py)
+        with gr.Blocks(title="bertdemo: BERT masked-language modelling",
+                       delete_cache=(max(1, min(60, age)), age)) as demo:
+            gr.Markdown("# bertdemo — see how BERT fills in `[MASK]`")
+            if model_banner.shown(ctx.store):
+                model_banner.render(ctx, demo)
+            model_picker.render(ctx)
+            links = Links(ctx)
+            with gr.Tabs() as tabs:
+                for title, tab in TABS:
+                    with gr.Tab(title, id=slug(title)):
+                        tab.render(ctx)
+                        links.button(slug(title))
+            links.wire(demo, tabs)  # /?tab=...&...: a link to any view
+            preload.render(demo)  # the chart code fetched while the visitor reads (bertdemo/ui/parts/preload.py)
+            demo.unload(handler(ctx, forget_session))
+        refuse_non_finite_numbers(demo)
+        # After every event Gradio's queue rebuilds a pandas summary of its last 10,000 events, for a
+        # monitoring dashboard this app does not open: 2 ms of CPU per request at first, 13 ms once a
+        # Space has served 10,000 events. Once per 100 events instead (read when the queue is made).
+        os.environ.setdefault("GRADIO_ANALYTICS_CACHE_FREQUENCY", "100")
+        demo.queue(max_size=settings.queue_size, default_concurrency_limit=4)
     queue_watch.keep_live_sessions(demo)  # a script's session is not forgotten while its run goes on
     return demo
 

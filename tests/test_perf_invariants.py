@@ -388,3 +388,43 @@ def test_the_page_keeps_no_run_history_unless_asked(monkeypatch):
         assert demo.run_history is False and "runs" not in demo.footer_links
     finally:
         demo.close()
+
+
+def test_gradio_makes_the_apps_fastapi_app_once_at_launch(tiny_bert_dir, monkeypatch):
+    """Gradio makes a demo's FastAPI app in `gr.Blocks()`, when its `with` block ends, again in
+    `queue()`, and once more in `launch()`, which serves only that one: `app.build_demo` skips the
+    first three (0.3 s of CPU a start; `lifecycle.app_made_at_launch`). Fails when Gradio stops
+    making them so (the skip is then dead code) or calls them otherwise (it then skips nothing);
+    the one launch makes serves the whole page."""
+    import gradio as gr
+    import httpx
+    from gradio import routes
+
+    import app
+    from bertdemo.config import Settings
+    from bertdemo.ui.serving import lifecycle
+    from conftest import launch
+
+    calls = []
+
+    def counted(blocks, **kwargs):
+        calls.append(kwargs)
+        return real(blocks, **kwargs)
+
+    real = lifecycle._GRADIOS_CREATE_APP
+    monkeypatch.setattr(lifecycle, "_GRADIOS_CREATE_APP", counted)
+    monkeypatch.setattr(routes.App, "create_app", staticmethod(lifecycle._create_app))
+    with gr.Blocks() as plain:  # any other demo: Gradio's own calls, with the arguments the skip knows
+        gr.Markdown("page")
+    plain.queue()
+    assert calls == [{"mcp_server": False}] * 3 and plain.app is not None
+    calls.clear()
+    demo = app.build_demo(Settings(model=str(tiny_bert_dir), device="cpu", onnx=False))
+    assert calls == []
+    url = launch(demo)
+    try:
+        assert len(calls) == 1 and demo.app is not None
+        config = httpx.get(f"{url.rstrip('/')}/config", timeout=20).json()
+        assert {c.get("api_name") for c in config["dependencies"]} >= {"fill_mask", "attention"}
+    finally:
+        demo.close()

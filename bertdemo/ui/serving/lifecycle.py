@@ -13,6 +13,7 @@ import threading
 import time
 
 import gradio as gr
+from gradio import routes
 from starlette.middleware import Middleware
 
 from ... import disk
@@ -50,6 +51,35 @@ def page_theme() -> gr.themes.Base:
           button_primary_background_fill="*primary_700", button_primary_background_fill_hover="*primary_800",
           button_cancel_background_fill=gr.themes.colors.red.c600,
           button_cancel_background_fill_hover=gr.themes.colors.red.c700)
+
+
+# Gradio makes a demo's FastAPI app (its ~440 routes, the page's config, the MCP check) in
+# `gr.Blocks()` (which calls `queue()`), when its `with` block ends and again in `queue()`, then once
+# more in `launch()`, which serves only that last one: the three before cost 0.3 s of CPU per start
+# (of ~0.55 s for the whole build over a tiny model), and nothing of ours reads `demo.app` before
+# launch. Inside `app_made_at_launch()` those calls make nothing, in this thread only; every other
+# call (launch, `gr.mount_gradio_app`, other threads) is Gradio's own. tests/test_perf_invariants.py
+# fails when Gradio stops making them so, or calls them otherwise.
+_building = threading.local()
+_GRADIOS_CREATE_APP = routes.App.create_app
+
+
+def _create_app(blocks, **kwargs):
+    if getattr(_building, "on", False) and kwargs == {"mcp_server": False}:  # Blocks' own calls
+        return None
+    return _GRADIOS_CREATE_APP(blocks, **kwargs)
+
+
+@contextlib.contextmanager
+def app_made_at_launch():
+    """While the demo is built in this block (`gr.Blocks()`, its `with`, `queue()`), Gradio makes
+    it no FastAPI app: `launch()` makes the one it serves."""
+    routes.App.create_app = staticmethod(_create_app)
+    _building.on = True
+    try:
+        yield
+    finally:
+        _building.on = False
 
 
 class Signals:
