@@ -208,13 +208,7 @@ def prune_shipped(lm: LoadedModel, corpus: Path, out: Path, layers: list[int], *
     started = time.perf_counter()
     probe = Lines(lm, lines.texts[:probe_lines])
     coders = {layer: files.load(out / f"layer_{layer}") for layer in layers}
-    fired = {layer: torch.zeros(coder.latents, dtype=torch.bool) for layer, coder in coders.items()}
-    tokens = 0
-    for masked_share in (0.0, 1.0):
-        codes = corpus_codes(lm, coders, probe, point=FEED_FORWARD, masked_share=masked_share)
-        for layer, layer_codes in codes.items():
-            fired[layer][layer_codes.indices[layer_codes.acts > 0].long()] = True
-        tokens += codes[layers[0]].tokens
+    fired, tokens = _fired(lm, coders, probe)
     pruned, how = {}, {}
     before = json.loads((out / "training.json").read_text(encoding="utf-8")).get("per_layer", {})
     for layer, coder in coders.items():
@@ -228,6 +222,19 @@ def prune_shipped(lm: LoadedModel, corpus: Path, out: Path, layers: list[int], *
         how[layer] = {**before.get(str(layer), {}), "pruned": removed}
     return _store_layers(lm, corpus, out, pruned, how, lines, started, "minutes_pruned",
                          statistics_lines=statistics_lines, held_out_lines=held_out_lines, echo=echo)
+
+
+def _fired(lm: LoadedModel, coders: dict[int, Dictionary], lines: Lines) -> tuple[dict[int, torch.Tensor], int]:
+    """({layer: which of its coder's latents fire at least once (F,) bool}, tokens read) over
+    `lines` read twice: plain, then every line 15%-masked."""
+    fired = {layer: torch.zeros(coder.latents, dtype=torch.bool) for layer, coder in coders.items()}
+    tokens = 0
+    for masked_share in (0.0, 1.0):
+        codes = corpus_codes(lm, coders, lines, point=FEED_FORWARD, masked_share=masked_share)
+        for layer, layer_codes in codes.items():
+            fired[layer][layer_codes.indices[layer_codes.acts > 0].long()] = True
+        tokens += next(iter(codes.values())).tokens
+    return fired, tokens
 
 
 def _store_layers(lm: LoadedModel, corpus: Path, out: Path, coders: dict[int, Dictionary], how: dict, lines: Lines,
