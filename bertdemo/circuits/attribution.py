@@ -131,7 +131,7 @@ def _rows_from_grads(grads: Gradients, leaves: Leaves, columns: _Columns, layers
             p, s = columns.slots[chosen, 1], columns.slots[chosen, 2]
             rows[:, chosen] = grads.features[layer][:, p, s] * leaves.features[layer][p, s]
             start = columns.error(layer, 0)
-            rows[:, start:start + columns.length] = (grads.errors[layer] * leaves.errors[layer]).sum(-1)
+            rows[:, start:start + columns.length] = grads.error_effects[layer]
     return rows
 
 

@@ -57,11 +57,12 @@ class Leaves:
 
 @dataclass
 class Gradients:
-    """A batch of n targets' gradients: per layer the features' (n, T, k) and errors' (n, T, H),
-    and the token nodes' (n, T, E)."""
+    """A batch of n targets' gradients: per layer the features' (n, T, k) and the error nodes'
+    direct effects (n, T): their gradient (n, T, H) dotted with the error's value as the transpose
+    passes, so a batch holds no (n, T, H) per layer; and the token nodes' gradients (n, T, E)."""
 
     features: dict[int, torch.Tensor]
-    errors: dict[int, torch.Tensor]
+    error_effects: dict[int, torch.Tensor]
     tokens: torch.Tensor | None = None
 
 
@@ -334,13 +335,13 @@ class Replacement:
         return grads
 
     def _mlp_t(self, layer: int, g_out: torch.Tensor, sentence: Sentence, grads: "Gradients") -> torch.Tensor:
-        """The feed-forward replacement's transpose: the features' and errors' gradients into
-        `grads`; returns the gradient at the block input through the skip path (zeros without)."""
+        """The feed-forward replacement's transpose: the features' gradients and the errors' direct
+        effects into `grads`; returns the gradient at the block input through the skip path (zeros without)."""
         coder = self.transcoders[layer].coder
         coded = g_out * sentence.coded[:, None].to(self.dtype)
         rows = coder.W_dec.to(self.dtype)[sentence.indices[layer]]  # (T, k, H)
         grads.features[layer] = torch.einsum("nth,tkh->ntk", coded, rows)
-        grads.errors[layer] = g_out
+        grads.error_effects[layer] = torch.einsum("nth,th->nt", g_out, sentence.leaves.errors[layer])
         if coder.W_skip is None:
             return torch.zeros_like(g_out)
         return coded @ coder.W_skip.to(self.dtype)
