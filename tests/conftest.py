@@ -44,17 +44,22 @@ for own_folder in ("BERTDEMO_ONNX_CACHE", "BERTDEMO_SEARCH_CACHE", "BERTDEMO_FEA
 # and the examples' cached results (Gradio's default is .gradio/ in the working directory)
 os.environ["GRADIO_EXAMPLES_CACHE"] = tempfile.mkdtemp(prefix="bertdemo-test-examples-")
 # The app's tests compare its answers with the Python API's to the last bit, so both run torch;
-# the ONNX Runtime forward (the app's default) is tested, app included, in tests/test_onnx_engine.py.
+# the ONNX Runtime forward (the app's default) is tested, app included, in tests/forward/test_onnx_engine.py.
 # This reaches the apps started as processes (`python app.py` reads its environment); an app a test
 # builds in-process from `Settings(...)`, which reads none, says `onnx=False` itself (else each one
 # exported and timed an ONNX twin in the background: seconds of CPU, and a forward that could differ).
 os.environ.setdefault("BERTDEMO_ONNX", "0")
 # Nor does an app started as a process build the default corpus' index at start (seconds of CPU
-# each, beside the test, for a search none of them makes); tests/test_crash_safety.py starts its
+# each, beside the test, for a search none of them makes); tests/ui/serving/test_crash_safety.py starts its
 # apps without the BERTDEMO_ variables, and stops one mid-build.
 os.environ.setdefault("BERTDEMO_INDEX_AT_START", "0")
 
 sys.path.insert(0, str(Path(__file__).parent))  # tiny_models
+# tests/ mirrors bertdemo/ (a module's tests under its path); test modules share fixtures and helpers
+# by their bare names (`from test_hub import start_app`) across those folders, so each is importable
+sys.path[1:1] = [str(folder) for folder in sorted(Path(__file__).parent.glob("**/"))
+                 if folder.name not in {"__pycache__", "circuit_tracer_viewer"} and folder != Path(__file__).parent
+                 and any(folder.glob("test_*.py"))]
 sys.path.insert(0, str(Path(__file__).parent.parent))  # bertdemo, app
 
 import bertdemo  # noqa: E402 - lazy: the package imports torch and its views when first used

@@ -214,7 +214,7 @@ def test_the_readme_is_short_and_its_first_screen_installs_runs_and_tests():
 
 def test_no_two_test_files_share_a_name():
     """pytest's default import mode imports each test file by its name alone: two files of one
-    name in different folders (tests/test_heads.py, tests/circuits/test_heads.py) stop the run."""
+    name in different folders (tests/views/test_heads.py, tests/circuits/test_heads.py) stop the run."""
     names = [path.name for path in (ROOT / "tests").rglob("test_*.py")]
     assert sorted(n for n in set(names) if names.count(n) > 1) == []
 

@@ -29,7 +29,7 @@ from .. import memory
 
 STOP_REASONS = ("stopped", "time limit", "diverged", "shutdown", "closed")  # RunHistory.stopped, when not None
 _STREAM_OFFSETS = {  # seed + offset: random streams apart from the training one, the same every run;
-    # one offset per stream, a million apart (tests/test_finetune.py checks): the training stream's
+    # one offset per stream, a million apart (tests/training/test_finetune.py checks): the training stream's
     # seeds (seed + rank, templates/train_mlm.py) never reach the next stream
     "eval": 1_000_003,  # the fine-tune's fixed eval masks (train_mlm.py's EVAL_SEED_OFFSET)
     "forgetting": 2_000_003,  # the classifier's measure of the body's MLM loss

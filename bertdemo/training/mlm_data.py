@@ -87,7 +87,7 @@ def pack(lm: LoadedModel, units: list[str], block: int) -> list[dict]:
     then add the model's special tokens: less padding than one sentence per row.
 
     templates/train_mlm.py holds a copy, on purpose: the exported script runs where bertdemo is not
-    installed, so it cannot import this. tests/test_export.py checks both give the same loss."""
+    installed, so it cannot import this. tests/training/test_export.py checks both give the same loss."""
     blocks, current = [], []
     for ids in lm.tokenizer(units, add_special_tokens=False)["input_ids"]:
         if len(current) + len(ids) > block and current:

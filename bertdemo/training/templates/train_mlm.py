@@ -56,7 +56,7 @@ def pack(tokenizer, units: list[str], block: int) -> list[dict]:
     each wrapped in the model's special tokens ([CLS] ... [SEP]).
 
     A copy of `bertdemo.training.mlm_data.pack`, on purpose: this script runs where bertdemo is not
-    installed. tests/test_export.py checks that both give the demo's first batch the same loss."""
+    installed. tests/training/test_export.py checks that both give the demo's first batch the same loss."""
     blocks, current = [], []
     for ids in tokenizer(units, add_special_tokens=False)["input_ids"]:
         if len(current) + len(ids) > block and current:

@@ -12,7 +12,7 @@ Why this survives a Gradio upgrade: the page never names a chunk. It asks Gradio
 draw, and whichever module that component imports for a plotly figure is the one the visible charts
 import next (the browser keeps one copy of each module). The figure is the payload `Plot.postprocess`
 makes, the same one a Python handler's figure becomes. If a later Gradio stopped loading the chart
-code this way, the browser test `tests/test_browser_page.py` says so.
+code this way, the browser test `tests/ui/test_browser_page.py` says so.
 
 **One drawing per new figure** (`ONE_DRAW_JS`, installed by the same load event before the hidden
 chart gets its figure). Gradio 6's Plot keys its plotly child on the value: a new figure is first

@@ -39,7 +39,7 @@ def page_theme() -> gr.themes.Base:
     shipped in the gradio package): text at 600 takes the 700 face. Nothing comes from Google, so
     the page renders the same offline.
 
-    Its colours pass WCAG 2 AA (4.5:1 for text; tests/test_browser_accessibility.py runs axe-core):
+    Its colours pass WCAG 2 AA (4.5:1 for text; tests/ui/test_browser_accessibility.py runs axe-core):
     the default's grey for info text under labels, slider bounds and the footer (neutral 400,
     #bbbbc2: 1.9:1 on white) becomes neutral 500 (#71717a: 4.8:1), white on the primary buttons'
     orange 500 (2.8:1) sits on orange 700 (#c2410c: 5.2:1), and white on the Stop buttons' red 500

@@ -8,7 +8,7 @@ server's Python time under a crowd of new visitors) and, once they had viewed th
 
 Gradio has no option for this, so it is done here, in one place, on four names of Gradio 6's
 state_holder (`StateHolder.__getitem__`, `SessionState.__init__`, and the two `_update_*config`
-methods); tests/test_isolation.py::test_an_idle_session_keeps_no_copy_of_what_it_was_sent fails
+methods); tests/serving/test_isolation.py::test_an_idle_session_keeps_no_copy_of_what_it_was_sent fails
 if they change.
 """
 from __future__ import annotations

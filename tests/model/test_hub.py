@@ -17,7 +17,7 @@ import tiny_models
 from hub_server import HubServer, hub_env
 from test_model_card import save_pickle_only
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SENTENCE = "Paris is the [MASK] of France."
 # What `bertdemo.load` needs; a real hub repo also has the rest, which download must skip.
 EXTRAS = {"pytorch_model.bin", "tf_model.h5", "flax_model.msgpack", "onnx/model.onnx", "README.md"}

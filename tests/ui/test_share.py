@@ -29,7 +29,7 @@ from bertdemo.model.loading import MINILM_NAME, minilm_path
 from bertdemo.ui.parts.model_banner import BUNDLED_BUTTON
 from bertdemo.ui.serving import lifecycle
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SENTENCE = "Paris is the [MASK] of France."
 
 

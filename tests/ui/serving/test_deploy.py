@@ -1,5 +1,5 @@
 """deploy/nginx.py's configuration and the app's /healthz, without starting anything (the real
-thing, nginx and replicas, is tests/test_replicas.py)."""
+thing, nginx and replicas, is tests/ui/serving/test_replicas.py)."""
 import shutil
 import subprocess
 import sys
@@ -14,7 +14,7 @@ from starlette.testclient import TestClient
 from bertdemo.sessions import SessionStore
 from bertdemo.ui.serving.health import Health
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "deploy"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "deploy"))
 import nginx  # noqa: E402  deploy/nginx.py
 
 

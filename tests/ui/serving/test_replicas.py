@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.slow,  # four processes, three of them Python with tor
               pytest.mark.skipif(shutil.which("nginx") is None,
                                  reason="nginx is not installed (apt-get install nginx; .ci/run does)")]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "deploy"))
 import nginx  # noqa: E402  deploy/nginx.py
 

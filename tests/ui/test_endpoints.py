@@ -1,7 +1,7 @@
 """The public API (what gradio_client and a hosted Space expose) is the committed list in
 tests/endpoints.json: every named endpoint, its parameters' names and components, in order, and
 its outputs' components. A change to the API shows here as a diff; to add an endpoint on purpose,
-regenerate the file (`python tests/test_endpoints.py`) and review the diff."""
+regenerate the file (`python tests/ui/test_endpoints.py`) and review the diff."""
 import difflib
 import json
 import sys
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-ENDPOINTS = Path(__file__).with_name("endpoints.json")
+ENDPOINTS = Path(__file__).resolve().parents[1] / "endpoints.json"
 ONLY_WITHOUT_A_MODEL = {"/use_bundled"}  # the model banner's button
 
 

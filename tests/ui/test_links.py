@@ -11,7 +11,7 @@ import pytest
 from bertdemo.ui.parts import links
 from bertdemo.ui.parts.links import Control, link_query, parse_link, parse_value
 
-ENDPOINTS = json.loads(Path(__file__).with_name("endpoints.json").read_text())
+ENDPOINTS = json.loads(Path(__file__).resolve().parents[1].joinpath("endpoints.json").read_text())
 ATTENTION = [Control("sentence", "text", "The cat sat."), Control("layer", "number", 1, 0, 1, True),
              Control("head", "number", 0, 0, 1, True), Control("heatmap", "choice", "head",
                                                                choices=("head", "mean_heads", "rollout")),

@@ -378,7 +378,7 @@ def test_a_masking_setting_has_the_endpoints_name_in_the_service_and_its_errors(
     with pytest.raises(ValueError) as err:
         call(tiny_bert.tokenizer)
     assert err.value.field == field
-    endpoints = json.loads(Path(__file__).with_name("endpoints.json").read_text())
+    endpoints = json.loads(Path(__file__).resolve().parents[1].joinpath("endpoints.json").read_text())
     assert field in [p.split(":")[0] for p in endpoints[endpoint]["parameters"]]
 
 

@@ -92,7 +92,7 @@ def test_a_training_run_keeps_jemallocs_freed_pages_until_the_last_run_ends():
 
     env = {**os.environ, "LD_PRELOAD": JEMALLOC}
     out = subprocess.run([sys.executable, "-c", PAGES_KEPT_SCRIPT], env=env, capture_output=True, text=True,
-                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), timeout=120)
+                         cwd=str(Path(__file__).resolve().parents[3]), timeout=120)
     allocator, before, inner, still, after = out.stdout.split()
     assert allocator == "jemalloc", out.stderr
     assert int(before) >= 0 and int(inner) == -1 and int(still) == -1 and int(after) == int(before)
@@ -131,7 +131,7 @@ def test_runs_back_to_back_hand_their_pages_back_as_each_ends():
 
     env = {**os.environ, "LD_PRELOAD": JEMALLOC}
     out = subprocess.run([sys.executable, "-c", RUNS_BACK_TO_BACK_SCRIPT], env=env, capture_output=True,
-                         text=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), timeout=120)
+                         text=True, cwd=str(Path(__file__).resolve().parents[3]), timeout=120)
     held = [int(mb) for mb in out.stdout.split()]
     assert len(held) == 4, out.stderr
     assert max(held) < 64, f"MB still held after each run: {held}"

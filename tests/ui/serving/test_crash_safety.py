@@ -19,7 +19,7 @@ from test_hub import free_port, read_until
 
 pytestmark = pytest.mark.slow  # each test starts Python with torch and Gradio in a subprocess
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 SENTENCE = "the capital of france is [MASK] ."
 # A phase held long enough to be interrupted, once it has written something: the marker line
 # tells the test it is there (written to the file descriptor: the app redirects sys.stdout while
