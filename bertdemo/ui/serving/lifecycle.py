@@ -58,7 +58,7 @@ def page_theme() -> gr.themes.Base:
 # more in `launch()`, which serves only that last one: the three before cost 0.3 s of CPU per start
 # (of ~0.55 s for the whole build over a tiny model), and nothing of ours reads `demo.app` before
 # launch. Inside `app_made_at_launch()` those calls make nothing, in this thread only; every other
-# call (launch, `gr.mount_gradio_app`, other threads) is Gradio's own. tests/forward/test_perf_invariants.py
+# call (launch, `gr.mount_gradio_app`, other threads) is Gradio's own. tests/test_perf_invariants.py
 # fails when Gradio stops making them so, or calls them otherwise.
 _building = threading.local()
 _GRADIOS_CREATE_APP = routes.App.create_app
