@@ -1,7 +1,6 @@
 import asyncio
 import collections
 import contextlib
-import gc
 import json
 import os
 import sys
@@ -63,6 +62,7 @@ sys.path[1:1] = [str(folder) for folder in sorted(Path(__file__).parent.glob("**
 sys.path.insert(0, str(Path(__file__).parent.parent))  # bertdemo, app
 
 import bertdemo  # noqa: E402 - lazy: the package imports torch and its views when first used
+from bertdemo import memory  # noqa: E402 - the collector held off while collecting, as app.py does
 
 
 def _one_ssl_context() -> None:
@@ -123,7 +123,7 @@ def pytest_configure(config):
         return
     _one_ssl_context()
     _numba_compiles_once()
-    gc.disable()
+    memory.hold_gc()
 
 
 def pytest_collection_finish(session):
@@ -132,10 +132,9 @@ def pytest_collection_finish(session):
     collection: 11 during the imports, then one every so often among the tests (0.3-0.4 s each,
     some 6 s of each process's CPU in the quick loop). Held off while collecting, the objects
     collection made are then frozen (`gc.freeze`: never walked again; what a test makes is
-    collected as before), as app.py does at start (`bertdemo.memory.freeze_started`)."""
+    collected as before), as app.py does at start (`bertdemo.memory`)."""
     if _runs_tests(session.config):
-        gc.freeze()
-        gc.enable()
+        memory.freeze_started()
 
 
 BROWSER_FIXTURES = {"page", "browser", "browser_context"}

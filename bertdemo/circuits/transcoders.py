@@ -210,7 +210,7 @@ def prune_shipped(lm: LoadedModel, corpus: Path, out: Path, layers: list[int], *
     coders = {layer: files.load(out / f"layer_{layer}") for layer in layers}
     fired, tokens = _fired(lm, coders, probe)
     pruned, how = {}, {}
-    before = json.loads((out / "training.json").read_text(encoding="utf-8")).get("per_layer", {})
+    before = _per_layer(json.loads((out / "training.json").read_text(encoding="utf-8")))
     for layer, coder in coders.items():
         removed = {"latents_before": coder.latents, "removed": int((~fired[layer]).sum()),
                    "never_fired_over": {"lines": len(probe), "tokens": tokens, "passes": "plain and 15%-masked"}}
@@ -258,9 +258,7 @@ def _store_layers(lm: LoadedModel, corpus: Path, out: Path, coders: dict[int, Di
     for layer, dictionary in finished.items():
         files.save(dictionary, out / f"layer_{layer}", half=True, contexts=f"../{files.CONTEXTS}")
         echo(making.quality_echo(layer, dictionary.record["quality"]))
-    per_layer = record.get("per_layer") or {
-        str(layer): {"settings": record["settings"], "tokens": record["tokens"], "minutes": record["minutes"],
-                     "trained_with": record["layers"]} for layer in record["layers"]}
+    per_layer = _per_layer(record)
     for layer, dictionary in finished.items():
         per_layer[str(layer)] = how[layer]
         record["quality"][str(layer)] = dictionary.record["quality"]
@@ -269,6 +267,14 @@ def _store_layers(lm: LoadedModel, corpus: Path, out: Path, coders: dict[int, Di
     files.write_json(out / "training.json", record)
     return finish_all_layers(lm, corpus, out, statistics_lines=statistics_lines, held_out_lines=held_out_lines,
                              echo=echo)
+
+
+def _per_layer(record: dict) -> dict[str, dict]:
+    """training.json's `per_layer` (how each layer was made), or, for a set made in one run, that
+    run's settings, tokens and minutes for every layer."""
+    return record.get("per_layer") or {
+        str(layer): {"settings": record["settings"], "tokens": record["tokens"], "minutes": record["minutes"],
+                     "trained_with": record["layers"]} for layer in record["layers"]}
 
 
 def _train_groups(lm: LoadedModel, lines: Lines, out: Path, groups: dict[tuple, list[int]],
