@@ -249,13 +249,34 @@ def awaited(coroutine):
     return out["result"]
 
 
+# Words of a table's headers that the page draws on two lines (a header broken mid-word: "featu re")
+BROKEN_WORDS = """selector => [...document.querySelectorAll(`${selector} th .header.text`)].flatMap(span => {
+    const broken = [];
+    for (const node of span.childNodes) {
+        if (node.nodeType !== Node.TEXT_NODE) continue;
+        for (const word of node.textContent.matchAll(/\\S+/g)) {
+            const range = document.createRange();
+            range.setStart(node, word.index);
+            range.setEnd(node, word.index + word[0].length);
+            if (new Set([...range.getClientRects()].map(r => Math.round(r.top))).size > 1) broken.push(word[0]);
+        }
+    }
+    return broken;
+})"""
+
+
+def broken_header_words(page, selector: str) -> list[str]:
+    """The header words of the tables under `selector` that the page breaks over two lines."""
+    return page.evaluate(BROKEN_WORDS, selector)
+
+
 def launch(demo):
-    """Launch a built demo on a free local port, with the app's theme (its fonts); returns its
-    URL. Caller closes it."""
-    from bertdemo.ui.serving.lifecycle import page_theme
+    """Launch a built demo on a free local port, with the app's theme (its fonts) and style;
+    returns its URL. Caller closes it."""
+    from bertdemo.ui.serving.lifecycle import page_look
 
     _, url, _ = demo.launch(server_name="127.0.0.1", server_port=None, prevent_thread_lock=True,
-                            quiet=True, share=False, theme=page_theme())
+                            quiet=True, share=False, **page_look())
     return url
 
 

@@ -12,7 +12,7 @@ import app
 import bertdemo
 from bertdemo.config import Settings
 from bertdemo.ui.tabs import circuits_tab
-from conftest import block, launch
+from conftest import block, broken_header_words, launch
 from tiny_models import tiny_transcoders
 
 pytestmark = pytest.mark.browser
@@ -58,6 +58,7 @@ def test_the_graph_is_drawn_and_a_click_on_a_node_opens_its_card_and_heads(page,
     first = sorted((n for n in graph.nodes if n["kind"] != "logit"), key=lambda n: -n["influence"])[0]
     expect(page.locator("#circuit-nodes").get_by_role("row").nth(1).get_by_role("gridcell").first).to_have_text(
         first["id"])
+    assert broken_header_words(page, "#circuit-nodes") == []  # the page's style: no "influenc e"
     screenshot("circuits_graph")
 
     points = plot.locator(f"path.point[style*='{FEATURE}']")

@@ -12,7 +12,8 @@ from bertdemo.features.training import FeatureSettings
 from bertdemo.ui.tabs import classify_tab
 from test_browser_classify import RUN, fill_settings
 from test_browser_classify import open_tab as open_classify
-from test_browser_features import BROKEN_WORDS, features, features_url  # noqa: F401 - its page, shared
+from conftest import broken_header_words
+from test_browser_features import features, features_url  # noqa: F401 - its page, shared
 
 pytestmark = pytest.mark.browser
 SENTENCE = "the big dog went to rome ."
@@ -52,7 +53,7 @@ def test_the_decision_is_shown_as_the_features_it_rests_on(page, features_url, t
     width = page.locator("#classify-why").evaluate(
         "e => [e.querySelector('table').getBoundingClientRect().width, e.clientWidth]")
     assert width[0] <= width[1] + 1  # every column within the page: no sideways scroll to the numbers
-    assert page.evaluate(BROKEN_WORDS.replace(".features-table", "#classify-why")) == []  # no "fea tur e"
+    assert broken_header_words(page, "#classify-why") == []  # no "fea tur e"
     shown = {int(rows.nth(i).get_by_role("gridcell").first.inner_text())
              for i in range(1, len(expected["features"]) + 1)}
     assert shown == {f["feature"] for f in expected["features"]}  # the same vector's active features

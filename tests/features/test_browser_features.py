@@ -13,7 +13,7 @@ from bertdemo.config import Settings
 from bertdemo.features.making import train_features
 from bertdemo.features.store import FeatureStore
 from bertdemo.features.training import FeatureSettings
-from conftest import block, launch, set_slider
+from conftest import block, broken_header_words, launch, set_slider
 from test_features_tab import CORPUS, MASKED, SENTENCE
 
 pytestmark = pytest.mark.browser
@@ -87,20 +87,6 @@ def test_a_sentences_features_open_a_card_and_a_feature_steers_the_prediction(
     expect(page.locator("#features-feature")).to_be_in_viewport()
 
 
-# Words of the tables' headers that the page draws on two lines (a header broken mid-word: "featu re")
-BROKEN_WORDS = """() => [...document.querySelectorAll(".features-table th .header.text")].flatMap(span => {
-    const broken = [];
-    for (const node of span.childNodes) {
-        if (node.nodeType !== Node.TEXT_NODE) continue;
-        for (const word of node.textContent.matchAll(/\\S+/g)) {
-            const range = document.createRange();
-            range.setStart(node, word.index);
-            range.setEnd(node, word.index + word[0].length);
-            if (new Set([...range.getClientRects()].map(r => Math.round(r.top))).size > 1) broken.push(word[0]);
-        }
-    }
-    return broken;
-})"""
 
 
 def test_tables_break_headers_between_words_and_the_quality_table_fits_the_page(page, features_url):
@@ -115,7 +101,7 @@ def test_tables_break_headers_between_words_and_the_quality_table_fits_the_page(
     width = quality.evaluate("e => [e.querySelector('table').getBoundingClientRect().width, e.clientWidth]")
     assert width[0] <= width[1] + 1  # within the page: no sideways scroll
     assert page.locator(".features-table").count() >= 8
-    assert page.evaluate(BROKEN_WORDS) == []
+    assert broken_header_words(page, ".features-table") == []
 
 
 def test_training_a_layer_shows_live_curves_and_stops_without_keeping(page, features_url, tiny_bert, features):

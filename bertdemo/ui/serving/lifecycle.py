@@ -53,6 +53,16 @@ def page_theme() -> gr.themes.Base:
           button_cancel_background_fill_hover=gr.themes.colors.red.c700)
 
 
+# Gradio's tables break a header anywhere ("featu re", "influenc e"): on every tab a header breaks
+# between words only, its column widening to fit.
+PAGE_CSS = ".gradio-container table th .header.text{word-break:normal;overflow-wrap:normal;hyphens:none}"
+
+
+def page_look() -> dict:
+    """The page's theme and style, as `launch` takes them (the app's launch and the tests' alike)."""
+    return {"theme": page_theme(), "css": PAGE_CSS}
+
+
 # Gradio makes a demo's FastAPI app (its ~440 routes, the page's config, the MCP check) in
 # `gr.Blocks()` (which calls `queue()`), when its `with` block ends and again in `queue()`, then once
 # more in `launch()`, which serves only that last one: the three before cost 0.3 s of CPU per start
@@ -201,7 +211,7 @@ def serve(demo: gr.Blocks, settings: Settings, block: bool = True,
                 server_name=settings.host, server_port=settings.port, share=share,
                 auth=parse_auth(settings.auth), auth_message="Log in to use this bertdemo.",
                 max_file_size=MAX_UPLOAD, state_session_capacity=settings.max_sessions,
-                mcp_server=settings.mcp, prevent_thread_lock=True, quiet=True, theme=page_theme(),
+                mcp_server=settings.mcp, prevent_thread_lock=True, quiet=True, **page_look(),
                 run_history=run_history(),
                 app_kwargs=health_check(store, settings, disk))
     except BaseException:

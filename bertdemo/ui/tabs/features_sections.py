@@ -62,22 +62,14 @@ QUALITY_HELP = ("\n".join(f"- **{heading}**: {line}" for heading, line in QUALIT
                 + "\n\nThe cross-entropies themselves (clean, spliced, zero- and mean-ablated) are in the raw figures.")
 
 
-# Every table of the tab breaks a header between words only (Gradio's breaks anywhere: "featu re"),
-# its columns widening to fit; the style sits in the tab, so it reaches no other tab's tables.
+# The tab's tables (headers break between words only on every tab: `lifecycle.PAGE_CSS`)
 TABLE_CLASS = "features-table"
-TABLE_STYLE = (f"<style>.{TABLE_CLASS} th .header.text{{word-break:normal;overflow-wrap:normal;hyphens:none}}"
-               "</style>")
 
 
 def _table(columns, label: str, elem_id: str, widths=None, max_height: int = 500) -> gr.Dataframe:
     return gr.Dataframe(empty_table(columns), label=label, interactive=False, elem_id=elem_id, wrap=True,
                         elem_classes=[TABLE_CLASS], column_widths=list(widths) if widths else None,
                         max_height=max_height)
-
-
-def table_style() -> gr.HTML:
-    """The style every table of the tab follows (`TABLE_STYLE`), once, at the top of the tab."""
-    return gr.HTML(TABLE_STYLE, padding=False, elem_id="features-table-style")
 
 
 def layer_picker(n_layers: int, default: int, line: str):

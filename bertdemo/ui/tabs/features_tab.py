@@ -44,7 +44,6 @@ def render(ctx: AppContext) -> None:
     """Layout (`features_sections`), then the events, wired by part."""
     n_layers, start = _layer_count(ctx), default_layer(ctx)
     gr.Markdown(INTRO)
-    sections.table_style()
     line = results.availability(ctx.store.base, _store(ctx), start)
     layer, available = sections.layer_picker(n_layers, start, line)
     sentence = sections.sentence_section()
