@@ -8,14 +8,15 @@ Goals (2 CPU threads; the bundled model and its shipped transcoders unless said)
   switching off the graph's 10 most influential feature nodes lowers the target's log-probability
   more than 10 random active features at the same layers in >= 90% of sentences; over the top 20
   nodes, one at a time, Spearman's rank correlation of the predicted logit change and the
-  measured one >= 0.6 (median over sentences), for the prediction the page shows beside the
-  frozen graph's: the real model's slope (first order, every multiplier live);
+  measured one >= 0.6 (median over sentences), for the frozen graph's total effect (the graph's
+  prediction), and beside it the real model's slope (first order, every multiplier live); each
+  for both ways of freezing the norms, at their slope (the default) and by 1/sigma alone;
 - completeness >= 0.8 (replacement reported);
 - speed: a 12-token graph <= 5 s from the call to the drawing's JSON; how it grows with 12, 32 and
   64 tokens; a bert-base-sized model (random weights) with transcoders of a live run's shape
   (`--bert-base`) <= 60 s for 12 tokens, RSS growth while building it <= 500 MB.
 Run: python bench/bench_circuits.py [--sentences N] [--bert-base] [--skip-speed] [--skip-faithfulness]
-     [--frozen-parts]
+     [--norms slope|scale] [--frozen-parts]
 """
 import argparse
 import random
@@ -34,9 +35,11 @@ from scipy.stats import spearmanr  # noqa: E402
 
 import bertdemo  # noqa: E402
 from bertdemo.circuits import attribution, interventions  # noqa: E402
-from bertdemo.circuits.replacement import Replacement  # noqa: E402
+from bertdemo.circuits.replacement import NORMS, Replacement  # noqa: E402
 from bertdemo.circuits.transcoders import transcoders_for  # noqa: E402
 from common import load_bert_base, machine, sentence_of  # noqa: E402
+
+WAYS = {"slope": "slope at the clean input (the default)", "scale": "1/sigma alone (as circuit-tracer)"}
 
 SENTENCES = [
     "Paris is the [MASK] of France.",
@@ -80,15 +83,24 @@ def target_logprob(lm, text: str, nodes: list[str], graph, word: int, scale: flo
     return float(torch.log(torch.tensor(after["probability_after"])) - torch.log(torch.tensor(after["probability_before"])))
 
 
-def faithfulness(lm, sentences: list[str], rng: random.Random) -> None:
+def faithfulness(lm, sentences: list[str], rng: random.Random, norms: tuple[str, ...] = NORMS) -> None:
+    """Every figure of the graph's faithfulness, for each way of freezing the norms (`norms`)."""
+    for way in norms:
+        print(f"the graph with each norm frozen by its {WAYS[way]}:", flush=True)
+        _faithfulness(lm, sentences, random.Random(rng.random()), way)
+
+
+def _faithfulness(lm, sentences: list[str], rng: random.Random, norms: str) -> None:
     beats, correlations, slope_correlations, completeness, replacement, exact, sampled = 0, [], [], [], [], [], []
+    through_nodes = []
     for text in sentences:
-        graph = attribution.attribution_graph(lm, text, target=_top_word(lm, text))
+        graph = attribution.attribution_graph(lm, text, target=_top_word(lm, text), norms=norms)
         exact.append(attribution.check_exactness(graph))
-        sampled.append(_sampled_edges(lm, text, graph, rng))
+        sampled.append(_sampled_edges(lm, text, graph, rng, norms))
         completeness.append(graph.scores["completeness"])
         replacement.append(graph.scores["replacement"])
         adjacency = graph.adjacency
+        through_nodes.append(float(adjacency.rows[0].sum() / adjacency.value[0]))
         word = adjacency.logits[0].feature
         features = [n for n in adjacency.columns if n.kind == "feature"]
         ranked = sorted(range(len(adjacency.columns)), key=lambda i: -float(_influence(graph)[i]))
@@ -118,11 +130,15 @@ def faithfulness(lm, sentences: list[str], rng: random.Random) -> None:
     print(f"exactness: largest relative gap {max(exact):.2e} (goal <= 1e-4); sampled edges vs removal: "
           f"largest gap {max(sampled):.2e}")
     print(f"faithful: top-10 off beat 10 random at the same layers in {beats}/{n} = {beats / n:.0%} (goal >= 90%)")
-    print(f"rank correlation (top 20 nodes one at a time, predicted vs measured logit change), median (min): "
-          f"the model's slope {statistics.median(slope_correlations):.2f} ({min(slope_correlations):.2f}), the frozen "
-          f"graph's total effect {statistics.median(correlations):.2f} ({min(correlations):.2f}) (goal median >= 0.6)")
+    print(f"rank correlation (the graph's top 20 feature nodes one at a time, predicted vs measured logit change), "
+          f"median (min): the frozen graph's total effect {statistics.median(correlations):.2f} "
+          f"({min(correlations):.2f}) (goal median >= 0.6); the model's slope, shown beside it, "
+          f"{statistics.median(slope_correlations):.2f} ({min(slope_correlations):.2f})")
     print(f"completeness: mean {statistics.mean(completeness):.3f}, min {min(completeness):.3f} (goal >= 0.8); "
           f"replacement: mean {statistics.mean(replacement):.3f}, min {min(replacement):.3f}")
+    print(f"the top word's logit through the nodes' edges (the rest is the bias: every constant, and what the norms "
+          f"keep of their clean inputs): median {statistics.median(through_nodes):.0%} "
+          f"({min(through_nodes):.0%} to {max(through_nodes):.0%})", flush=True)
 
 
 def _influence(graph) -> torch.Tensor:
@@ -137,9 +153,9 @@ def _top_word(lm, text: str) -> str:
         return lm.tokenizer.convert_ids_to_tokens(int(lm.model(**inputs).logits[0, position].argmax()))
 
 
-def _sampled_edges(lm, text: str, graph, rng: random.Random, count: int = 5) -> float:
+def _sampled_edges(lm, text: str, graph, rng: random.Random, norms: str, count: int = 5) -> float:
     """Largest gap between an edge into a logit and the logit's change with its source zeroed."""
-    replacement = Replacement(lm, transcoders_for(lm))
+    replacement = Replacement(lm, transcoders_for(lm), norms=norms)
     inputs, position = attribution.encode(lm, text)
     ids = inputs["input_ids"][0]
     sentence = replacement.trace(inputs, position, lm.tokenizer.convert_ids_to_tokens(ids.tolist()),
@@ -303,6 +319,7 @@ def main() -> None:
     parser.add_argument("--bert-base", action="store_true")
     parser.add_argument("--skip-faithfulness", action="store_true")
     parser.add_argument("--skip-speed", action="store_true")
+    parser.add_argument("--norms", choices=NORMS, action="append", help="one way of freezing the norms (default: each)")
     parser.add_argument("--frozen-parts", action="store_true", help="which held multipliers part the graph from the model")
     args = parser.parse_args()
     torch.set_num_threads(2)
@@ -313,7 +330,7 @@ def main() -> None:
     if not args.skip_speed:
         speed(lm)
     if not args.skip_faithfulness:
-        faithfulness(lm, SENTENCES[:args.sentences], random.Random(0))
+        faithfulness(lm, SENTENCES[:args.sentences], random.Random(0), tuple(args.norms or NORMS))
     if args.frozen_parts:
         frozen_parts(lm, SENTENCES[:args.sentences])
     if args.bert_base:

@@ -30,7 +30,7 @@ from ..forward import anatomy, mlp_points
 from ..model.loading import LoadedModel
 from ..views.fillmask import USER_MASK, USER_MASK_RE
 from .graph import Adjacency, Graph, Node, assemble, influence, normalized
-from .replacement import Gradients, Leaves, Replacement, Sentence
+from .replacement import NORMS, Gradients, Leaves, Replacement, Sentence
 
 MAX_TOKENS = 64  # the operator's limit on a sentence (special tokens included): --circuit-tokens
 MAX_WORDS = 10  # logit nodes at most
@@ -202,15 +202,19 @@ def transcoders_of(lm: LoadedModel, transcoders: dict | None) -> dict:
 def attribution_graph(lm: LoadedModel, text: str, mask: int = 1, target=None, *, transcoders: dict | None = None,
                       node_threshold: float = 0.8, edge_threshold: float = 0.98, words: int = MAX_WORDS,
                       max_feature_nodes: int = MAX_FEATURE_NODES, max_tokens: int = MAX_TOKENS,
-                      labels: bool = True) -> Graph:
+                      labels: bool = True, norms: str = NORMS[0]) -> Graph:
     """The attribution graph of the `mask`-th [MASK] of `text` (see the module doc), pruned at
     the thresholds (`Graph.pruned_at` prunes again). `target`: None (the top words), a word, or
-    two words (their logit difference). `transcoders`: {layer: Dictionary}, default the model's."""
+    two words (their logit difference). `transcoders`: {layer: Dictionary}, default the model's.
+    `norms`: how the replacement freezes each norm, "slope" or "scale" (`replacement`'s doc)."""
     started = time.perf_counter()
     mlp_points.check(lm.model)  # a ValueError in words for a family that cannot be frozen
     graph_check_thresholds(node_threshold, edge_threshold)
+    if norms not in NORMS:
+        raise validate.InputError("norms", f"norms is {norms!r}: 'slope' (each norm frozen at its slope, the "
+                                           "default) or 'scale' (its 1/sigma alone, as circuit-tracer does).")
     inputs, position = encode(lm, text, mask, max_tokens)
-    replacement = Replacement(lm, transcoders_of(lm, transcoders))
+    replacement = Replacement(lm, transcoders_of(lm, transcoders), norms=norms)
     ids = inputs["input_ids"][0].cpu()
     tokens = lm.tokenizer.convert_ids_to_tokens(ids.tolist())
     sentence = replacement.trace(inputs, position, tokens, coded_positions(lm, ids))
@@ -263,7 +267,8 @@ def _adjacency(lm: LoadedModel, attributor: _Attributor, max_feature_nodes: int,
     framing = frozenset(int(p) for p in (~attributor.sentence.coded).nonzero().flatten())
     return Adjacency(nodes, logits, torch.cat(rows).detach(), torch.tensor(row_nodes), torch.cat(biases).detach(),
                      torch.cat(values).detach(), attributor.weights.detach().abs(), attributor.sentence.mask, framing,
-                     {"words": attributor.words.tolist(), "features": len(columns.features), "feature_rows": len(done)})
+                     {"words": attributor.words.tolist(), "features": len(columns.features), "feature_rows": len(done),
+                      "norms": attributor.replacement.norms})
 
 
 def _word(lm: LoadedModel, token_id: int) -> str:

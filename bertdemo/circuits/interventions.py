@@ -13,8 +13,10 @@ The graph's prediction: in the replacement model, with every other node free to 
 edges), the change of a logit is (scale - 1) x the node's total effect on it (the signed
 adjacency's power series; features respond linearly, no gating by their ReLU). Beside it, the
 first-order change in the real model (`first_order_changes`): the same parts dotted with the
-logit's gradient, every multiplier live. In a post-LayerNorm encoder the two differ most: a
-LayerNorm removes the part of a change along its own input, which the frozen 1/sigma cannot.
+logit's gradient, every multiplier live. The two differ where the graph froze what the model
+does not: attention weights, the transcoders' linear answer and frozen errors where the model has
+its MLPs, and, in a graph whose norms kept only their 1/sigma (norms="scale"), each LayerNorm's
+removal of the part of a change along its own input.
 """
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
 """The local replacement model of one sentence: the model made linear in its nodes.
 
 The clean forward is run once and every nonlinearity outside the transcoders is frozen at its
-clean value as a multiplier: each head's attention weights, each norm's 1/sigma (a LayerNorm's
-mean subtraction is linear and stays), the MLM head's activation (GELU(x) as x times its clean
-GELU(x)/x) and the head's norm. Each layer's feed-forward output becomes its transcoder's features
+clean value as a multiplier: each head's attention weights, each norm (below), the MLM head's
+activation (GELU(x) as x times its clean GELU(x)/x). Each layer's feed-forward output becomes its transcoder's features
 (activation x decoder row, plus the transcoder's bias and skip path) plus an error node, the true
 output minus the transcoder's, per (layer, position). Then every value downstream is affine in the
 leaves:
@@ -16,6 +15,21 @@ leaves:
 With the leaves at their clean values the forward reproduces the clean logits (`check_parity`);
 with all leaves at zero it gives each value's bias. Positions the transcoders were not trained on
 ([CLS], [SEP]) keep their true feed-forward output, all of it an error node.
+
+A norm is frozen in one of two ways (`norms`):
+
+    "slope"   (default) its slope at the clean input: 1/sigma and, beside the mean subtraction,
+              the projection off the clean input's own direction d, the part of a change that a
+              norm takes away (its output's scale is fixed). Affine: y = s g (c - d (d.c) + kept)
+              + b, with c the centred input, d = c_clean s / sqrt(D) and kept = d (d.c_clean),
+              what the norm keeps of its clean input whatever the nodes do (a constant: the bias).
+    "scale"   its 1/sigma alone, as Ameisen et al. and circuit-tracer freeze a norm's denominator:
+              y = s g c + b. A change along the input's own direction passes at full size, which a
+              real norm takes away: through a post-LayerNorm encoder's 13 norms that overstates
+              early nodes' effects several-fold (docs/circuits.md, Measured).
+
+The embeddings' norm keeps its 1/sigma alone either way: the token nodes are all of its input, so
+its slope would give each token no effect at all (a norm is blind to its input's scale).
 
 Written by hand, not hooked into transformers' modules, because edges are read from batched
 backward passes through this small linear function (`attribution`): a few batched matrix products
@@ -34,6 +48,8 @@ from ..forward import anatomy
 from ..model.loading import LoadedModel
 
 RMS_NAMES = ("RMSNorm",)
+NORMS = ("slope", "scale")  # how a norm is frozen (module doc); the first is the default
+SCALE_ONLY = ("embed",)  # norms frozen by their 1/sigma alone whatever `norms` says: the token nodes' own
 
 
 @dataclass
@@ -69,10 +85,13 @@ class Gradients:
 @dataclass
 class Frozen:
     """What the clean forward fixed: per norm call its 1/sigma (T, 1) (key: "embed", "a3", "m3",
-    "final", "head"), per layer its attention weights (heads, T, T), and the head's activation
-    ratio (D,) at the mask."""
+    "final", "head") and, frozen by its slope, the clean input's direction d (T, D) and what the
+    norm keeps of it (T, D); per layer its attention weights (heads, T, T), and the head's
+    activation ratio (D,) at the mask."""
 
     scales: dict[str, torch.Tensor] = field(default_factory=dict)
+    directions: dict[str, torch.Tensor] = field(default_factory=dict)
+    kept: dict[str, torch.Tensor] = field(default_factory=dict)
     attention: dict[int, torch.Tensor] = field(default_factory=dict)
     head_ratio: torch.Tensor | None = None
 
@@ -98,7 +117,7 @@ class Replacement:
     """The linear replacement of `lm` for one sentence, given a transcoder per layer
     (`transcoders[l]`: a features `Dictionary` whose coder was trained with transcode=True)."""
 
-    def __init__(self, lm: LoadedModel, transcoders: dict, dtype: torch.dtype = torch.float32):
+    def __init__(self, lm: LoadedModel, transcoders: dict, dtype: torch.dtype = torch.float32, norms: str = NORMS[0]):
         self.lm, self.model = lm, lm.model
         self.anatomy = anatomy.of(lm.model)
         self.wiring = self.anatomy.wiring
@@ -107,8 +126,11 @@ class Replacement:
         if missing:
             raise ValueError(f"{lm.name} has no transcoders for layer(s) {', '.join(map(str, missing))}: train "
                              "them first (the Circuits tab's Train, or bertdemo.train_transcoders)")
+        if norms not in NORMS:
+            raise ValueError(f"norms is {norms!r}: 'slope' (each norm's slope at the clean input, the default) or "
+                             "'scale' (its 1/sigma alone, as circuit-tracer freezes it)")
         self.transcoders = transcoders
-        self.dtype = dtype
+        self.dtype, self.norms = dtype, norms
         self._check_parts()
 
     # ------------------------------------------------------------ the parts, through the anatomy
@@ -134,21 +156,37 @@ class Replacement:
         return F.linear(x, module.weight.to(self.dtype), None if module.bias is None else module.bias.to(self.dtype))
 
     def _norm(self, module, x: torch.Tensor, key: str, frozen: Frozen, record: bool) -> torch.Tensor:
-        """`module` (a LayerNorm, an RMS norm or an Identity) on x (T, D) with its 1/sigma frozen
-        at `frozen.scales[key]`, or measured and recorded there when `record`."""
+        """`module` (a LayerNorm, an RMS norm or an Identity) on x (T, D), frozen (module doc) at
+        what `frozen` holds under `key`, or measured and recorded there when `record`."""
         if module is None or isinstance(module, torch.nn.Identity):
             return x
-        rms = any(name in type(module).__name__ for name in RMS_NAMES)
-        eps = getattr(module, "eps", None) or getattr(module, "variance_epsilon", 1e-12)
-        centred = x if rms else x - x.mean(-1, keepdim=True)
+        centred = x if self._rms(module) else x - x.mean(-1, keepdim=True)
         if record:
-            frozen.scales[key] = torch.rsqrt(centred.detach().pow(2).mean(-1, keepdim=True) + eps)
+            self._record_norm(module, centred.detach(), key, frozen)
+        elif key in frozen.directions:
+            d = frozen.directions[key]
+            centred = centred - d * (d * centred).sum(-1, keepdim=True) + frozen.kept[key]
         y = centred * frozen.scales[key]
         if getattr(module, "weight", None) is not None:
             y = y * module.weight.to(self.dtype)
         if getattr(module, "bias", None) is not None:
             y = y + module.bias.to(self.dtype)
         return y
+
+    def _record_norm(self, module, centred: torch.Tensor, key: str, frozen: Frozen) -> None:
+        """The clean input's 1/sigma (T, 1) and, for a norm frozen by its slope, d (T, D), scaled so
+        that the slope's projection is exactly (1 - d d^T): with the norm's eps, c s / sqrt(D)."""
+        eps = getattr(module, "eps", None) or getattr(module, "variance_epsilon", 1e-12)
+        scale = torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + eps)
+        frozen.scales[key] = scale
+        if self.norms == "slope" and key not in SCALE_ONLY:
+            d = centred * scale / centred.shape[-1] ** 0.5
+            frozen.directions[key] = d
+            frozen.kept[key] = d * (d * centred).sum(-1, keepdim=True)
+
+    @staticmethod
+    def _rms(module) -> bool:
+        return any(name in type(module).__name__ for name in RMS_NAMES)
 
     def _attention(self, layer: int, x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """Layer `layer` (0-based) attention output (T, H) at frozen `weights` (heads, T, T):
@@ -353,8 +391,12 @@ class Replacement:
         if getattr(module, "weight", None) is not None:
             g = g * module.weight.to(self.dtype)
         g = g * frozen.scales[key]
-        rms = any(name in type(module).__name__ for name in RMS_NAMES)
-        return g if rms else g - g.mean(-1, keepdim=True)
+        if not self._rms(module):
+            g = g - g.mean(-1, keepdim=True)
+        if key in frozen.directions:  # d is centred: the projection and the mean's commute
+            d = frozen.directions[key]
+            g = g - d * (g * d).sum(-1, keepdim=True)
+        return g
 
     def _attention_t(self, layer: int, g: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """`_attention`'s transpose (layer 0-based): g (n, T, H) at its output -> at its input."""

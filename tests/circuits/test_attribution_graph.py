@@ -115,9 +115,11 @@ def test_an_edge_is_the_change_when_its_source_alone_is_removed(bert):
         assert torch.allclose(clean - removed, edges, atol=1e-5), node.id
 
 
-def reference_logit_rows(lm, transcoders, sentence, words):
+def reference_logit_rows(lm, transcoders, sentence, words, norms="slope"):
     """The logit rows from a frozen BERT written out here from the model's own modules, its
-    Jacobian taken whole by torch.autograd.functional.jacobian (no batched backward)."""
+    Jacobian taken whole by torch.autograd.functional.jacobian (no batched backward). Each norm
+    after the embeddings' is frozen as `norms` says: "slope", the norm module's own value at the
+    clean input plus its own Jacobian there (torch's) times the change; "scale", its 1/sigma."""
     bert = lm.model.bert
     lm.model.set_attn_implementation("eager")  # this test's own model: its weights as they are
     try:
@@ -125,7 +127,14 @@ def reference_logit_rows(lm, transcoders, sentence, words):
     finally:
         lm.model.set_attn_implementation("sdpa")
 
-    def frozen_norm(norm, x, clean):
+    slopes: dict = {}
+
+    def frozen_norm(norm, x, clean, scale_only=False):
+        if norms == "slope" and not scale_only:
+            key = id(norm)  # each norm module runs once per forward
+            if key not in slopes:
+                slopes[key] = torch.autograd.functional.jacobian(norm, clean.detach())  # (T, D, T, D)
+            return norm(clean).detach() + torch.einsum("tdse,se->td", slopes[key], x - clean)
         scale = torch.rsqrt(clean.var(-1, unbiased=False, keepdim=True) + norm.eps)
         return (x - x.mean(-1, keepdim=True)) * scale * norm.weight + norm.bias
 
@@ -139,7 +148,7 @@ def reference_logit_rows(lm, transcoders, sentence, words):
     def run(tokens, a1, a2, e1, e2, clean=None):
         record = {} if clean is None else clean
         norm = bert.embeddings.LayerNorm
-        h = frozen_norm(norm, tokens, record.setdefault("e", tokens))
+        h = frozen_norm(norm, tokens, record.setdefault("e", tokens), scale_only=True)  # the token nodes' own
         for index, (a, e) in enumerate(((a1, e1), (a2, e2))):
             layer = bert.encoder.layer[index]
             heads = layer.attention.self.num_attention_heads
@@ -156,7 +165,7 @@ def reference_logit_rows(lm, transcoders, sentence, words):
         z = transform.dense(h[sentence.mask])
         clean_z = record.setdefault("z", z)
         z = z * (torch.nn.functional.gelu(clean_z) / clean_z)
-        z = frozen_norm(transform.LayerNorm, z, record.setdefault("hz", z))
+        z = frozen_norm(transform.LayerNorm, z[None], record.setdefault("hz", z[None]))[0]
         return lm.model.cls.predictions.decoder(z)[words]
 
     record: dict = {}
@@ -171,13 +180,15 @@ def reference_logit_rows(lm, transcoders, sentence, words):
             "errors": (vector(edges[3]), vector(edges[4]))}
 
 
-def test_a_hand_written_two_layer_reference_gives_the_same_logit_edges(bert):
+@pytest.mark.parametrize("norms", ["slope", "scale"])
+def test_a_hand_written_two_layer_reference_gives_the_same_logit_edges(bert, norms):
     lm, transcoders = bert
-    graph = attribution.attribution_graph(lm, TEXT, transcoders=transcoders)
+    graph = attribution.attribution_graph(lm, TEXT, transcoders=transcoders, norms=norms)
     _, _, sentence = traced(lm, transcoders)
     adjacency = graph.adjacency
+    assert adjacency.extra["norms"] == norms
     words = torch.tensor(adjacency.extra["words"])
-    reference = reference_logit_rows(lm, transcoders, sentence, words)
+    reference = reference_logit_rows(lm, transcoders, sentence, words, norms)
     rows = adjacency.rows[:len(words)]
     compared = 0
     for column, node in enumerate(adjacency.columns):

@@ -7,6 +7,7 @@ from urllib.parse import parse_qsl
 
 import gradio as gr
 import pytest
+import torch
 
 import bertdemo
 from bertdemo.circuits import attribution, heads
@@ -38,7 +39,7 @@ def drawn_ids(figure) -> dict[str, list[str]]:
 
 
 def test_the_drawing_has_every_kept_node_the_logits_and_the_tokens(visitor, tiny_bert, coders):
-    figure, scores, table, raw, line = tab.on_graph(visitor, SENTENCE, 1, "", 0.8, 0.98)
+    figure, scores, table, raw, line = tab.on_graph(visitor, SENTENCE, 1, "", 0.8, 0.98, "slope")
     graph = bertdemo.attribution_graph(tiny_bert, SENTENCE, transcoders=coders)
     ids = drawn_ids(figure)
     assert sorted(i for found in ids.values() for i in found) == sorted(n["id"] for n in graph.nodes)
@@ -63,11 +64,29 @@ def test_the_sessions_graph_is_kept_and_pruned_again_for_new_thresholds(visitor,
     assert not calls and sparser.adjacency is first.adjacency and len(sparser.nodes) <= len(first.nodes)
 
 
+def test_the_norms_switch_draws_the_graph_each_way_and_says_what_reaches_the_logit(visitor, tiny_bert, coders):
+    slope = tab.graph_of(visitor, SENTENCE, 1, "", norms="slope")
+    scale = tab.graph_of(visitor, SENTENCE, 1, "", norms="scale")
+    assert scale.adjacency.extra["norms"] == "scale" and slope.adjacency.extra["norms"] == "slope"
+    service = bertdemo.attribution_graph(tiny_bert, SENTENCE, transcoders=coders, norms="scale")
+    assert torch.equal(scale.adjacency.rows, service.adjacency.rows)
+    assert not torch.allclose(scale.adjacency.rows, slope.adjacency.rows)
+    for graph in (slope, scale):
+        value, edges = float(graph.adjacency.value[0]), float(graph.adjacency.rows[0].sum())
+        words = results.scores_words(graph)
+        assert f"is {value:.2f}**: {edges:.2f} of it arrives through the nodes' edges" in words
+        assert f"the other {value - edges:.2f} is constant" in words
+        assert ("what each LayerNorm keeps" in words) == (graph is slope)
+    ctx = AppContext(visitor.store, visitor.settings, visitor.engine)
+    with pytest.raises(gr.Error, match="norms is 'sideways'"):
+        handler(ctx, tab.on_graph)(SENTENCE, 1, "", 0.8, 0.98, "sideways", request=None)
+
+
 def test_a_nodes_card_opens_with_the_heads_behind_its_strongest_edge(visitor, tiny_bert, coders):
     graph = tab.graph_of(visitor, SENTENCE, 1, "")
     node = next(n for n in graph.nodes if n["kind"] == "feature" and n["layer"] == 1
                 and heads.strongest_across(graph, n["id"]) is not None)
-    summary, effects, note, table = tab.on_node(visitor, SENTENCE, 1, "", 0.8, 0.98, node["id"])
+    summary, effects, note, table = tab.on_node(visitor, SENTENCE, 1, "", 0.8, 0.98, "slope", node["id"])
     assert f"Feature {node['feature']} of layer 1" in summary and node["id"] in summary
     assert "no statistics yet" in summary and effects["visible"] is False
     split = heads.edge_heads(tiny_bert, graph, heads.strongest_across(graph, node["id"]), node["id"],
@@ -77,9 +96,9 @@ def test_a_nodes_card_opens_with_the_heads_behind_its_strongest_edge(visitor, ti
     assert list(table["head"]) == [f"1:{h['head'] + 1}" for h in split["heads"]]  # heads from 1, as the page counts
     assert "add up to the edge" in note
     token = next(n for n in graph.nodes if n["kind"] == "token")
-    assert tab.on_node(visitor, SENTENCE, 1, "", 0.8, 0.98, token["id"])[2] == "A token node has no incoming edge."
+    assert tab.on_node(visitor, SENTENCE, 1, "", 0.8, 0.98, "slope", token["id"])[2] == "A token node has no incoming edge."
     logit = next(n for n in graph.nodes if n["kind"] == "logit")
-    assert "The logit of" in tab.on_node(visitor, SENTENCE, 1, "", 0.8, 0.98, logit["id"])[0]
+    assert "The logit of" in tab.on_node(visitor, SENTENCE, 1, "", 0.8, 0.98, "slope", logit["id"])[0]
 
 
 def test_a_card_escapes_labels_and_tokens():
@@ -92,10 +111,10 @@ def test_a_card_escapes_labels_and_tokens():
 def test_an_intervention_at_scale_one_changes_nothing_and_at_zero_as_the_service_says(visitor, tiny_bert, coders):
     graph = tab.graph_of(visitor, SENTENCE, 1, "")
     features = [n["id"] for n in graph.nodes if n["kind"] == "feature"][:2]
-    note, bars, table, raw = tab.on_intervene(visitor, SENTENCE, 1, "", ", ".join(features), 1, "")
+    note, bars, table, raw = tab.on_intervene(visitor, SENTENCE, 1, "", ", ".join(features), 1, "", "slope")
     assert max(abs(w["change"]) for w in raw["words"]) < 1e-5
     assert list(table["p before"]) == pytest.approx(list(table["p after"]), abs=1e-6)
-    note, bars, table, raw = tab.on_intervene(visitor, SENTENCE, 1, "", "group", 0, f"group: {' '.join(features)}")
+    note, bars, table, raw = tab.on_intervene(visitor, SENTENCE, 1, "", "group", 0, f"group: {' '.join(features)}", "slope")
     expected = bertdemo.intervene(tiny_bert, SENTENCE, features, 0.0, graph=graph, transcoders=coders)
     assert raw == expected and "switched off" in note and "(groups: group)" in note
     assert [d.name for d in bars.data] == ["before", "after"]
@@ -114,15 +133,15 @@ def test_named_groups_expand_in_the_nodes_and_go_into_the_viewers_json(visitor):
             tab.parse_groups(bad)
     graph = tab.graph_of(visitor, SENTENCE, 1, "")
     feature = next(n["id"] for n in graph.nodes if n["kind"] == "feature")
-    viewer = tab.on_graph_json(visitor, SENTENCE, 1, "", 0.8, 0.98, f"mine: {feature}")
+    viewer = tab.on_graph_json(visitor, SENTENCE, 1, "", 0.8, 0.98, f"mine: {feature}", "slope")
     assert viewer["qParams"]["supernodes"] == [["mine", feature]]
     assert {n["node_id"] for n in viewer["nodes"]} == {n["id"] for n in graph.nodes}
     with pytest.raises(ValueError, match="No node '9_9_9'"):
-        tab.on_graph_json(visitor, SENTENCE, 1, "", 0.8, 0.98, "mine: 9_9_9")
+        tab.on_graph_json(visitor, SENTENCE, 1, "", 0.8, 0.98, "mine: 9_9_9", "slope")
 
 
 def test_the_export_writes_the_viewers_json_a_table_and_the_drawing(visitor):
-    update = tab.on_export(visitor, SENTENCE, 1, "", 0.8, 0.98, "")
+    update = tab.on_export(visitor, SENTENCE, 1, "", 0.8, 0.98, "", "slope")
     assert sorted(p.rsplit(".", 1)[1] for p in update["value"]) == ["csv", "json", "png", "svg"]
 
 
@@ -145,7 +164,7 @@ def test_the_target_box_reads_a_word_or_two():
 def test_bad_input_to_the_graph_is_one_message_and_one_log_line(visitor, inputs, message, caplog):
     ctx = AppContext(visitor.store, visitor.settings, visitor.engine)
     with caplog.at_level(logging.INFO, logger="bertdemo"), pytest.raises(gr.Error, match=re.escape(message)) as refused:
-        handler(ctx, tab.on_graph)(*inputs, request=None)
+        handler(ctx, tab.on_graph)(*inputs, "slope", request=None)
     assert "Traceback" not in str(refused.value.message)
     lines = [r for r in caplog.records if r.name == "bertdemo"]
     assert len(lines) == 1 and lines[0].levelno == logging.INFO and "refused its input" in lines[0].getMessage()
@@ -162,14 +181,14 @@ def test_the_operators_token_limit_holds(visitor):
 def test_an_unknown_node_and_a_model_without_transcoders_are_refused_in_words(visitor, monkeypatch, caplog, tmp_path):
     ctx = AppContext(visitor.store, visitor.settings, visitor.engine)
     with pytest.raises(gr.Error, match="No node '9_9_9'"):
-        handler(ctx, tab.on_intervene)(SENTENCE, 1, "", "9_9_9", 0, "", request=None)
+        handler(ctx, tab.on_intervene)(SENTENCE, 1, "", "9_9_9", 0, "", "slope", request=None)
     with pytest.raises(gr.Error, match="No node"):
-        handler(ctx, tab.on_node)(SENTENCE, 1, "", 0.8, 0.98, "9_9_9", request=None)
+        handler(ctx, tab.on_node)(SENTENCE, 1, "", 0.8, 0.98, "slope", "9_9_9", request=None)
     monkeypatch.undo()  # the real door, to an engine whose disk cache has no transcoders (another test may
     # have trained some for the same tiny model in the session's default disk cache)
     ctx = AppContext(visitor.store, visitor.settings, bertdemo.Engine(disk=DiskCache(tmp_path)))
     with caplog.at_level(logging.INFO, logger="bertdemo"), pytest.raises(gr.Error, match="has no transcoders"):
-        handler(ctx, tab.on_graph)(SENTENCE, 1, "", 0.8, 0.98, request=None)
+        handler(ctx, tab.on_graph)(SENTENCE, 1, "", 0.8, 0.98, "slope", request=None)
     assert [r.levelno for r in caplog.records if r.name == "bertdemo"] == [logging.INFO]
     assert "has no transcoders" in tab.availability(ctx, "s1")
 
@@ -185,9 +204,10 @@ def test_a_link_to_the_view_round_trips(tiny_bert_dir, coders, monkeypatch):
     pairs = links._unique([links.Links._inputs(endpoints[api]) for api in ("circuit_graph", *links.ALSO["circuits"])])
     controls = [links.control_of(name, c) for name, c in pairs]
     assert [c.name for c in controls] == ["sentence", "mask_number", "target", "node_threshold", "edge_threshold",
-                                          "nodes", "scale", "supernodes"]
+                                          "norms", "nodes", "scale", "supernodes"]
     values = {"sentence": "The man went to the [MASK] to buy a [MASK] of milk.", "mask_number": 2,
-              "target": "bottle vs glass", "node_threshold": 0.6, "edge_threshold": 0.98, "nodes": "1_2_3, 2_4_5",
+              "target": "bottle vs glass", "node_threshold": 0.6, "edge_threshold": 0.98, "norms": "scale",
+              "nodes": "1_2_3, 2_4_5",
               "scale": 0, "supernodes": "milk: 1_2_3 2_4_5"}
     query = links.link_query("circuits", values, controls)
     assert "edge_threshold" not in query and "node_threshold=0.6" in query
@@ -214,6 +234,6 @@ def test_transcoders_trained_from_the_tab_are_kept_and_draw_a_graph(tmp_path):
     assert status.startswith("**Done**") and "are **kept**" in status
     assert [t.name for t in curves.data] == ["layer 1", "layer 2"]
     assert "Transcoders of layers 1-2" in line
-    figure = tab.on_graph(visitor, SENTENCE, 1, "", 0.8, 0.98)[0]
+    figure = tab.on_graph(visitor, SENTENCE, 1, "", 0.8, 0.98, "slope")[0]
     assert "logit (a predicted word)" in {t.name for t in figure.data}
     assert tab.on_stop(visitor).startswith("Nothing is running")

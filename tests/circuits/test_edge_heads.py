@@ -17,7 +17,9 @@ TEXT = "Paris is the [MASK] of France."
 def built(tmp_path_factory):
     lm = bertdemo.load(str(tiny_models.save_tiny_bert(tmp_path_factory.mktemp("bert"))), device="cpu")
     coders = tiny_models.tiny_transcoders(lm)
-    return lm, coders, attribution.attribution_graph(lm, TEXT, transcoders=coders)
+    # every node and edge kept: the split is of any edge, whatever pruning would draw
+    return lm, coders, attribution.attribution_graph(lm, TEXT, transcoders=coders, node_threshold=1.0,
+                                                     edge_threshold=1.0)
 
 
 def across(graph, source_layer, target_kind, target_layer=None):
@@ -52,7 +54,7 @@ def test_a_heads_part_is_what_the_edge_loses_without_that_head(built):
     lm, coders, graph = built
     edge = across(graph, 1, "feature", 2)
     split = heads.edge_heads(lm, graph, edge.source, edge.target, transcoders=coders)
-    replacement = Replacement(lm, coders)
+    replacement = Replacement(lm, coders, norms=graph.adjacency.extra["norms"])
     sentence = heads._traced(lm, replacement, graph)
     source, target = graph.node(edge.source), graph.node(edge.target)
     for part in split["heads"]:

@@ -45,10 +45,24 @@ def scores_words(graph: Graph) -> str:
             f"**Left {s['left']:.0%} · right {s['right']:.0%}** of the [MASK], the mask itself {s['mask']:.0%}, "
             f"[CLS]/[SEP] {s['framing']:.0%}: where the influence sits in the sentence (a decoder could only use "
             "the left).  \n"
+            f"{_through_edges(graph)}  \n"
             f"Measured on this one sentence: {len(graph.tokens)} tokens, {active:,} active features of which "
             f"{traced:,} were traced to their inputs; {len(graph.nodes):,} nodes and {len(graph.edges):,} edges kept "
             f"at thresholds {graph.node_threshold:g} / {graph.edge_threshold:g}; "
             f"built in {_seconds(graph.timings.get('seconds', 0.0))}.")
+
+
+def _through_edges(graph: Graph) -> str:
+    """How much of the first predicted word's logit the drawn kind of path carries: its incoming
+    edges' sum against its value; the rest is the bias."""
+    adjacency = graph.adjacency
+    word = adjacency.logits[0]
+    value, edges = float(adjacency.value[0]), float(adjacency.rows[0].sum())
+    rest = "what each LayerNorm keeps of its input whatever the nodes do (a LayerNorm fixes the size of its " \
+           "output: nodes turn it, they cannot grow it) and every bias" \
+        if adjacency.extra.get("norms", "slope") == "slope" else "every bias"
+    return (f"**The logit of “{escape_markdown(shown_token(word.token))}” is {value:.2f}**: {edges:.2f} of it arrives "
+            f"through the nodes' edges; the other {value - edges:.2f} is constant for this sentence, {rest}.")
 
 
 def node_frame(graph: Graph, top: int = TOP_NODES) -> pd.DataFrame:

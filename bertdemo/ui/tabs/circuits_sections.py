@@ -16,24 +16,27 @@ EXAMPLES = [[SENTENCE, 1, ""], [SENTENCE, 1, "capital vs city"],
             ["The man went to the [MASK] to buy a [MASK] of milk.", 2, ""]]
 NODE_COLUMNS = ("id", "kind", "layer", "token", "label", "influence")
 HEAD_COLUMNS = ("head", "part of the edge", "share")
+NORMS = [("at their slope", "slope"), ("by 1/sigma alone", "scale")]  # the service's `norms`, in words
 WORD_COLUMNS = ("word", "p before", "p after", "logit change", "as the graph predicted",
                 "as the model's slope predicts")
 
 
 @dataclass
 class Query:
-    """What a graph is of: the sentence, which mask, the target, the pruning thresholds."""
+    """What a graph is of: the sentence, which mask, the target, the pruning thresholds, how the
+    graph freezes the norms."""
 
     sentence: gr.Textbox
     mask_number: gr.Number
     target: gr.Textbox
     node_threshold: gr.Slider
     edge_threshold: gr.Slider
+    norms: gr.Radio
     draw: gr.Button
 
     @property
     def inputs(self) -> list:
-        return [self.sentence, self.mask_number, self.target, self.node_threshold, self.edge_threshold]
+        return [self.sentence, self.mask_number, self.target, self.node_threshold, self.edge_threshold, self.norms]
 
 
 @dataclass
@@ -108,9 +111,12 @@ def query_section() -> Query:
                                    info="Keep the nodes that make up this share of the influence.")
         edge_threshold = gr.Slider(0, 1, value=0.98, step=0.01, label="Edge threshold",
                                    info="Then the edges that make up this share of the edge scores.")
+        norms = gr.Radio(NORMS, value=NORMS[0][1], label="LayerNorms in the graph", elem_id="circuits-norms",
+                         info="At their slope: as the model answers a small change. By 1/sigma alone: as "
+                              "circuit-tracer freezes them (a change along a norm's input passes whole).")
         draw = gr.Button("Draw the graph", variant="primary", elem_id="circuits-draw")
     gr.Examples(EXAMPLES, [sentence, mask_number, target])
-    return Query(sentence, mask_number, target, node_threshold, edge_threshold, draw)
+    return Query(sentence, mask_number, target, node_threshold, edge_threshold, norms, draw)
 
 
 def graph_section() -> tuple[Drawn, Card]:
@@ -165,9 +171,9 @@ def intervention_section() -> Intervention:
                              interactive=False, elem_id="circuit-intervention")
     gr.Markdown("Logit changes. *As the graph predicted*: through the frozen graph, every other feature "
                 "following linearly. *As the model's slope predicts*: the same nodes' parts times the real "
-                "model's gradient, every LayerNorm and attention live. On a post-LayerNorm model like BERT the "
-                "slope tracks a single node's measured change closely and the frozen graph only loosely: each "
-                "LayerNorm takes away part of a removed feature, which a frozen norm cannot (docs/circuits.md).")
+                "model's gradient, attention and every LayerNorm live. Both rank single nodes' measured changes "
+                "well; the slope a little better, since the graph holds each head's attention weights and answers "
+                "through the transcoders where the model has its MLPs (docs/circuits.md).")
     with gr.Accordion("Raw intervention (JSON)", open=False):
         raw = gr.JSON()
     return Intervention(nodes, scale, supernodes, apply, note, bars, words, raw)

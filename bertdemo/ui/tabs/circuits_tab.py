@@ -35,8 +35,8 @@ MAX_GROUPS, MAX_NODES = 20, 200  # named groups, and node ids in one interventio
 MAX_TARGET = 100  # characters of the target box
 INTRO = """**How the model reaches its prediction, as a graph.** Each layer's feed-forward block is replaced by a
 *transcoder*: a few active features out of thousands, plus an *error* node for what they miss. With
-attention and every normalisation frozen for this one sentence, the prediction at the `[MASK]` is a
-sum of direct effects between nodes, and the graph draws the strongest of them: from the words
+attention frozen for this one sentence and each normalisation taken at its slope, the prediction at the
+`[MASK]` is a sum of direct effects between nodes plus constants, and the graph draws the strongest of them: from the words
 (bottom), through features layer by layer, to the predicted words (top). Node size = influence on
 the prediction; blue edges raise their target, red ones lower it. Click a node for its card and
 the attention heads behind its strongest edge from another word; then switch nodes off or turn
@@ -90,7 +90,7 @@ def render(ctx: AppContext) -> None:
     drawing = query.draw.click(handler(ctx, on_graph), graph, [drawn.plot, drawn.scores, drawn.nodes, drawn.raw, line],
                                api_name="circuit_graph", concurrency_id="model")
     drawing.then(None, None, None, js=CLICK_JS)
-    intervention = [*graph[:3], change.nodes, change.scale, change.supernodes]
+    intervention = [*graph[:3], change.nodes, change.scale, change.supernodes, query.norms]
     drawing.success(handler(ctx, on_linked_intervention), intervention, change.outputs, api_visibility="private",
                     concurrency_id="model")
     card.open.click(handler(ctx, on_node), [*graph, card.node], card.outputs, api_visibility="private",
@@ -100,9 +100,9 @@ def render(ctx: AppContext) -> None:
     card.add.click(None, [card.node, change.nodes], change.nodes, js=ADD_JS)
     change.apply.click(handler(ctx, on_intervene), intervention, change.outputs, api_name="circuit_intervene",
                        concurrency_id="model")
-    downloads.viewer.click(handler(ctx, on_graph_json), [*graph, change.supernodes], downloads.viewer_json,
+    downloads.viewer.click(handler(ctx, on_graph_json), [*graph[:5], change.supernodes, query.norms], downloads.viewer_json,
                            api_name="circuit_json", concurrency_id="model")
-    downloads.export.click(handler(ctx, on_export), [*graph, change.supernodes], downloads.files,
+    downloads.export.click(handler(ctx, on_export), [*graph[:5], change.supernodes, query.norms], downloads.files,
                            api_visibility="private", concurrency_id="model")
     live_run.wire(ctx, "train_transcoders", training.train, {"texts": training.texts,
                                                              "keep_partial": training.keep_partial},
@@ -137,15 +137,17 @@ def transcoders(holder, lm: LoadedModel) -> dict:
     return found
 
 
-def graph_of(visitor: Visitor, sentence, mask_number, target, node_threshold=0.8, edge_threshold=0.98) -> Graph:
+def graph_of(visitor: Visitor, sentence, mask_number, target, node_threshold=0.8, edge_threshold=0.98,
+             norms: str = "slope") -> Graph:
     """The graph of the query, pruned at the thresholds: the session's kept one when it is of the
-    same sentence, mask, target, model and transcoders (pruned again if the thresholds changed),
-    else built and kept."""
+    same sentence, mask, target, norms, model and transcoders (pruned again if the thresholds
+    changed), else built and kept."""
     lm = visitor.lm
     coders = transcoders(visitor, lm)
     node_threshold, edge_threshold = attribution.graph_check_thresholds(node_threshold, edge_threshold)
     wanted = target_of(target)
-    key = (id(lm), sentence, _whole(mask_number), wanted, tuple((l, id(d)) for l, d in sorted(coders.items())))
+    norms = norms or "slope"  # an API call that leaves it out
+    key = (id(lm), sentence, _whole(mask_number), wanted, norms, tuple((l, id(d)) for l, d in sorted(coders.items())))
     kept = visitor.store.result(visitor.session, KEPT) if visitor.session else None
     if kept is not None and kept[0] == key:
         graph = kept[1]
@@ -155,7 +157,7 @@ def graph_of(visitor: Visitor, sentence, mask_number, target, node_threshold=0.8
     else:
         graph = attribution.attribution_graph(lm, sentence, mask_number, wanted, transcoders=coders,
                                               node_threshold=node_threshold, edge_threshold=edge_threshold,
-                                              max_tokens=visitor.settings.circuit_max_tokens)
+                                              max_tokens=visitor.settings.circuit_max_tokens, norms=norms)
     if visitor.session:
         visitor.store.keep_result(visitor.session, KEPT, (key, graph), _graph_bytes(graph))
     return graph
@@ -176,7 +178,7 @@ def target_of(target) -> str | tuple[str, str] | None:
 
 # ---------------------------------------------------------------- handlers
 
-def on_graph(visitor: Visitor, sentence, mask_number, target, node_threshold, edge_threshold):
+def on_graph(visitor: Visitor, sentence, mask_number, target, node_threshold, edge_threshold, norms):
     """The attribution graph of one [MASK]'s prediction: transcoder features, error and token nodes
     and the predicted words, with the direct effects between them (Ameisen et al. 2025).
 
@@ -186,19 +188,20 @@ def on_graph(visitor: Visitor, sentence, mask_number, target, node_threshold, ed
         target: empty for the mask's top words (weighted by probability), a word for its logit, or "capital vs city" for the logit difference of two words.
         node_threshold: 0 to 1: keep the nodes that make up this share of the influence on the prediction (0.8 by default).
         edge_threshold: 0 to 1: then keep the edges that make up this share of the edge scores (0.98 by default).
+        norms: how the graph freezes each LayerNorm: "slope" (its slope at the sentence, the default: predictions that follow the model's) or "scale" (its 1/sigma alone, as circuit-tracer does).
 
     Returns:
         the graph drawn (plotly; each node's id is its first customdata), its scores in words, a table of the most influential nodes, the raw graph {"text", "tokens", "mask_position", "target", "scores": {"replacement", "completeness", "left", "right", "mask", "framing"}, "nodes": [{"id", "kind", "layer", "position", "feature", "activation", "label", "token", "influence"}], "edges": [{"source", "target", "weight"}]}, and the model line.
     """
-    graph = graph_of(visitor, sentence, mask_number, target, node_threshold, edge_threshold)
+    graph = graph_of(visitor, sentence, mask_number, target, node_threshold, edge_threshold, norms)
     return (drawing.figure(graph), results.scores_words(graph), results.node_frame(graph),
             results.raw_graph(graph), availability(visitor, visitor.session))
 
 
-def on_node(visitor: Visitor, sentence, mask_number, target, node_threshold, edge_threshold, node):
+def on_node(visitor: Visitor, sentence, mask_number, target, node_threshold, edge_threshold, norms, node):
     """A node's card (what it is, its activation and influence; a feature's card where its transcoder
     has statistics) and the attention heads behind its strongest kept edge from another position."""
-    graph = graph_of(visitor, sentence, mask_number, target, node_threshold, edge_threshold)
+    graph = graph_of(visitor, sentence, mask_number, target, node_threshold, edge_threshold, norms)
     found = graph.node(str(node or "").strip())
     card = _feature_card(visitor, found)
     summary = results.card_html(found, card)
@@ -225,7 +228,7 @@ def on_pick_node(evt: gr.SelectData):
         return gr.skip()
 
 
-def on_intervene(visitor: Visitor, sentence, mask_number, target, nodes, scale, supernodes):
+def on_intervene(visitor: Visitor, sentence, mask_number, target, nodes, scale, supernodes, norms):
     """Switch graph nodes off or turn them up in the real model (attention not frozen, the
     transcoder's error kept) and compare the prediction with what the graph predicted.
 
@@ -236,13 +239,14 @@ def on_intervene(visitor: Visitor, sentence, mask_number, target, nodes, scale, 
         nodes: feature or error node ids of the graph (e.g. "2_117_4, 1_12_6"), or names of groups given in supernodes.
         scale: 0 to 10: each node's contribution times this (0 = switched off, 1 = unchanged, 2 = doubled).
         supernodes: named groups of node ids, "name: id id; name2: id", usable in nodes.
+        norms: as for /circuit_graph: "slope" (the default) or "scale"; the graph whose prediction is shown.
 
     Returns:
         a summary (top words before and after), bars of the graph's words' probability before and after, a table per word (probability before and after, the logit change measured, as the frozen graph predicted it and as the real model's slope predicts it), and the raw result {"nodes", "scale", "before", "after": [{"word", "probability"}], "words": [{"word", "logit_before", "logit_after", "change", "predicted_change", "first_order_change", "probability_before", "probability_after"}]}.
     """
     groups = parse_groups(supernodes)
     chosen = chosen_nodes(nodes, groups)
-    graph = graph_of(visitor, sentence, mask_number, target)
+    graph = graph_of(visitor, sentence, mask_number, target, norms=norms)
     result = interventions.intervene(visitor.lm, sentence, chosen, scale, mask_number, graph=graph,
                                      transcoders=transcoders(visitor, visitor.lm),
                                      max_tokens=visitor.settings.circuit_max_tokens)
@@ -250,18 +254,19 @@ def on_intervene(visitor: Visitor, sentence, mask_number, target, nodes, scale, 
             results.word_frame(result), result)
 
 
-def on_linked_intervention(visitor: Visitor, sentence, mask_number, target, nodes, scale, supernodes):
+def on_linked_intervention(visitor: Visitor, sentence, mask_number, target, nodes, scale, supernodes, norms):
     """After a graph is drawn: the intervention its nodes box names (a link's), else nothing; a
     node the new graph lacks is said in the note, not raised."""
     if not str(nodes or "").strip():
         return (gr.skip(),) * 4
     try:
-        return on_intervene(visitor, sentence, mask_number, target, nodes, scale, supernodes)
+        return on_intervene(visitor, sentence, mask_number, target, nodes, scale, supernodes, norms)
     except ValueError as err:
         return f"The intervention was not applied: {escape_markdown(str(err))}", None, gr.skip(), gr.skip()
 
 
-def on_graph_json(visitor: Visitor, sentence, mask_number, target, node_threshold, edge_threshold, supernodes):
+def on_graph_json(visitor: Visitor, sentence, mask_number, target, node_threshold, edge_threshold, supernodes,
+                  norms):
     """The graph in the JSON format circuit-tracer's viewer and Neuronpedia's graph pages read
     ({"metadata", "qParams", "nodes", "links"}), with the named groups as its supernodes.
 
@@ -272,14 +277,16 @@ def on_graph_json(visitor: Visitor, sentence, mask_number, target, node_threshol
         node_threshold: 0 to 1, as for /circuit_graph.
         edge_threshold: 0 to 1, as for /circuit_graph.
         supernodes: named groups of node ids, "name: id id; name2: id" (may be empty).
+        norms: as for /circuit_graph: "slope" (the default) or "scale".
     """
-    graph = graph_of(visitor, sentence, mask_number, target, node_threshold, edge_threshold)
+    graph = graph_of(visitor, sentence, mask_number, target, node_threshold, edge_threshold, norms)
     return files.graph_json(graph, supernodes=_checked_groups(graph, supernodes), model=visitor.lm.name)
 
 
-def on_export(visitor: Visitor, sentence, mask_number, target, node_threshold, edge_threshold, supernodes) -> dict:
+def on_export(visitor: Visitor, sentence, mask_number, target, node_threshold, edge_threshold, supernodes,
+              norms) -> dict:
     """The graph as files: the viewer's JSON, a CSV of its nodes and edges, the drawing as PNG and SVG."""
-    graph = graph_of(visitor, sentence, mask_number, target, node_threshold, edge_threshold)
+    graph = graph_of(visitor, sentence, mask_number, target, node_threshold, edge_threshold, norms)
     paths = drawing.graph_files(graph, view_downloads.folder(visitor), supernodes=_checked_groups(graph, supernodes),
                                 model=visitor.lm.name)
     return view_downloads.listed(paths)
