@@ -115,11 +115,12 @@ ENDPOINTS = {
     "/train_features": [("number", 2), ("text", RUN_TEXT), ("flag", True)],
     "/stop_features": [],
     # the Circuits tab: the suite's model has random transcoders (`suite_app`); 0_1_4 is layer 1's error at [MASK]
-    "/circuit_graph": [("text", SENTENCE), ("number", 1), ("text", ""), ("number", 0.8), ("number", 0.98)],
+    "/circuit_graph": [("text", SENTENCE), ("number", 1), ("text", ""), ("number", 0.8), ("number", 0.98),
+                       ("choice", "slope")],
     "/circuit_intervene": [("text", SENTENCE), ("number", 1), ("text", ""), ("text", "0_1_4"), ("number", 0),
-                           ("text", "")],
+                           ("text", ""), ("choice", "slope")],
     "/circuit_json": [("text", SENTENCE), ("number", 1), ("text", ""), ("number", 0.8), ("number", 0.98),
-                      ("text", "group: 0_1_4")],
+                      ("text", "group: 0_1_4"), ("choice", "scale")],
     "/train_transcoders": [("text", RUN_TEXT), ("flag", True)],
     "/stop_transcoders": [],
 }
