@@ -72,9 +72,10 @@ def test_the_replacement_with_no_edit_gives_the_models_logits(family):
     assert max(float(e.abs().max()) for e in sentence.leaves.errors.values()) > 1e-2
 
 
-def test_every_targets_edges_and_bias_add_up_to_its_clean_value(family):
+@pytest.mark.parametrize("norms", ["slope", "scale"])
+def test_every_targets_edges_and_bias_add_up_to_its_clean_value(family, norms):
     name, lm, transcoders = family
-    graph = attribution.attribution_graph(lm, TEXT, transcoders=transcoders)
+    graph = attribution.attribution_graph(lm, TEXT, transcoders=transcoders, norms=norms)
     adjacency = graph.adjacency
     assert (adjacency.row_nodes >= 0).sum() == sum(n.kind == "feature" for n in adjacency.columns)  # every feature
     rebuilt = adjacency.rows.sum(1) + adjacency.bias
