@@ -35,7 +35,7 @@ from scipy.stats import spearmanr  # noqa: E402
 
 import bertdemo  # noqa: E402
 from bertdemo.circuits import attribution, interventions  # noqa: E402
-from bertdemo.circuits.replacement import NORMS, Replacement  # noqa: E402
+from bertdemo.circuits.replacement import NORMS, Replacement, demeaned  # noqa: E402
 from bertdemo.circuits.transcoders import transcoders_for  # noqa: E402
 from common import load_bert_base, machine, sentence_of  # noqa: E402
 
@@ -165,7 +165,7 @@ def _sampled_edges(lm, text: str, graph, rng: random.Random, norms: str, count: 
                                  attribution.coded_positions(lm, ids))
     words = torch.tensor(graph.adjacency.extra["words"])
     with torch.no_grad():
-        clean = replacement.forward(sentence, sentence.leaves)[words]
+        clean = demeaned(replacement.forward(sentence, sentence.leaves))[words]
     gaps = []
     for column in rng.sample(range(len(graph.adjacency.columns)), count):
         node = graph.adjacency.columns[column]
@@ -178,7 +178,7 @@ def _sampled_edges(lm, text: str, graph, rng: random.Random, norms: str, count: 
                 leaves.errors[node.layer][node.position] = 0
             else:
                 leaves.tokens[node.position] = 0
-            removed = replacement.forward(sentence, leaves)[words]
+            removed = demeaned(replacement.forward(sentence, leaves))[words]
         edge = graph.adjacency.rows[:len(words), column]
         gaps.append(float(((clean - removed) - edge).abs().max() / clean.abs().max()))
     return max(gaps)

@@ -30,7 +30,7 @@ from ..forward import anatomy, mlp_points
 from ..model.loading import LoadedModel
 from ..views.fillmask import USER_MASK, USER_MASK_RE
 from .graph import Adjacency, Graph, Node, assemble, influence, normalized
-from .replacement import NORMS, Gradients, Leaves, Replacement, Sentence
+from .replacement import NORMS, Gradients, Leaves, Replacement, Sentence, demeaned
 
 MAX_TOKENS = 64  # the operator's limit on a sentence (special tokens included): --circuit-tokens
 MAX_WORDS = 10  # logit nodes at most
@@ -145,16 +145,16 @@ class _Attributor:
         self.leaves = sentence.leaves
         reads, zero_reads = {}, {}
         with torch.no_grad():
-            self.logits = replacement.forward(sentence, self.leaves, reads=reads)[words]  # (n,)
+            self.logits = demeaned(replacement.forward(sentence, self.leaves, reads=reads))[words]  # (n,)
             self.pre = {l: replacement.pre_activations(sentence, l, reads) for l in range(1, self.layers + 1)}
-            self.logit_bias = replacement.forward(sentence, sentence.leaves.zeros(), reads=zero_reads)[words]
+            self.logit_bias = demeaned(replacement.forward(sentence, sentence.leaves.zeros(), reads=zero_reads))[words]
             self.pre_bias = {l: replacement.pre_activations(sentence, l, zero_reads) for l in range(1, self.layers + 1)}
         self.columns = _Columns(sentence, self.layers)
         self.words, self.weights = words, weights
 
     @torch.no_grad()
     def logit_rows(self) -> torch.Tensor:
-        directions, _ = self.replacement.decoder_rows(self.words)
+        directions = self.replacement.decoder_rows(self.words)
         grads = self.replacement.gradients_at_logits(self.sentence, directions)
         return _rows_from_grads(grads, self.leaves, self.columns, self.layers)
 

@@ -31,7 +31,7 @@ from .. import validate
 from ..model.loading import LoadedModel
 from .attribution import coded_positions, encode, transcoders_of
 from .graph import Graph
-from .replacement import NORMS, Leaves, Replacement, Sentence
+from .replacement import NORMS, Leaves, Replacement, Sentence, demeaned
 
 SOURCES = ("feature", "error", "token")
 TARGETS = ("feature", "logit")
@@ -131,7 +131,7 @@ def _slot(sentence: Sentence, node: dict) -> int:
 def _target_value(replacement: Replacement, sentence: Sentence, leaves: Leaves, node: dict) -> torch.Tensor:
     """The target's value from `leaves`: a feature's pre-activation, a logit."""
     if node["kind"] == "logit":
-        return replacement.forward(sentence, leaves)[node["feature"]]
+        return demeaned(replacement.forward(sentence, leaves))[node["feature"]]
     reads: dict = {}
     replacement.forward(sentence, leaves, upto=node["layer"], reads=reads)
     return replacement.pre_activations(sentence, node["layer"], reads)[node["position"], _slot(sentence, node)]

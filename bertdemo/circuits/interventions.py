@@ -9,6 +9,9 @@ block's true output). The activation is the transcoder's code of the block's inp
 forward, so the edit follows what earlier edits changed. An error node is scaled the same way
 (its vector, the block's output minus the transcoder's).
 
+A logit here is what the graph's logit nodes hold: the word's logit less the vocabulary's mean
+(circuit-tracer's demeaned targets; a change every word shares moves no probability).
+
 The graph's prediction: in the replacement model, with every other node free to follow (its
 edges), the change of a logit is (scale - 1) x the node's total effect on it (the signed
 adjacency's power series; features respond linearly, no gating by their ReLU). Beside it, the
@@ -27,6 +30,7 @@ from ..forward import mlp_points
 from ..model.loading import LoadedModel
 from .attribution import MAX_TOKENS, attribution_graph, encode
 from .graph import Adjacency, Graph
+from .replacement import demeaned
 
 MAX_SCALE = 100.0
 
@@ -85,13 +89,13 @@ def intervene(lm: LoadedModel, text: str, nodes, scale: float = 0.0, mask: int =
 
     coders = transcoders_of(lm, transcoders)
     inputs, position = encode(lm, text, mask, max_tokens)
-    before = lm.model(**inputs).logits[0, position].float()
+    before = demeaned(lm.model(**inputs).logits[0, position].float())
     by_layer: dict[int, list[dict]] = {}
     for node in chosen:
         by_layer.setdefault(node["layer"], []).append(node)
     with mlp_points.edited(lm.model, {layer: _edit(coders[layer].coder, members, scale)
                                       for layer, members in by_layer.items()}):
-        after = lm.model(**inputs).logits[0, position].float()
+        after = demeaned(lm.model(**inputs).logits[0, position].float())
     words = [node.feature for node in graph.adjacency.logits]
     first_order = first_order_changes(lm, coders, inputs, position, words, by_layer, scale)
     return _report(lm, graph, chosen, scale, before, after, first_order, top)
@@ -128,7 +132,7 @@ def _edit(coder, nodes: list[dict], scale: float):
 
 def first_order_changes(lm: LoadedModel, coders: dict, inputs: dict, position: int, words: list[int],
                         by_layer: dict[int, list[dict]], scale: float) -> torch.Tensor:
-    """(len(words),): each word's logit change predicted to first order in the real model: the
+    """(len(words),): each word's logit change (less the mean's) predicted to first order in the real model: the
     chosen nodes' parts times (scale - 1), dotted with the logit's gradient at their block's output,
     with attention, every LayerNorm and GELU live (one forward, one backward per word). Where the
     graph freezes those multipliers this slope does not; single-node removals follow it closely
@@ -146,7 +150,7 @@ def first_order_changes(lm: LoadedModel, coders: dict, inputs: dict, position: i
 
     layers = sorted(by_layer)
     with torch.enable_grad(), mlp_points.edited(lm.model, {layer: probe(layer) for layer in layers}):
-        logits = lm.model(**inputs).logits[0, position].float()
+        logits = demeaned(lm.model(**inputs).logits[0, position].float())
         changes = []
         for i, word in enumerate(words):
             grads = torch.autograd.grad(logits[word], [probes[layer] for layer in layers],

@@ -48,6 +48,13 @@ from ..forward import anatomy
 from ..model.loading import LoadedModel
 
 RMS_NAMES = ("RMSNorm",)
+
+
+def demeaned(logits: torch.Tensor) -> torch.Tensor:
+    """A logit node's value: each logit (..., V) less the mean over the vocabulary, as circuit-tracer
+    takes its targets: what the softmax reads (a change shared by every word moves no probability)."""
+    return logits - logits.mean(-1, keepdim=True)
+
 NORMS = ("slope", "scale")  # how a norm is frozen (module doc); the first is the default
 SCALE_ONLY = ("embed",)  # norms frozen by their 1/sigma alone whatever `norms` says: the token nodes' own
 
@@ -270,12 +277,11 @@ class Replacement:
             return self._linear(decoder, z)
         return decoder(z.to(self.model.dtype)).to(self.dtype)  # a product the anatomy builds (MobileBERT, DeBERTa)
 
-    def decoder_rows(self, words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(W (n, D), b (n,)): the decoder's rows and biases of the words `words` (n,)."""
-        decoder = self._head_module(3)
-        weight = decoder.weight.to(self.dtype)[words]
-        bias = decoder.bias.to(self.dtype)[words] if decoder.bias is not None else torch.zeros(len(words), dtype=self.dtype)
-        return weight, bias
+    def decoder_rows(self, words: torch.Tensor) -> torch.Tensor:
+        """(n, D): the directions of the words' (n,) logit nodes at the decoder's input: each word's
+        decoder row less the mean row, as circuit-tracer's demeaned unembedding columns (`demeaned`)."""
+        weight = self._head_module(3).weight.to(self.dtype)
+        return weight[words] - weight.mean(0)
 
     # ------------------------------------------------------------ the clean forward
 

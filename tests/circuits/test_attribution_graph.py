@@ -17,7 +17,7 @@ from sparsify import SparseCoder, SparseCoderConfig
 import bertdemo
 import tiny_models
 from bertdemo.circuits import attribution, graph as graphs, interventions
-from bertdemo.circuits.replacement import Replacement
+from bertdemo.circuits.replacement import Replacement, demeaned
 from bertdemo.features.dictionary import Dictionary
 from bertdemo.forward import anatomy
 
@@ -83,7 +83,7 @@ def test_every_targets_edges_and_bias_add_up_to_its_clean_value(family, norms):
     # the logit rows' values are the model's own logits
     replacement, inputs, sentence = traced(lm, transcoders)
     words = torch.tensor(adjacency.extra["words"])
-    logits = lm.model(**inputs).logits[0, sentence.mask].detach()[words]
+    logits = demeaned(lm.model(**inputs).logits[0, sentence.mask].detach())[words]  # circuit-tracer's targets
     assert torch.allclose(adjacency.value[:len(words)], logits, atol=1e-4)
 
 
@@ -99,7 +99,7 @@ def test_an_edge_is_the_change_when_its_source_alone_is_removed(bert):
     token = next(i for i, n in enumerate(columns) if n.kind == "token" and n.position == 1)
     words = torch.tensor(adjacency.extra["words"])
     with torch.no_grad():
-        clean = replacement.forward(sentence, sentence.leaves)[words]
+        clean = demeaned(replacement.forward(sentence, sentence.leaves))[words]
     for column in (feature_layer1, error_layer1, token):
         node = columns[column]
         leaves = sentence.leaves.copy()
@@ -111,7 +111,7 @@ def test_an_edge_is_the_change_when_its_source_alone_is_removed(bert):
                 leaves.errors[1][node.position] = 0
             else:
                 leaves.tokens[node.position] = 0
-            removed = replacement.forward(sentence, leaves)[words]
+            removed = demeaned(replacement.forward(sentence, leaves))[words]
         edges = adjacency.rows[:len(words), column]
         assert torch.allclose(clean - removed, edges, atol=1e-5), node.id
 
@@ -167,7 +167,7 @@ def reference_logit_rows(lm, transcoders, sentence, words, norms="slope"):
         clean_z = record.setdefault("z", z)
         z = z * (torch.nn.functional.gelu(clean_z) / clean_z)
         z = frozen_norm(transform.LayerNorm, z[None], record.setdefault("hz", z[None]))[0]
-        return lm.model.cls.predictions.decoder(z)[words]
+        return demeaned(lm.model.cls.predictions.decoder(z))[words]
 
     record: dict = {}
     with torch.no_grad():
@@ -229,7 +229,7 @@ def test_the_predicted_change_is_the_change_in_the_replacement_with_features_fol
     node = adjacency.columns[column]
     leaves = sentence.leaves.copy()
     with torch.no_grad():
-        clean = replacement.forward(sentence, sentence.leaves)[words]
+        clean = demeaned(replacement.forward(sentence, sentence.leaves))[words]
         slot = int((sentence.indices[1][node.position] == node.feature).nonzero()[0])
         leaves.features[1][node.position, slot] = 0
         active = {l: sentence.leaves.features[l] > 0 for l in leaves.features}
@@ -238,7 +238,7 @@ def test_the_predicted_change_is_the_change_in_the_replacement_with_features_fol
             replacement.forward(sentence, leaves, reads=reads, upto=layer)
             pre = replacement.pre_activations(sentence, layer, reads)
             leaves.features[layer] = torch.where(active[layer], pre, torch.zeros_like(pre))
-        moved = replacement.forward(sentence, leaves)[words] - clean
+        moved = demeaned(replacement.forward(sentence, leaves))[words] - clean
     predicted = -interventions.total_effects(adjacency)[:, column]
     assert torch.allclose(moved, predicted, atol=1e-4 * float(clean.abs().max())), (moved, predicted)
 

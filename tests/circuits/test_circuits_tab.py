@@ -74,7 +74,7 @@ def test_the_norms_switch_draws_the_graph_each_way_and_says_what_reaches_the_log
     for graph in (slope, scale):
         value, edges = float(graph.adjacency.value[0]), float(graph.adjacency.rows[0].sum())
         words = results.scores_words(graph)
-        assert f"is {value:.2f}**: {edges:.2f} of it arrives through the nodes' edges" in words
+        assert f"is {value:.2f}** (less the vocabulary's mean, as its node holds it): {edges:.2f} of it arrives" in words
         assert f"the other {value - edges:.2f} is constant" in words
         assert ("what each LayerNorm keeps" in words) == (graph is slope)
     ctx = AppContext(visitor.store, visitor.settings, visitor.engine)

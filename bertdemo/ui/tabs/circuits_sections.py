@@ -169,7 +169,8 @@ def intervention_section() -> Intervention:
         bars = gr.Plot(label="The graph's words: probability before and after")
         words = gr.Dataframe(empty_table(WORD_COLUMNS), label="Measured in the model beside the graph's prediction",
                              interactive=False, elem_id="circuit-intervention")
-    gr.Markdown("Logit changes. *As the graph predicted*: through the frozen graph, every other feature "
+    gr.Markdown("Logit changes, each logit less the vocabulary's mean as the graph's word nodes hold it (a change "
+                "every word shares moves no probability). *As the graph predicted*: through the frozen graph, every other feature "
                 "following linearly. *As the model's slope predicts*: the same nodes' parts times the real "
                 "model's gradient, attention and every LayerNorm live. Both rank single nodes' measured changes "
                 "well; the slope a little better, since the graph holds each head's attention weights and answers "

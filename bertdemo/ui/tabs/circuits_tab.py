@@ -242,7 +242,7 @@ def on_intervene(visitor: Visitor, sentence, mask_number, target, nodes, scale, 
         norms: as for /circuit_graph: "slope" (the default) or "scale"; the graph whose prediction is shown.
 
     Returns:
-        a summary (top words before and after), bars of the graph's words' probability before and after, a table per word (probability before and after, the logit change measured, as the frozen graph predicted it and as the real model's slope predicts it), and the raw result {"nodes", "scale", "before", "after": [{"word", "probability"}], "words": [{"word", "logit_before", "logit_after", "change", "predicted_change", "first_order_change", "probability_before", "probability_after"}]}.
+        a summary (top words before and after), bars of the graph's words' probability before and after, a table per word (probability before and after, the logit change measured, as the frozen graph predicted it and as the real model's slope predicts it; logits less the vocabulary's mean, as the graph's logit nodes), and the raw result {"nodes", "scale", "before", "after": [{"word", "probability"}], "words": [{"word", "logit_before", "logit_after", "change", "predicted_change", "first_order_change", "probability_before", "probability_after"}]}.
     """
     groups = parse_groups(supernodes)
     chosen = chosen_nodes(nodes, groups)
