@@ -2,9 +2,9 @@
 
 The clean forward is run once and every nonlinearity outside the transcoders is frozen at its
 clean value as a multiplier: each head's attention weights, each norm (below), the MLM head's
-activation (GELU(x) as x times its clean GELU(x)/x). Each layer's feed-forward output becomes its transcoder's features
-(activation x decoder row, plus the transcoder's bias and skip path) plus an error node, the true
-output minus the transcoder's, per (layer, position). Then every value downstream is affine in the
+activation (GELU(x) as x times its clean GELU(x)/x). Each layer's feed-forward output becomes its
+transcoder's features (activation x decoder row, plus the transcoder's bias and skip path) plus an
+error node, the true output minus the transcoder's, per (layer, position). Then every value downstream is affine in the
 leaves:
 
     token nodes   (T, E)   what the embeddings' norm reads: word + position + type embeddings
@@ -54,6 +54,7 @@ def demeaned(logits: torch.Tensor) -> torch.Tensor:
     """A logit node's value: each logit (..., V) less the mean over the vocabulary, as circuit-tracer
     takes its targets: what the softmax reads (a change shared by every word moves no probability)."""
     return logits - logits.mean(-1, keepdim=True)
+
 
 NORMS = ("slope", "scale")  # how a norm is frozen (module doc); the first is the default
 SCALE_ONLY = ("embed",)  # norms frozen by their 1/sigma alone whatever `norms` says: the token nodes' own
