@@ -210,9 +210,6 @@ def attribution_graph(lm: LoadedModel, text: str, mask: int = 1, target=None, *,
     started = time.perf_counter()
     mlp_points.check(lm.model)  # a ValueError in words for a family that cannot be frozen
     graph_check_thresholds(node_threshold, edge_threshold)
-    if norms not in NORMS:
-        raise validate.InputError("norms", f"norms is {validate.shown(norms)}: 'slope' (each norm frozen at its "
-                                           "slope, the default) or 'scale' (its 1/sigma alone, as circuit-tracer does).")
     inputs, position = encode(lm, text, mask, max_tokens)
     replacement = Replacement(lm, transcoders_of(lm, transcoders), norms=norms)
     ids = inputs["input_ids"][0].cpu()

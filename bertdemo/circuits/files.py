@@ -66,7 +66,7 @@ def graph_json(graph: Graph, slug: str = "bertdemo-graph", scan: str = "bertdemo
                          "prompt": graph.text, "node_threshold": graph.node_threshold,
                          "edge_threshold": graph.edge_threshold, "mask_position": graph.mask_position,
                          "target": graph.target, "scores": graph.scores, "model": model,
-                         "norms": graph.adjacency.extra.get("norms", ""),
+                         "norms": graph.adjacency.extra["norms"],
                          "schema_version": 1},
             "qParams": {"pinnedIds": [], "supernodes": [[name, *ids] for name, ids in (supernodes or {}).items()],
                         "linkType": "both", "clickedId": "", "sg_pos": ""},

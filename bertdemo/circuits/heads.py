@@ -31,7 +31,7 @@ from .. import validate
 from ..model.loading import LoadedModel
 from .attribution import coded_positions, encode, transcoders_of
 from .graph import Graph
-from .replacement import NORMS, Leaves, Replacement, Sentence, demeaned
+from .replacement import Leaves, Replacement, Sentence, demeaned
 
 SOURCES = ("feature", "error", "token")
 TARGETS = ("feature", "logit")
@@ -55,7 +55,7 @@ def edge_heads(lm: LoadedModel, graph: Graph, source: str, target: str, *, trans
     if dst["layer"] <= src["layer"]:
         raise validate.InputError("target", f"No edge from {src['id']} (layer {src['layer']}) to {dst['id']} "
                                             f"(layer {dst['layer']}): an edge goes up at least one layer.")
-    replacement = Replacement(lm, transcoders_of(lm, transcoders), norms=graph.adjacency.extra.get("norms", NORMS[0]))
+    replacement = Replacement(lm, transcoders_of(lm, transcoders), norms=graph.adjacency.extra["norms"])
     sentence = _traced(lm, replacement, graph)
     layer = min(dst["layer"], replacement.layers)  # the last attention before the target reads
     full = sentence.frozen.attention[layer]

@@ -4,8 +4,8 @@ The clean forward is run once and every nonlinearity outside the transcoders is 
 clean value as a multiplier: each head's attention weights, each norm (below), the MLM head's
 activation (GELU(x) as x times its clean GELU(x)/x). Each layer's feed-forward output becomes its
 transcoder's features (activation x decoder row, plus the transcoder's bias and skip path) plus an
-error node, the true output minus the transcoder's, per (layer, position). Then every value downstream is affine in the
-leaves:
+error node, the true output minus the transcoder's, per (layer, position). Then every value
+downstream is affine in the leaves:
 
     token nodes   (T, E)   what the embeddings' norm reads: word + position + type embeddings
     features      (T, k)   per layer, the active transcoder features' activations
@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from .. import validate
 from ..forward import anatomy
 from ..model.loading import LoadedModel
 
@@ -135,8 +136,9 @@ class Replacement:
             raise ValueError(f"{lm.name} has no transcoders for layer(s) {', '.join(map(str, missing))}: train "
                              "them first (the Circuits tab's Train, or bertdemo.train_transcoders)")
         if norms not in NORMS:
-            raise ValueError(f"norms is {norms!r}: 'slope' (each norm's slope at the clean input, the default) or "
-                             "'scale' (its 1/sigma alone, as circuit-tracer freezes it)")
+            raise validate.InputError("norms", f"norms is {validate.shown(norms)}: 'slope' (each norm frozen at its "
+                                               "slope, the default) or 'scale' (its 1/sigma alone, as circuit-tracer "
+                                               "does).")
         self.transcoders = transcoders
         self.dtype, self.norms = dtype, norms
         self._check_parts()

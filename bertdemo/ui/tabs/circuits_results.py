@@ -60,7 +60,7 @@ def _through_edges(graph: Graph) -> str:
     value, edges = float(adjacency.value[0]), float(adjacency.rows[0].sum())
     rest = "what each LayerNorm keeps of its input whatever the nodes do (a LayerNorm fixes the size of its " \
            "output: nodes turn it, they cannot grow it) and every bias" \
-        if adjacency.extra.get("norms", "slope") == "slope" else "every bias"
+        if adjacency.extra["norms"] == "slope" else "every bias"
     return (f"**The logit of “{escape_markdown(shown_token(word.token))}” is {value:.2f}** (less the vocabulary's "
             f"mean, as its node holds it): {edges:.2f} of it arrives through the nodes' edges; the other "
             f"{value - edges:.2f} is constant for this sentence, {rest}.")

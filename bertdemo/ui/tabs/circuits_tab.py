@@ -20,6 +20,7 @@ from gradio.context import get_render_context
 from ... import feature_plots, validate
 from ...circuits import attribution, drawing, files, heads, interventions
 from ...circuits.graph import Graph
+from ...circuits.replacement import NORMS
 from ...circuits.transcoder_run import TranscodersRequest
 from ...config import Settings
 from ...features.run import FeatureProgress
@@ -138,7 +139,7 @@ def transcoders(holder, lm: LoadedModel) -> dict:
 
 
 def graph_of(visitor: Visitor, sentence, mask_number, target, node_threshold=0.8, edge_threshold=0.98,
-             norms: str = "slope") -> Graph:
+             norms: str = NORMS[0]) -> Graph:
     """The graph of the query, pruned at the thresholds: the session's kept one when it is of the
     same sentence, mask, target, norms, model and transcoders (pruned again if the thresholds
     changed), else built and kept."""
@@ -146,7 +147,6 @@ def graph_of(visitor: Visitor, sentence, mask_number, target, node_threshold=0.8
     coders = transcoders(visitor, lm)
     node_threshold, edge_threshold = attribution.graph_check_thresholds(node_threshold, edge_threshold)
     wanted = target_of(target)
-    norms = norms or "slope"  # an API call that leaves it out
     key = (id(lm), sentence, _whole(mask_number), wanted, norms, tuple((l, id(d)) for l, d in sorted(coders.items())))
     kept = visitor.store.result(visitor.session, KEPT) if visitor.session else None
     if kept is not None and kept[0] == key:
