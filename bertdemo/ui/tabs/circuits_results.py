@@ -144,7 +144,7 @@ def intervention_words(result: dict, groups: dict, asked) -> str:
     return (f"{len(result['nodes'])} node(s){groups_note} {what} in the real model (attention not frozen, the "
             f"transcoders' errors kept).  \n**Before**: {listed(result['before'])}  \n**After**: "
             f"{listed(result['after'])}  \nThe graph's prediction is linear: it assumes every other node follows "
-            "its edges, with no attention or normalisation changing.")
+            "its edges, attention held and each LayerNorm as the graph froze it (at its slope by default).")
 
 
 def intervention_bars(result: dict) -> go.Figure:
